@@ -1,0 +1,124 @@
+"""The ``phalanx`` command line: the only module that imports click.
+
+Each command is thin: it turns flags into a ``RunConfig`` and calls a plain function. ``main``
+is the one place where exceptions become exit codes and one-line messages. Heavy modules (torch,
+visdom) are imported inside the commands so ``phalanx --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import click
+from click.core import ParameterSource
+
+from . import config as config_mod
+from .config import FIELDS, RunConfig, flag
+from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PhalanxError
+
+_CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
+
+
+class _Command(click.Command):
+    """Accepts ``--batch_size`` as well as ``--batch-size``, as torchrun and DeepLIIF users type."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        known = {name for param in self.params for name in param.opts if name.startswith("--")}
+        normalised = []
+        for arg in args:
+            head, eq, tail = arg.partition("=")
+            dashed = head.replace("_", "-")
+            if head.startswith("--") and head not in known and dashed in known:
+                arg = dashed + eq + tail
+            normalised.append(arg)
+        return super().parse_args(ctx, normalised)
+
+
+def training_options(func: Callable) -> Callable:
+    """Decorate a command with one click option per ``RunConfig`` field, plus ``--config``."""
+    for f in reversed(list(FIELDS.values())):
+        meta, default = f.metadata, RunConfig.__dataclass_fields__[f.name]
+        default_value = default.default_factory() if callable(default.default_factory) else default.default
+        kwargs: dict[str, Any] = {"help": meta["help"], "default": default_value, "show_default": True}
+        if meta["metavar"]:
+            kwargs["metavar"] = meta["metavar"]
+        if f.type == "bool":
+            decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
+        elif f.name == "gpu_ids":
+            decls, kwargs["multiple"], kwargs["type"] = [flag(f.name)], True, click.INT
+            kwargs["show_default"] = False
+        else:
+            decls = [flag(f.name)]
+            kwargs["type"] = click.Choice(meta["choices"]) if meta["choices"] else _CLICK_TYPES[f.type]
+        func = click.option(*decls, f.name, **kwargs)(func)
+    return click.option("--config", "config_file", metavar="FILE", type=click.STRING,
+                        help="YAML or JSON file of option defaults; flags override it.")(func)
+
+
+def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
+    """Defaults < ``--config FILE`` < flags typed on the command line."""
+    merged: dict[str, Any] = {}
+    if values.get("config_file"):
+        merged.update(config_mod.load_config_file(values["config_file"]))
+    for name in FIELDS:
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            merged[name] = values[name]
+    return config_mod.from_mapping(merged, source="--config")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="phalanx", message="phalanx %(version)s")
+def cli() -> None:
+    """Train PyTorch image models on a CPU, one GPU, many GPUs or many machines."""
+
+
+TRAIN_EXAMPLES = """\b
+Examples:
+  phalanx train                                   # built-in digits, CPU, offline
+  phalanx train --dataroot ./flowers --model resnet18 --epochs 20
+  phalanx train --gpu-ids 0 --precision bf16      # one GPU
+  phalanx train --gpu-ids 0 --gpu-ids 1 --batch-size 128   # DataParallel
+  phalanx train --config run.yaml --lr 0.1        # file defaults, flag overrides
+  phalanx train --name exp1 --resume auto         # continue the latest checkpoint
+"""
+
+
+@cli.command(cls=_Command, epilog=TRAIN_EXAMPLES)
+@training_options
+@click.pass_context
+def train(ctx: click.Context, **values: Any) -> None:
+    """Train in this process (CPU, one GPU, or DataParallel over several).
+
+    Started by a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR (torchrun, SLURM, Kubernetes), it
+    joins that process group and trains as one DistributedDataParallel worker.
+    """
+    cfg = build_config(ctx, values)
+    from .run import train_run  # imports torch
+
+    train_run(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the CLI and maps failures to documented exit codes."""
+    try:
+        cli.main(args=argv, prog_name="phalanx", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        click.echo(f"phalanx: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("phalanx: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except PhalanxError as exc:
+        click.echo(f"phalanx: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("phalanx: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The run configuration: every training option, declared once.
+
+``RunConfig`` is the one object that travels from the command line to the trainer and, as JSON, to
+every DDP worker. ``cli.py`` generates the click options of ``train`` and ``trainlaunch`` from its
+fields, so both commands accept exactly the same training options. Standard library only: this
+module is imported by ``phalanx --help``, which must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PhalanxError
+
+DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10")
+SCHEMA_VERSION = 1
+
+
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
+           identity: bool = True, metavar: str | None = None) -> Any:
+    """A config field that is also a command-line option.
+
+    ``identity=False`` marks options that do not change what a run computes (where files go,
+    how much is printed, how many epochs to run for): a run directory may be resumed with a
+    different value.
+    """
+    meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # --- the run and where it lives
+    name: str = option("experiment", "Run name; files go to <checkpoints-dir>/<name>/.", identity=False)
+    checkpoints_dir: str = option("./checkpoints", "Directory that holds run directories.",
+                                  identity=False, metavar="DIR")
+    resume: str | None = option(None, "Continue a run: a checkpoint path, or 'auto' for the latest "
+                                "checkpoint in the run directory.", identity=False, metavar="PATH|auto")
+    overwrite: bool = option(False, "Replace a previous run in the run directory.", identity=False)
+    # --- data
+    dataroot: str | None = option(None, "Data directory: ImageFolder layout (DIR/train/<class>/*.png, "
+                                  "optional DIR/val/) or torchvision's files for --dataset.",
+                                  identity=False, metavar="DIR")
+    dataset: str | None = option(None, "Dataset kind. Default: 'folder' with --dataroot, else the "
+                                 "built-in 8x8 digits (offline).", choices=DATASETS)
+    download: bool = option(False, "Let torchvision download --dataset into --dataroot (needs internet).",
+                            identity=False)
+    val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.")
+    image_size: int = option(0, "Resize images to N x N (0: the dataset's own size; 32 for folders).",
+                             metavar="N")
+    num_workers: int = option(0, "DataLoader worker processes per training process.", identity=False)
+    # --- model
+    model: str = option("smallcnn", "'smallcnn', a torchvision classification model (resnet18, ...), "
+                        "or 'package.module:function' returning an nn.Module.", metavar="NAME")
+    # --- optimisation
+    epochs: int = option(5, "Number of epochs to train for (in total, counting resumed ones).",
+                         identity=False)
+    batch_size: int = option(32, "Batch size per process (the effective batch under DataParallel).")
+    lr: float = option(0.1, "Learning rate (before --scale-lr).")
+    optimizer: str = option("sgd", "Optimizer.", choices=("sgd", "adamw"))
+    momentum: float = option(0.9, "SGD momentum.")
+    weight_decay: float = option(5e-4, "Weight decay.")
+    lr_schedule: str = option("cosine", "Learning-rate schedule after warmup.",
+                              choices=("cosine", "step", "constant"))
+    lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
+                                 metavar="N")
+    warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.")
+    scale_lr: str = option("none", "'linear': multiply --lr by the number of devices (linear "
+                           "scaling rule).", choices=("none", "linear"))
+    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N")
+    precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a "
+                            "GradScaler on CUDA).", choices=("fp32", "bf16", "fp16"))
+    seed: int = option(0, "Random seed (runs are deterministic on CPU).")
+    # --- devices
+    gpu_ids: tuple[int, ...] = option((), "GPU id to train on; repeat for DataParallel "
+                                      "(--gpu-ids 0 --gpu-ids 1). -1 or none: CPU.", metavar="ID")
+    backend: str | None = option(None, "torch.distributed backend for DDP workers (default: nccl "
+                                 "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
+    sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP.")
+    # --- output
+    save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
+                                  identity=False, metavar="N")
+    log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
+                            identity=False, metavar="N")
+    progress: bool = option(True, "Show a progress bar on stderr.", identity=False)
+
+    def __post_init__(self) -> None:
+        # JSON and YAML give lists; click gives tuples. Normalise before validating.
+        try:
+            object.__setattr__(self, "gpu_ids", tuple(int(i) for i in self.gpu_ids))
+        except (TypeError, ValueError):
+            raise PhalanxError(f"expected a list of integers, got {self.gpu_ids!r}", "--gpu-ids") from None
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
+        _validate(self)
+
+    # --- derived values
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.checkpoints_dir) / self.name
+
+    @property
+    def uses_cpu(self) -> bool:
+        return not self.gpu_ids or self.gpu_ids == (-1,)
+
+    # --- plain-data round trip (saved beside the run, handed to workers)
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["gpu_ids"] = list(self.gpu_ids)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA_VERSION, "config": self.to_dict()}, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return from_mapping(json.loads(text)["config"], source="config JSON")
+
+    def identity(self) -> dict[str, Any]:
+        """The options that decide what the run computes; compared on resume."""
+        return {k: v for k, v in self.to_dict().items() if FIELDS[k].metadata["identity"]}
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
+    """Build a config from plain data, naming ``source`` in errors about unknown keys."""
+    clean = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise PhalanxError(f"unknown option '{key}'{_suggest(name, list(FIELDS))}", source)
+        clean[name] = value
+    return RunConfig(**clean)
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read ``--config FILE`` (YAML or JSON) into a dict of option values."""
+    where = f"--config {path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PhalanxError(f"cannot read the file ({exc.strerror})", where) from None
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml  # JSON is YAML too, so any other suffix is read as YAML
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PhalanxError(f"does not parse: {first_line}", where) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PhalanxError("must hold a mapping of option: value", where)
+    for key in data:
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise PhalanxError(f"unknown option '{key}'{_suggest(name, list(FIELDS))}", where)
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _validate(cfg: RunConfig) -> None:
+    def bad(name: str, message: str) -> PhalanxError:
+        return PhalanxError(message, flag(name))
+
+    for name, kind in ((f.name, f.type) for f in dataclasses.fields(cfg)):
+        value = getattr(cfg, name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str,
+                    "str | None": (str, type(None))}.get(kind)
+        if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
+            raise bad(name, f"expected {kind}, got {value!r}")
+        choices = FIELDS[name].metadata["choices"]
+        if choices and value is not None and value not in choices:
+            raise bad(name, f"must be one of {', '.join(choices)} (got {value!r})")
+    for name in ("epochs", "batch_size", "grad_accum", "lr_step_epochs", "log_every"):
+        if getattr(cfg, name) <= 0:
+            raise bad(name, f"must be a positive integer (got {getattr(cfg, name)})")
+    if not cfg.lr > 0:
+        raise bad("lr", f"must be positive (got {cfg.lr})")
+    for name in ("num_workers", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs"):
+        if getattr(cfg, name) < 0:
+            raise bad(name, f"must not be negative (got {getattr(cfg, name)})")
+    if not 0 < cfg.val_fraction < 1:
+        raise bad("val_fraction", f"must be between 0 and 1 (got {cfg.val_fraction})")
+    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
+        raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
+    if cfg.dataset not in ("digits",) and not cfg.dataroot:
+        raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
+    if cfg.resume is not None and cfg.overwrite:
+        raise bad("overwrite", "conflicts with --resume; pick one")
+    ids = cfg.gpu_ids
+    if len(set(ids)) != len(ids):
+        raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")
+    if -1 in ids and len(ids) > 1:
+        raise bad("gpu_ids", "-1 (CPU) cannot be mixed with GPU ids")
+    if any(i < -1 for i in ids):
+        raise bad("gpu_ids", f"ids are >= 0, or -1 for CPU (got {min(ids)})")
+    if len(ids) > 1 and cfg.batch_size < len(ids):
+        raise bad("batch_size", f"{cfg.batch_size} is smaller than the {len(ids)} DataParallel devices; "
+                  f"use at least {len(ids)}")

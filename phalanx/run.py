@@ -1,0 +1,51 @@
+"""One training process from a ``RunConfig``: check everything, then create the run and fit.
+
+Shared by ``phalanx train`` and by every DDP worker that ``phalanx trainlaunch`` starts.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from . import rundir
+from .config import RunConfig
+from .data import build_datasets
+from .models import build_model, required_channels
+from .parallel import strategy_for
+from .rundir import MetricsLog
+from .trainer import Trainer
+
+
+def train_run(cfg: RunConfig) -> dict[str, Any]:
+    with strategy_for(cfg) as strategy:
+
+        def say(line: str) -> None:
+            if strategy.is_main:
+                print(line, flush=True)
+
+        # Every check first (run directory, data, model): bad input writes nothing.
+        resume = rundir.plan(cfg)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        data = build_datasets(cfg, required_channels(cfg.model))
+        model = build_model(cfg.model, data.num_classes, data.in_channels)
+        # Ranks must all have looked at the run directory before rank 0 changes it.
+        strategy.barrier()
+        if strategy.is_main:
+            rundir.create(cfg, resume)
+        trainer = Trainer(cfg, strategy, data, model, MetricsLog(cfg.run_dir, strategy.is_main), say)
+        say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
+            f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
+        if resume is not None:
+            trainer.restore(resume.state)
+            say(f"phalanx: resumed from {resume.path} after epoch {trainer.epoch}")
+        summary = trainer.fit()
+        if "val_acc" in summary:
+            say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
+                f"checkpoints in {cfg.run_dir}")
+        else:
+            say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
+        return summary

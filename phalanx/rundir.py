@@ -1,0 +1,100 @@
+"""The run directory ``<checkpoints-dir>/<name>/``: its guard, saved configuration and metrics log.
+
+Deciding (``plan``) is separate from writing (``create``) so that every check, data and model
+included, runs before the first byte is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint
+from .atomic import atomic_write_text
+from .config import RunConfig, flag
+from .errors import PhalanxError
+
+CONFIG, METRICS = "config.json", "metrics.jsonl"
+
+
+@dataclass
+class Resume:
+    path: Path
+    state: dict[str, Any]
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    return (run_dir / CONFIG).exists() or (run_dir / METRICS).exists() or any(run_dir.glob("*.pt"))
+
+
+def plan(cfg: RunConfig) -> Resume | None:
+    """Check the run directory against the options; return the checkpoint to resume, if any."""
+    run_dir = cfg.run_dir
+    if cfg.resume is None:
+        if holds_a_run(run_dir) and not cfg.overwrite:
+            raise PhalanxError(f"{run_dir} already holds a run; pass --resume auto to continue it, "
+                               "--overwrite to replace it, or choose another --name", "--name")
+        return None
+    if cfg.resume == "auto":
+        found = checkpoint.load_latest_valid(run_dir)
+        if found is None:  # nothing saved yet: the same command starts the run (preemptible jobs)
+            return None
+        resume = Resume(*found)
+    else:
+        resume = Resume(Path(cfg.resume), checkpoint.load(Path(cfg.resume)))
+    _check_same_run(cfg, resume)
+    return resume
+
+
+def _check_same_run(cfg: RunConfig, resume: Resume) -> None:
+    saved = resume.state.get("config", {})
+    for name, value in cfg.identity().items():
+        if name in saved and saved[name] != value:
+            raise PhalanxError(f"{resume.path} was trained with {flag(name)} {saved[name]!r}, this run "
+                               f"asks for {value!r}; use the same value or start a new --name", flag(name))
+
+
+def create(cfg: RunConfig, resume: Resume | None) -> None:
+    """Make the run directory (global rank 0 only); clear a replaced run; save the configuration."""
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite:
+        for path in [run_dir / CONFIG, run_dir / METRICS, *run_dir.glob("*.pt")]:
+            path.unlink(missing_ok=True)
+    if resume is not None:
+        trim_metrics(run_dir / METRICS, resume.state["epoch"])
+    atomic_write_text(run_dir / CONFIG, cfg.to_json())
+
+
+def trim_metrics(path: Path, last_epoch: int) -> None:
+    """Drop records of epochs after the checkpoint, so a resumed run repeats none in its history."""
+    if not path.exists():
+        return
+    kept = [line for line in read_metrics(path) if line.get("epoch", 0) <= last_epoch]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records of a metrics log; a torn last line (a kill mid-append) is skipped."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class MetricsLog:
+    """Machine-readable metrics, one JSON object a line; written by global rank 0 only."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.path = run_dir / METRICS
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")

@@ -1,0 +1,21 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="phalanx",
+    version="0.1.0",
+    description="Train PyTorch image models on one GPU, many GPUs or many machines, and watch the losses live.",
+    packages=find_packages(include=["phalanx", "phalanx.*"]),
+    package_data={"phalanx": ["data/*.csv.gz", "data/*.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "torchvision>=0.19",
+        "click>=8.1",
+        "pyyaml>=6",
+        "visdom>=0.2.4",
+        "tornado<6.6",  # 6.6 makes visdom 0.2.4's page answer 403
+        "boto3>=1.28",
+    ],
+    extras_require={"test": ["pytest>=8", "pytest-timeout>=2"]},
+    entry_points={"console_scripts": ["phalanx=phalanx.cli:main"]},
+)
