@@ -75,7 +75,10 @@ def _user_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
         raise PhalanxError(f"module '{module_name}' has no function '{func_name}'", "--model")
     params = inspect.signature(factory).parameters
     offered = {"num_classes": num_classes, "in_channels": in_channels}
-    model = factory(**{k: v for k, v in offered.items() if k in params})
+    try:
+        model = factory(**{k: v for k, v in offered.items() if k in params})
+    except Exception as exc:
+        raise PhalanxError(f"'{spec}' failed: {type(exc).__name__}: {exc}", "--model") from None
     if not isinstance(model, nn.Module):
         raise PhalanxError(f"'{spec}' returned {type(model).__name__}, not a torch.nn.Module", "--model")
     return model

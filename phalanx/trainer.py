@@ -121,6 +121,7 @@ class Trainer:
         self.model.train()
         self.train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         batches, accum = len(self.train_loader), self.cfg.grad_accum
+        samples, batch = len(self.train_sampler), self.cfg.batch_size
         # Sums stay on the device: no .item() (a host sync) per step, only when logging.
         window = torch.zeros(2, device=self.device)
         epoch_sum = torch.zeros(2, device=self.device)
@@ -130,10 +131,14 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             ends_step = (i + 1) % accum == 0 or i + 1 == batches
+            # Weight each batch by its share of the step's samples, so that N accumulated batches
+            # give the gradient of one N-times-larger batch, a short last batch included.
+            group_start = i - i % accum
+            group_samples = min(samples, (group_start + accum) * batch) - group_start * batch
             with contextlib.nullcontext() if ends_step else self.strategy.no_sync(self.model):
                 with self._autocast():
                     loss = self.loss_fn(self.model(inputs), targets)
-                self.scaler.scale(loss / accum).backward()
+                self.scaler.scale(loss * (targets.size(0) / group_samples)).backward()
             window[0] += loss.detach().float() * targets.size(0)
             window[1] += targets.size(0)
             bar.update(targets.size(0) * self.strategy.world_size, lambda: (window[0] / window[1]).item())

@@ -1,0 +1,73 @@
+"""Shared helpers: run the real CLI in this process or as a real subprocess, and make data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def phalanx(capsys):
+    """Call ``phalanx ARGS`` in this process (fast: torch is imported once per test session)."""
+    from phalanx.cli import main
+
+    def call(*args: str) -> Result:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return call
+
+
+def run_phalanx(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> Result:
+    """Run ``python -m phalanx.cli ARGS`` as a real process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under root with its size and mtime: 'nothing written' means this is unchanged."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def write_digit_pngs(root: Path, per_class: int | None = None, val: bool = False) -> Path:
+    """An ImageFolder tree of real PNG files made from the built-in digits (upscaled to 16x16)."""
+    from PIL import Image
+
+    from phalanx.data import load_digits
+
+    images, labels = load_digits()
+    order = list(range(len(labels)))
+    splits = {"train": [i for i in order if i % 5], "val": order[::5]} if val else {"train": order}
+    for split, indices in splits.items():
+        counts: dict[int, int] = {}
+        for i in indices:
+            label = int(labels[i])
+            if per_class is not None and counts.get(label, 0) >= per_class:
+                continue
+            counts[label] = counts.get(label, 0) + 1
+            folder = root / split / f"digit{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = (images[i, 0] * 255).round().byte().numpy()
+            Image.fromarray(pixels, mode="L").resize((16, 16), Image.NEAREST).save(folder / f"{i:04d}.png")
+    return root

@@ -1,0 +1,89 @@
+"""Bad input to `phalanx train`: exit code 2, one line naming the option, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_phalanx, snapshot_tree, write_digit_pngs
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A directory with the broken inputs the cases refer to, and one finished run."""
+    root = tmp_path_factory.mktemp("world")
+    (root / "empty").mkdir()
+    (root / "noclass/train").mkdir(parents=True)
+    write_digit_pngs(root / "emptyclass", per_class=2)
+    (root / "emptyclass/train/digit0x").mkdir()
+    write_digit_pngs(root / "corrupt", per_class=2)
+    (root / "corrupt/train/digit3/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    (root / "bad.yaml").write_text("epochs: [1, 2\n")
+    (root / "unknown.yaml").write_text("epochs: 1\nlearning_rate: 0.1\n")
+    (root / "list.json").write_text("[1, 2]")
+    (root / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    result = run_phalanx("train", "--epochs", 1, "--checkpoints-dir", root / "ck", "--name", "done")
+    assert result.code == 0, result.err
+    return root
+
+
+CASES = [
+    # (id, args, option named in the message, words the message must hold)
+    ("gpu-dup", ["--gpu-ids", "0", "--gpu-ids", "0"], "--gpu-ids", "twice"),
+    ("gpu-mixed", ["--gpu-ids", "-1", "--gpu-ids", "0"], "--gpu-ids", "cannot be mixed"),
+    ("gpu-negative", ["--gpu-ids", "-3"], "--gpu-ids", ">= 0"),
+    ("dp-batch", ["--gpu-ids", "0", "--gpu-ids", "1", "--batch-size", "1"], "--batch-size", "DataParallel"),
+    ("dataroot-missing", ["--dataroot", "{w}/nope"], "--dataroot", "not a directory"),
+    ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
+    ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
+    ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
+    ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),
+    ("mnist-not-there", ["--dataset", "mnist", "--dataroot", "{w}/empty"], "--dataroot", "--download"),
+    ("dataset-needs-dataroot", ["--dataset", "cifar10"], "--dataroot", "required"),
+    ("unknown-model", ["--model", "resnet19"], "--model", "resnet18"),
+    ("model-module-missing", ["--model", "no_such_pkg.nets:make"], "--model", "cannot import"),
+    ("model-function-missing", ["--model", "json:no_such_function"], "--model", "no function"),
+    ("model-function-fails", ["--model", "json:dumps"], "--model", "TypeError"),
+    ("model-not-a-module", ["--model", "os:getcwd"], "--model", "not a torch.nn.Module"),
+    ("epochs-zero", ["--epochs", "0"], "--epochs", "positive"),
+    ("batch-negative", ["--batch-size", "-4"], "--batch-size", "positive"),
+    ("lr-zero", ["--lr", "0"], "--lr", "positive"),
+    ("val-fraction", ["--val-fraction", "1.5"], "--val-fraction", "between 0 and 1"),
+    ("config-does-not-parse", ["--config", "{w}/bad.yaml"], "--config", "does not parse"),
+    ("config-unknown-option", ["--config", "{w}/unknown.yaml"], "--config", "learning_rate"),
+    ("config-not-a-mapping", ["--config", "{w}/list.json"], "--config", "mapping"),
+    ("config-missing", ["--config", "{w}/nope.yaml"], "--config", "cannot read"),
+    ("run-dir-taken", ["--name", "done"], "--name", "already holds a run"),
+    ("resume-other-run", ["--name", "done", "--resume", "auto", "--lr", "0.5"], "--lr", "trained with"),
+    ("resume-missing", ["--resume", "{w}/nope.pt"], "--resume", "does not exist"),
+    ("resume-corrupt", ["--resume", "{w}/garbage.pt"], "--resume", "garbage.pt"),
+    ("resume-and-overwrite", ["--resume", "auto", "--overwrite"], "--overwrite", "conflicts"),
+    ("bad-choice", ["--optimizer", "adam"], "--optimizer", "adam"),
+    ("not-a-number", ["--epochs", "ten"], "--epochs", "ten"),
+    ("unknown-flag", ["--learning-rate", "0.1"], "--learning-rate", "No such option"),
+]
+if not torch.cuda.is_available():
+    CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))
+else:
+    CASES.append(("gpu-beyond-count", ["--gpu-ids", str(torch.cuda.device_count())], "--gpu-ids", "does not exist"))
+
+
+@pytest.mark.parametrize("args, option, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, args, option, words):
+    before = snapshot_tree(world)
+    result = phalanx("train", "--checkpoints-dir", world / "ck", *[a.format(w=world) for a in args])
+    lines = result.err.strip().splitlines()
+    assert result.code == 2, result.err
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("phalanx: ")
+    assert option in lines[0] and words in lines[0], lines[0]
+    assert "Traceback" not in result.err + result.out
+    assert result.out == ""
+    assert snapshot_tree(world) == before
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(world):
+    result = run_phalanx("train", "--dataroot", world / "corrupt", "--checkpoints-dir", world / "ck2")
+    assert result.code == 2
+    assert result.err.strip().count("\n") == 0 and "broken.png" in result.err
+    assert not (world / "ck2").exists()

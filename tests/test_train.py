@@ -1,0 +1,168 @@
+"""End-to-end `phalanx train` on CPU: real data, real training, real files."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import run_phalanx, write_digit_pngs
+from phalanx.config import RunConfig
+from phalanx.models import SmallCNN
+from phalanx.rundir import read_metrics
+
+
+def _weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def _assert_same_weights(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=atol, rtol=0), key
+
+
+def test_builtin_digits_reach_95_percent_and_loss_falls(tmp_path):
+    # A real process, as a user runs it: the README's main job.
+    result = run_phalanx("train", "--checkpoints-dir", tmp_path, "--epochs", 5, "--no-progress")
+    assert result.code == 0, result.err
+    assert "val_acc" in result.out
+    records = read_metrics(tmp_path / "experiment" / "metrics.jsonl")
+    val = [r for r in records if r["kind"] == "val"]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["epoch"] for r in val] == [1, 2, 3, 4, 5]
+    assert val[-1]["acc"] >= 0.95
+    assert train[-1]["loss"] < 0.5 * train[0]["loss"]
+    assert val[-1]["loss"] < val[0]["loss"]
+    saved = RunConfig.from_json((tmp_path / "experiment" / "config.json").read_text())
+    assert saved.epochs == 5 and saved.dataset == "digits"
+
+
+@pytest.mark.parametrize("with_val_dir", [False, True], ids=["holdout", "val-dir"])
+def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_val_dir):
+    root = write_digit_pngs(tmp_path / "data", val=with_val_dir)
+    result = phalanx("train", "--dataroot", root, "--checkpoints-dir", tmp_path / "ck", "--epochs", 6,
+                     "--image-size", 16, "--no-progress")
+    assert result.code == 0, result.err
+    assert ("from val/" in result.out) == with_val_dir
+    val = [r for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"]
+    assert val[-1]["acc"] >= 0.95
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(phalanx, tmp_path):
+    # A schedule that depends only on the epoch (warmup, then x0.1 each epoch) with momentum:
+    # optimizer, scheduler and RNG state must all survive the checkpoint for this to hold.
+    common = ["--lr-schedule", "step", "--lr-step-epochs", 1, "--warmup-epochs", 1, "--no-progress",
+              "--seed", 7, "--checkpoints-dir", tmp_path]
+    assert phalanx("train", "--name", "straight", "--epochs", 4, *common).code == 0
+    assert phalanx("train", "--name", "split", "--epochs", 2, *common).code == 0
+    resumed = phalanx("train", "--name", "split", "--epochs", 4, "--resume", "auto", *common)
+    assert resumed.code == 0, resumed.err
+    assert "resumed from" in resumed.out
+    _assert_same_weights(_weights(tmp_path / "straight/latest.pt"), _weights(tmp_path / "split/latest.pt"))
+    epochs = [r["epoch"] for r in read_metrics(tmp_path / "split/metrics.jsonl") if r["kind"] == "val"]
+    assert epochs == [1, 2, 3, 4]
+
+
+def test_checkpoint_loads_with_plain_torch_load_into_the_bare_model(phalanx, tmp_path):
+    assert phalanx("train", "--checkpoints-dir", tmp_path, "--epochs", 1, "--save-epoch-freq", 1).code == 0
+    run = tmp_path / "experiment"
+    assert {p.name for p in run.glob("*.pt")} == {"latest.pt", "best.pt", "epoch_0001.pt"}
+    state = torch.load(run / "latest.pt")  # torch's default weights_only=True: plain data only
+    assert not any(k.startswith("module.") for k in state["model"])
+    model = SmallCNN(num_classes=10, in_channels=1)
+    model.load_state_dict(state["model"])
+    assert state["epoch"] == 1 and state["config"]["epochs"] == 1
+    assert {"optimizer", "scheduler", "scaler", "rng", "step"} <= state.keys()
+    assert not list(run.glob(".*tmp*")), "no temporary file is left behind"
+
+
+def test_grad_accum_matches_one_big_batch(phalanx, tmp_path):
+    common = ["--epochs", 1, "--lr-schedule", "constant", "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--name", "big", "--batch-size", 32, *common).code == 0
+    assert phalanx("train", "--name", "accum", "--batch-size", 16, "--grad-accum", 2, *common).code == 0
+    _assert_same_weights(_weights(tmp_path / "big/latest.pt"), _weights(tmp_path / "accum/latest.pt"), atol=1e-5)
+
+
+def test_same_seed_same_weights_different_seed_different(phalanx, tmp_path):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        assert phalanx("train", "--name", name, "--seed", seed, "--epochs", 1, "--checkpoints-dir", tmp_path).code == 0
+    a, b, c = (_weights(tmp_path / n / "latest.pt") for n in "abc")
+    _assert_same_weights(a, b, atol=0)
+    assert not torch.equal(a["classifier.3.weight"], c["classifier.3.weight"])
+
+
+def test_config_file_supplies_defaults_and_flags_override(phalanx, tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("epochs: 1\nlr: 0.02\noptimizer: adamw\nbatch-size: 16\n")
+    result = phalanx("train", "--config", cfg_file, "--lr", "0.03", "--checkpoints-dir", tmp_path / "ck")
+    assert result.code == 0, result.err
+    saved = json.loads((tmp_path / "ck/experiment/config.json").read_text())["config"]
+    assert (saved["epochs"], saved["lr"], saved["optimizer"], saved["batch_size"]) == (1, 0.03, "adamw", 16)
+
+
+def test_user_model_function_and_torchvision_model(phalanx, tmp_path, monkeypatch):
+    pkg = tmp_path / "mymodels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nets.py").write_text(
+        "import torch.nn as nn\n"
+        "def tiny(num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = phalanx("train", "--model", "mymodels.nets:tiny", "--epochs", 2, "--checkpoints-dir", tmp_path / "ck")
+    assert result.code == 0, result.err
+    assert set(_weights(tmp_path / "ck/experiment/latest.pt")) == {"1.weight", "1.bias"}
+
+    result = phalanx("train", "--model", "resnet18", "--epochs", 1, "--name", "rn", "--batch-size", 128,
+                     "--checkpoints-dir", tmp_path / "ck")
+    assert result.code == 0, result.err
+    state = _weights(tmp_path / "ck/rn/latest.pt")
+    assert state["fc.weight"].shape == (10, 512) and state["conv1.weight"].shape[1] == 3
+
+
+def test_bf16_autocast_trains_on_cpu(phalanx, tmp_path):
+    result = phalanx("train", "--precision", "bf16", "--epochs", 3, "--checkpoints-dir", tmp_path)
+    assert result.code == 0, result.err
+    val = [r for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "val"]
+    assert val[-1]["acc"] >= 0.9
+    assert _weights(tmp_path / "experiment/latest.pt")["classifier.3.weight"].dtype == torch.float32
+
+
+def test_overwrite_replaces_a_previous_run(phalanx, tmp_path):
+    assert phalanx("train", "--epochs", 2, "--checkpoints-dir", tmp_path).code == 0
+    refused = phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path)
+    assert refused.code == 2 and "--resume auto" in refused.err
+    assert phalanx("train", "--epochs", 1, "--overwrite", "--checkpoints-dir", tmp_path).code == 0
+    epochs = [r["epoch"] for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "val"]
+    assert epochs == [1]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two CUDA devices; none here (checked on a lent GPU machine, see README)")
+def test_dataparallel_on_two_gpus(phalanx, tmp_path):
+    result = phalanx("train", "--gpu-ids", 0, "--gpu-ids", 1, "--epochs", 3, "--batch-size", 64,
+                     "--precision", "fp16", "--checkpoints-dir", tmp_path)
+    assert result.code == 0, result.err
+    assert "DataParallel" in result.out
+    assert not any(k.startswith("module.") for k in _weights(tmp_path / "experiment/latest.pt"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_one_gpu_with_amp(phalanx, tmp_path):
+    for precision in ("bf16", "fp16"):
+        result = phalanx("train", "--gpu-ids", 0, "--epochs", 5, "--precision", precision, "--name", precision,
+                         "--checkpoints-dir", tmp_path)
+        assert result.code == 0, result.err
+        val = [r for r in read_metrics(tmp_path / precision / "metrics.jsonl") if r["kind"] == "val"]
+        assert val[-1]["acc"] >= 0.95
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+
+    code = "import sys; from phalanx.cli import main; main(['train', '--help']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False")
+    assert "Examples:" in out and "phalanx train --gpu-ids 0 --gpu-ids 1" in out
