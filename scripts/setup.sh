@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv with phalanx and its dependencies. `--test` adds what the test suite needs.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-$(command -v python3.11 || command -v python3)}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+# The constraint file also reaches the isolated build of visdom's sdist (setuptools<81).
+export PIP_CONSTRAINT="$PWD/constraints.txt"
+pip_install() {
+  # pip's notices about unused local index folders are noise; real errors still show.
+  .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+if [ "${1:-}" = "--test" ]; then
+  pip_install -e ".[test]"
+else
+  pip_install -e .
+fi
+echo "setup.sh: ready: $(.venv/bin/phalanx --version)"
