@@ -17,5 +17,5 @@ setup(
         "boto3>=1.28",
     ],
     extras_require={"test": ["pytest>=8", "pytest-timeout>=2"]},
-    entry_points={"console_scripts": ["phalanx=phalanx.cli:main"]},
+    entry_points={"console_scripts": ["phalanx=phalanx.cli:entry"]},
 )

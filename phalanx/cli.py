@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from . import config as config_mod
 from .config import FIELDS, RunConfig, flag
-from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PhalanxError
+from .errors import EXIT_INTERRUPTED, PhalanxError
 
 _CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
 
@@ -99,6 +99,39 @@ def train(ctx: click.Context, **values: Any) -> None:
     train_run(cfg)
 
 
+TRAINLAUNCH_EXAMPLES = """\b
+Examples:
+  phalanx trainlaunch --use-torchrun "--nproc_per_node 2"      # two CPU workers (gloo)
+  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --use-torchrun "--nproc_per_node 2"
+  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --use-torchrun "-t 3 --log_dir logs --nproc_per_node 2"
+  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --dry-run       # show what would run
+  # node 0 and node 1 of a two-node run (same command on each node):
+  phalanx trainlaunch --gpu-ids 0 --use-torchrun "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job1"
+  # restart failed workers up to 3 times; each restart resumes from the latest checkpoint:
+  phalanx trainlaunch --use-torchrun "--nproc_per_node 2 --max-restarts 3"
+"""
+
+
+@cli.command(cls=_Command, epilog=TRAINLAUNCH_EXAMPLES)
+@training_options
+@click.option("--use-torchrun", "use_torchrun", metavar="OPTIONS",
+              help="torchrun's own options as one string, spelled as torchrun spells them "
+                   "(default: one node, one worker per GPU id, or one CPU worker).")
+@click.option("--dry-run", is_flag=True, help="Print the torchrun arguments, world size, devices, batch "
+              "sizes and learning rate, then exit.")
+@click.pass_context
+def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, **values: Any) -> None:
+    """Train with DistributedDataParallel: torchrun starts one worker per GPU id (or CPU workers).
+
+    Local rank r trains on cuda:GPU_IDS[r]; --batch-size is per worker. Only global rank 0 writes
+    checkpoints, metrics and snapshots.
+    """
+    cfg = build_config(ctx, values)
+    from .launch import launch  # imports torch
+
+    launch(cfg, use_torchrun, dry_run=dry_run)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the CLI and maps failures to documented exit codes."""
     try:
@@ -120,5 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``phalanx`` console script."""
+    code = main()
+    if "phalanx.parallel" in sys.modules:  # a run happened in this process
+        from .parallel import exit_process
+
+        exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -116,8 +116,8 @@ class RunConfig:
         data["gpu_ids"] = list(self.gpu_ids)
         return data
 
-    def to_json(self) -> str:
-        return json.dumps({"schema": SCHEMA_VERSION, "config": self.to_dict()}, indent=2, sort_keys=True)
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps({"schema": SCHEMA_VERSION, "config": self.to_dict()}, indent=indent, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
@@ -212,6 +212,8 @@ def _validate(cfg: RunConfig) -> None:
         raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
     if cfg.resume is not None and cfg.overwrite:
         raise bad("overwrite", "conflicts with --resume; pick one")
+    if cfg.backend == "nccl" and cfg.uses_cpu:
+        raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     ids = cfg.gpu_ids
     if len(set(ids)) != len(ids):
         raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")

@@ -17,10 +17,12 @@ class PhalanxError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, message: str, option: str | None = None):
+    def __init__(self, message: str, option: str | None = None, exit_code: int | None = None):
         super().__init__(message)
         self.option = option
         self.message = message
+        if exit_code is not None:
+            self.exit_code = exit_code
 
     def __str__(self) -> str:
         return f"{self.option}: {self.message}" if self.option else self.message

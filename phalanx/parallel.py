@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator
@@ -48,6 +50,12 @@ def dist_env_from_environ(environ: dict[str, str] | None = None) -> DistEnv | No
     if not 0 <= rank < world:
         raise PhalanxError(f"RANK={rank} is outside WORLD_SIZE={world}", "environment")
     return DistEnv(rank, local_rank, world, local_world)
+
+
+def elastic_restart_count(environ: dict[str, str] | None = None) -> int:
+    """How often torchrun has restarted this worker group (0 on the first attempt)."""
+    env = os.environ if environ is None else environ
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def cpu_threads_per_worker(local_workers: int) -> int:
@@ -102,6 +110,10 @@ class Strategy:
 
     def barrier(self) -> None:
         pass
+
+    def max_divergence(self, model: nn.Module) -> float:
+        """Largest difference of any parameter between ranks (0.0: in sync, as DDP promises)."""
+        return 0.0
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce on accumulation steps that do not end in an optimizer step."""
@@ -187,6 +199,19 @@ class DDPStrategy(Strategy):
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return model.no_sync()
 
+    def max_divergence(self, model: nn.Module) -> float:
+        # Every rank compares its parameters with rank 0's, broadcast one tensor at a time.
+        import torch.distributed as dist
+
+        worst = torch.zeros((), device=self.device, dtype=torch.float64)
+        with torch.no_grad():
+            for param in model.parameters():
+                reference = param.detach().clone()
+                dist.broadcast(reference, src=0)
+                worst = torch.maximum(worst, (param.detach() - reference).abs().max().double())
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return worst.item()
+
     def close(self) -> None:
         import torch.distributed as dist
 
@@ -209,11 +234,35 @@ def make_strategy(cfg: RunConfig, env: DistEnv | None) -> Strategy:
     return DataParallelStrategy(cfg.gpu_ids)
 
 
+_joined_process_group = False
+
+
+def exit_process(code: int) -> None:
+    """Exit; after a process group, skip interpreter finalisation.
+
+    Gloo's worker threads can still hold tensors when Python tears itself down, and the process
+    then aborts (SIGABRT, "terminate called without an active exception") after a successful
+    run even with destroy_process_group() called (pytorch/pytorch#179291). By now every file is
+    written and closed, so flushing and ``os._exit`` loses nothing.
+    """
+    if not _joined_process_group:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @contextlib.contextmanager
 def strategy_for(cfg: RunConfig) -> Iterator[Strategy]:
     """The strategy for this process, torn down (process group destroyed) however the run ends."""
+    global _joined_process_group
     strategy = make_strategy(cfg, dist_env_from_environ())
+    _joined_process_group = _joined_process_group or isinstance(strategy, DDPStrategy)
     try:
         yield strategy
+    except BaseException as exc:
+        # Free the failed run's locals (a DDP model among them) before its process group goes.
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         strategy.close()

@@ -14,38 +14,48 @@ from . import rundir
 from .config import RunConfig
 from .data import build_datasets
 from .models import build_model, required_channels
-from .parallel import strategy_for
+from .parallel import Strategy, elastic_restart_count, strategy_for
 from .rundir import MetricsLog
 from .trainer import Trainer
 
 
 def train_run(cfg: RunConfig) -> dict[str, Any]:
+    if cfg.resume is None and elastic_restart_count() > 0:
+        # torchrun restarted the workers after a failure: continue from the last checkpoint.
+        cfg = cfg.replace(resume="auto")
     with strategy_for(cfg) as strategy:
+        # The trainer (and its DDP model) lives in _train's frame, so it is freed before the
+        # process group is destroyed: a DDP reducer that outlives its group aborts at exit.
+        return _train(cfg, strategy)
 
-        def say(line: str) -> None:
-            if strategy.is_main:
-                print(line, flush=True)
 
-        # Every check first (run directory, data, model): bad input writes nothing.
-        resume = rundir.plan(cfg)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        data = build_datasets(cfg, required_channels(cfg.model))
-        model = build_model(cfg.model, data.num_classes, data.in_channels)
-        # Ranks must all have looked at the run directory before rank 0 changes it.
-        strategy.barrier()
+def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
+    def say(line: str) -> None:
         if strategy.is_main:
-            rundir.create(cfg, resume)
-        trainer = Trainer(cfg, strategy, data, model, MetricsLog(cfg.run_dir, strategy.is_main), say)
-        say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
-            f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
-        if resume is not None:
-            trainer.restore(resume.state)
-            say(f"phalanx: resumed from {resume.path} after epoch {trainer.epoch}")
-        summary = trainer.fit()
-        if "val_acc" in summary:
-            say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
-                f"checkpoints in {cfg.run_dir}")
-        else:
-            say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
-        return summary
+            print(line, flush=True)
+
+    # Every check first (run directory, data, model): bad input writes nothing.
+    resume = rundir.plan(cfg)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    data = build_datasets(cfg, required_channels(cfg.model))
+    model = build_model(cfg.model, data.num_classes, data.in_channels)
+    # From here on each global rank draws its own random stream (augmentation, dropout).
+    torch.manual_seed(cfg.seed + strategy.rank)
+    # Ranks must all have looked at the run directory before rank 0 changes it.
+    strategy.barrier()
+    if strategy.is_main:
+        rundir.create(cfg, resume)
+    trainer = Trainer(cfg, strategy, data, model, MetricsLog(cfg.run_dir, strategy.is_main), say)
+    say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
+        f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
+    if resume is not None:
+        trainer.restore(resume.state)
+        say(f"phalanx: resumed from {resume.path} after epoch {trainer.epoch}")
+    summary = trainer.fit()
+    if "val_acc" in summary:
+        say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
+            f"checkpoints in {cfg.run_dir}")
+    else:
+        say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
+    return summary

@@ -63,8 +63,8 @@ def create(cfg: RunConfig, resume: Resume | None) -> None:
     if cfg.overwrite:
         for path in [run_dir / CONFIG, run_dir / METRICS, *run_dir.glob("*.pt")]:
             path.unlink(missing_ok=True)
-    if resume is not None:
-        trim_metrics(run_dir / METRICS, resume.state["epoch"])
+    # Records past the checkpoint (or all, when a restart found none) would be repeated.
+    trim_metrics(run_dir / METRICS, resume.state["epoch"] if resume else 0)
     atomic_write_text(run_dir / CONFIG, cfg.to_json())
 
 

@@ -98,14 +98,17 @@ class Trainer:
             train_loss, rate = self._train_epoch(epoch)
             val_loss, val_acc = self.evaluate()
             self.epoch = epoch
-            self.metrics.write({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc})
+            self.metrics.write({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
+                                "samples": self.val_samples, "world_size": self.strategy.world_size})
             self._save(val_acc)
             self.say(f"epoch {epoch}/{self.cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
                      f"val_acc {100 * val_acc:.2f}%  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
                      f"{time.perf_counter() - started:.1f}s")
             summary = {"epochs": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc}
         summary["best_val_acc"] = self.best_acc
-        self.strategy.barrier()
+        summary["max_rank_divergence"] = self.strategy.max_divergence(self.strategy.unwrap(self.model))
+        self.metrics.write({"kind": "end", "epoch": self.epoch, "step": self.step, **summary})
+        self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
 
     def _lr(self) -> float:
@@ -180,4 +183,5 @@ class Trainer:
             sums[1] += (logits.argmax(1) == targets).sum()
             sums[2] += targets.size(0)
         loss_sum, correct, count = self.strategy.all_reduce_sum(sums).tolist()
+        self.val_samples = int(count)
         return loss_sum / count, correct / count

@@ -1,0 +1,134 @@
+"""``phalanx trainlaunch``: DistributedDataParallel through torchrun, in process, with no shell.
+
+The ``--use-torchrun`` string is split once (shlex) and checked with torchrun's own parser before
+any process starts. Workers run ``python -m phalanx.worker CONFIG_JSON``: the run configuration
+travels as one argv element, never re-quoted. Each worker picks ``cuda:gpu_ids[local_rank]``;
+CUDA_VISIBLE_DEVICES is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+from dataclasses import dataclass
+
+from . import rundir
+from .config import RunConfig
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
+from .optim import effective_lr
+
+OPTION = "--use-torchrun"
+WORKER_MODULE = "phalanx.worker"
+
+
+@dataclass
+class LaunchPlan:
+    torchrun_argv: list[str]  # what torchrun receives, worker module and config included
+    torchrun_options: list[str]  # the user's options alone
+    nproc_per_node: int
+    nnodes: tuple[int, int]
+    args: argparse.Namespace  # torchrun's parsed arguments
+
+    @property
+    def world_size(self) -> str:
+        low, high = self.nnodes
+        return str(low * self.nproc_per_node) if low == high else \
+            f"{low * self.nproc_per_node}..{high * self.nproc_per_node}"
+
+
+def _torchrun_parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:  # argparse would print usage and exit 2
+        raise PhalanxError(f"torchrun says: {message}", OPTION)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser
+
+
+def default_torchrun_options(cfg: RunConfig) -> list[str]:
+    """Without ``--use-torchrun``: one node, one worker per GPU id, or one CPU worker."""
+    return ["--nproc-per-node", str(1 if cfg.uses_cpu else len(cfg.gpu_ids))]
+
+
+def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
+    """Everything checked before a process starts: the torchrun string, workers vs GPU ids."""
+    from torch.distributed.run import determine_local_world_size, parse_min_max_nnodes
+
+    try:
+        options = shlex.split(torchrun_options) if torchrun_options is not None else default_torchrun_options(cfg)
+    except ValueError as exc:  # "No closing quotation"
+        raise PhalanxError(f"cannot split {torchrun_options!r}: {exc}", OPTION) from None
+    if any(not opt.startswith("-") for opt in options[:1]) or "-m" in options or "--module" in options:
+        raise PhalanxError("holds torchrun's options only; phalanx adds the worker program itself", OPTION)
+    argv = [*options, "-m", WORKER_MODULE, cfg.to_json(indent=None)]
+    args = _torchrun_parser().parse_args(argv)
+    if args.training_script != WORKER_MODULE:
+        raise PhalanxError(f"unexpected argument {args.training_script!r}; pass torchrun options only", OPTION)
+    try:
+        nproc = determine_local_world_size(args.nproc_per_node)
+        nnodes = parse_min_max_nnodes(args.nnodes)
+    except ValueError as exc:
+        raise PhalanxError(f"torchrun says: {exc}", OPTION) from None
+    if not cfg.uses_cpu and nproc > len(cfg.gpu_ids):
+        raise PhalanxError(f"{nproc} workers per node but only {len(cfg.gpu_ids)} --gpu-ids; give one "
+                           "--gpu-ids per worker, or lower --nproc-per-node", OPTION)
+    return LaunchPlan(argv, options, nproc, nnodes, args)
+
+
+def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
+    """The ``--dry-run`` report."""
+    devices = ["cpu" if cfg.uses_cpu else f"cuda:{cfg.gpu_ids[r]}" for r in range(plan.nproc_per_node)]
+    world = plan.nnodes[1] * plan.nproc_per_node
+    backend = cfg.backend or ("gloo" if cfg.uses_cpu else "nccl")
+    lines = [f"torchrun {shlex.join(plan.torchrun_argv)}",
+             f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {plan.nnodes[0]}"
+             f"{'' if plan.nnodes[0] == plan.nnodes[1] else '..' + str(plan.nnodes[1])}), backend {backend}"]
+    lines += [f"local rank {r}: {d}" for r, d in enumerate(devices)]
+    lines += [f"batch size: {cfg.batch_size} per process, {cfg.batch_size * cfg.grad_accum * world} effective "
+              f"(x{cfg.grad_accum} accumulation x{world} processes)",
+              f"learning rate: {effective_lr(cfg, world):g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr})"]
+    return lines
+
+
+def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
+    """Run torchrun in this process; a failed worker becomes a one-line error and our exit code."""
+    from .parallel import check_gpu_ids
+
+    check_gpu_ids(cfg.gpu_ids)
+    plan = plan_launch(cfg, torchrun_options)
+    if dry_run:
+        print("\n".join(describe(cfg, plan)))
+        return 0
+    rundir.plan(cfg)  # a taken run directory or a bad --resume fails here, before any worker starts
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    # torchrun logs each worker failure at length; phalanx reports it in one line below.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        run(plan.args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        # A worker that refused bad input (exit 2) keeps that meaning; anything else is a failure.
+        raise RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code "
+                        f"{failure.exitcode}: {first_line(failure.message)}",
+                        exit_code=EXIT_BAD_INPUT if failure.exitcode == EXIT_BAD_INPUT else EXIT_FAILED) from None
+    except SignalException as exc:
+        import signal
+
+        raise RunFailed(f"stopped by {exc.sigval.name}; every worker was stopped",
+                        exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED) from None
+    return 0
+
+
+def first_line(message: object) -> str:
+    """torchrun hands over the worker's error file: a string, or ``{"message": ...}``."""
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    lines = [line for line in str(message).splitlines() if line.strip()]
+    return lines[0] if lines else "no error message (see the worker's output above)"
