@@ -103,7 +103,11 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
     if dry_run:
         print("\n".join(describe(cfg, plan)))
         return 0
-    rundir.plan(cfg)  # a taken run directory or a bad --resume fails here, before any worker starts
+    if plan.nnodes[1] == 1:
+        # A taken run directory or a bad --resume fails here, before any worker starts. With
+        # several nodes on a shared disk, node 0's rank 0 may already have created the run;
+        # the workers then check it together, before a barrier.
+        rundir.plan(cfg)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run

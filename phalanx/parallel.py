@@ -78,6 +78,17 @@ def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
                            f"(ids 0-{count - 1})", "--gpu-ids")
 
 
+def worker_device(cfg: RunConfig, env: DistEnv) -> torch.device:
+    """Local rank r trains on ``cuda:gpu_ids[r]`` (CUDA_VISIBLE_DEVICES is left alone), or the CPU."""
+    if cfg.uses_cpu:
+        return torch.device("cpu")
+    if env.local_rank >= len(cfg.gpu_ids):
+        raise PhalanxError(f"local rank {env.local_rank} has no GPU id: {len(cfg.gpu_ids)} id(s) for "
+                           f"{env.local_world_size} workers on this node; give one --gpu-ids per worker",
+                           "--gpu-ids")
+    return torch.device("cuda", cfg.gpu_ids[env.local_rank])
+
+
 class Strategy:
     """One device in one process. Subclasses change how the model is wrapped and reduced."""
 
@@ -151,22 +162,23 @@ class DDPStrategy(Strategy):
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
         self.is_main = env.rank == 0
         self.sync_bn = cfg.sync_bn
-        if cfg.uses_cpu:
-            device = torch.device("cpu")
+        device = worker_device(cfg, env)
+        if device.type == "cpu":
             torch.set_num_threads(cpu_threads_per_worker(env.local_world_size))
         else:
-            if env.local_rank >= len(cfg.gpu_ids):
-                raise PhalanxError(f"local rank {env.local_rank} has no GPU id: {len(cfg.gpu_ids)} id(s) "
-                                   f"for {env.local_world_size} workers on this node; give one "
-                                   "--gpu-ids per worker", "--gpu-ids")
-            device = torch.device("cuda", cfg.gpu_ids[env.local_rank])
             torch.cuda.set_device(device)
         super().__init__(device)
         backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
         import torch.distributed as dist
+        from torch.distributed.rendezvous import rendezvous
 
+        timeout = timedelta(minutes=30)
+        store, rank, world = next(rendezvous("env://", timeout=timeout))
+        # torchrun keeps one store across elastic restarts; without a prefix per attempt the
+        # restarted workers read the dead workers' addresses and fail to connect.
+        store = dist.PrefixStore(f"phalanx/attempt_{elastic_restart_count()}", store)
         # device_id binds NCCL to this worker's GPU; gloo ignores it and takes the CPU.
-        dist.init_process_group(backend, timeout=timedelta(minutes=30),
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
 
     @property
@@ -219,7 +231,8 @@ class DDPStrategy(Strategy):
             dist.destroy_process_group()
 
     def describe(self) -> str:
-        return f"DDP rank {self.rank}/{self.world_size} on {self.device}"
+        threads = f" ({torch.get_num_threads()} threads per worker)" if self.device.type == "cpu" else ""
+        return f"DDP rank {self.rank}/{self.world_size} on {self.device}{threads}"
 
 
 def make_strategy(cfg: RunConfig, env: DistEnv | None) -> Strategy:
