@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
     """Run torchrun in this process; a failed worker becomes a one-line error and our exit code."""
-    from .parallel import check_gpu_ids
+    from .parallel import check_gpu_ids, cpu_threads_per_worker
 
     check_gpu_ids(cfg.gpu_ids)
     plan = plan_launch(cfg, torchrun_options)
@@ -114,6 +115,10 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
     # torchrun logs each worker failure at length; phalanx reports it in one line below.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    if cfg.uses_cpu and "OMP_NUM_THREADS" not in os.environ:
+        # Workers inherit it: cores / local workers from their first instruction (torchrun
+        # would pick 1 and warn about it).
+        os.environ["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(plan.nproc_per_node))
     try:
         run(plan.args)
     except ChildFailedError as exc:

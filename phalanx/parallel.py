@@ -39,8 +39,9 @@ def dist_env_from_environ(environ: dict[str, str] | None = None) -> DistEnv | No
     try:
         world = int(env["WORLD_SIZE"])
         rank = int(env["RANK"])
-        local_rank = int(env.get("LOCAL_RANK", rank))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        # A Kubernetes pod or a machine per rank sets no LOCAL_*: it is the only local worker.
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", 1))
     except ValueError:
         raise PhalanxError("RANK, WORLD_SIZE, LOCAL_RANK must be integers", "environment") from None
     for var in ("MASTER_ADDR", "MASTER_PORT"):
