@@ -16,6 +16,7 @@ setup(
         "tornado<6.6",  # 6.6 makes visdom 0.2.4's page answer 403
         "boto3>=1.28",
     ],
-    extras_require={"test": ["pytest>=8", "pytest-timeout>=2"]},
+    extras_require={"test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40",
+                             "hypothesis>=6"]},
     entry_points={"console_scripts": ["phalanx=phalanx.cli:entry"]},
 )

@@ -87,6 +87,18 @@ class RunConfig:
     # --- output
     save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
                                   identity=False, metavar="N")
+    pickle_dir: str | None = option(None, "Where global rank 0 writes loss snapshots for `phalanx "
+                                    "visualize` (default: <run dir>/pickle).", identity=False, metavar="DIR")
+    snapshot_every: float = option(5.0, "Write a loss snapshot at most every N seconds (and at each "
+                                   "epoch end).", identity=False, metavar="SECONDS")
+    remote_transfer: str | None = option(None, "Also upload snapshots and checkpoints to S3 (boto3, the "
+                                         "standard AWS credential chain), in the background.",
+                                         identity=False, metavar="s3://BUCKET/PREFIX")
+    remote_transfer_cmd: str | None = option(None, "Call your function with the path of each written "
+                                             "snapshot and checkpoint (imported by name).",
+                                             identity=False, metavar="MODULE.FUNCTION")
+    s3_endpoint_url: str | None = option(None, "S3-compatible endpoint (default: AWS, or "
+                                         "AWS_ENDPOINT_URL).", identity=False, metavar="URL")
     log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
                             identity=False, metavar="N")
     progress: bool = option(True, "Show a progress bar on stderr.", identity=False)
@@ -105,6 +117,10 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.checkpoints_dir) / self.name
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return Path(self.pickle_dir) if self.pickle_dir else self.run_dir / "pickle"
 
     @property
     def uses_cpu(self) -> bool:
@@ -201,7 +217,8 @@ def _validate(cfg: RunConfig) -> None:
             raise bad(name, f"must be a positive integer (got {getattr(cfg, name)})")
     if not cfg.lr > 0:
         raise bad("lr", f"must be positive (got {cfg.lr})")
-    for name in ("num_workers", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs"):
+    for name in ("num_workers", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs",
+                 "snapshot_every"):
         if getattr(cfg, name) < 0:
             raise bad(name, f"must not be negative (got {getattr(cfg, name)})")
     if not 0 < cfg.val_fraction < 1:
@@ -212,6 +229,10 @@ def _validate(cfg: RunConfig) -> None:
         raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
     if cfg.resume is not None and cfg.overwrite:
         raise bad("overwrite", "conflicts with --resume; pick one")
+    if cfg.remote_transfer is not None:
+        from .remote import parse_s3_url  # stdlib only at import
+
+        parse_s3_url(cfg.remote_transfer, "--remote-transfer")
     if cfg.backend == "nccl" and cfg.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     ids = cfg.gpu_ids

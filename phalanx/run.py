@@ -6,16 +6,17 @@ Shared by ``phalanx train`` and by every DDP worker that ``phalanx trainlaunch``
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from . import rundir
 from .config import RunConfig
-from .data import build_datasets
+from .data import DataBundle, build_datasets
 from .models import build_model, required_channels
 from .parallel import Strategy, elastic_restart_count, strategy_for
-from .rundir import MetricsLog
+from .outputs import RunOutputs, new_run_id
 from .trainer import Trainer
 
 
@@ -42,11 +43,22 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     model = build_model(cfg.model, data.num_classes, data.in_channels)
     # From here on each global rank draws its own random stream (augmentation, dropout).
     torch.manual_seed(cfg.seed + strategy.rank)
+    outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
     strategy.barrier()
+    run_id = resume.state.get("run_id", new_run_id()) if resume else new_run_id()
     if strategy.is_main:
         rundir.create(cfg, resume)
-    trainer = Trainer(cfg, strategy, data, model, MetricsLog(cfg.run_dir, strategy.is_main), say)
+    try:
+        outputs.start(run_id)
+        return _fit(cfg, strategy, data, model, outputs, run_id, resume, say)
+    finally:
+        outputs.close()  # the last snapshot, and every upload sent or reported
+
+
+def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, outputs: RunOutputs,
+         run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
+    trainer = Trainer(cfg, strategy, data, model, outputs, run_id, say)
     say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
         f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
     if resume is not None:

@@ -19,7 +19,7 @@ from .data import DataBundle
 from .optim import build_optimizer, build_scheduler, effective_lr
 from .parallel import Strategy
 from .progress import ProgressBar
-from .rundir import MetricsLog
+from .outputs import RunOutputs
 
 
 class ShardSampler(Sampler[int]):
@@ -38,8 +38,9 @@ class ShardSampler(Sampler[int]):
 
 class Trainer:
     def __init__(self, cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module,
-                 metrics: MetricsLog, say: Callable[[str], None]):
-        self.cfg, self.strategy, self.metrics, self.say = cfg, strategy, metrics, say
+                 outputs: RunOutputs, run_id: str, say: Callable[[str], None]):
+        self.cfg, self.strategy, self.outputs, self.say = cfg, strategy, outputs, say
+        self.run_id = run_id
         self.device = strategy.device
         self.raw_model = model
         self.model = strategy.wrap(model)
@@ -64,7 +65,7 @@ class Trainer:
 
     # --- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "best_val_acc": self.best_acc,
+        return {"epoch": self.epoch, "step": self.step, "best_val_acc": self.best_acc, "run_id": self.run_id,
                 "model": self.strategy.unwrap(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(), "rng": checkpoint.capture_rng(),
@@ -89,6 +90,7 @@ class Trainer:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
         if self.strategy.is_main:
             checkpoint.save(paths, self.state_dict())
+            self.outputs.files_written(paths)
 
     # --- the loop
     def fit(self) -> dict[str, Any]:
@@ -98,8 +100,8 @@ class Trainer:
             train_loss, rate = self._train_epoch(epoch)
             val_loss, val_acc = self.evaluate()
             self.epoch = epoch
-            self.metrics.write({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
-                                "samples": self.val_samples, "world_size": self.strategy.world_size})
+            self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
+                                 "samples": self.val_samples, "world_size": self.strategy.world_size}, flush=True)
             self._save(val_acc)
             self.say(f"epoch {epoch}/{self.cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
                      f"val_acc {100 * val_acc:.2f}%  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
@@ -107,7 +109,7 @@ class Trainer:
             summary = {"epochs": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc}
         summary["best_val_acc"] = self.best_acc
         summary["max_rank_divergence"] = self.strategy.max_divergence(self.strategy.unwrap(self.model))
-        self.metrics.write({"kind": "end", "epoch": self.epoch, "step": self.step, **summary})
+        self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **summary}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
 
@@ -162,7 +164,7 @@ class Trainer:
     def _log_train(self, epoch: int, fraction: float, window: torch.Tensor, since: float) -> float:
         now = time.perf_counter()
         loss_sum, count = self.strategy.all_reduce_sum(window.clone()).tolist()
-        self.metrics.write({"kind": "train", "epoch": epoch, "step": self.step,
+        self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
                             "epoch_progress": epoch - 1 + fraction, "loss": loss_sum / count,
                             "lr": self._lr(), "samples_per_s": count / max(now - since, 1e-9)})
         window.zero_()

@@ -14,7 +14,18 @@ pip_install() {
 }
 if [ "${1:-}" = "--test" ]; then
   pip_install -e ".[test]"
+  # The browser test drives Debian's Chromium (never a downloaded browser build).
+  if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+      echo "setup.sh: chromium is missing: sudo apt-get install chromium (the browser test needs it)" >&2
+    fi
+  fi
 else
   pip_install -e .
 fi
+# visdom downloads its page's JavaScript from CDNs at first start; fetch the same files from the
+# npm registry instead, so `phalanx visualize` works with no internet.
+.venv/bin/python -m phalanx.visdom_assets
 echo "setup.sh: ready: $(.venv/bin/phalanx --version)"

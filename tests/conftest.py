@@ -71,3 +71,49 @@ def write_digit_pngs(root: Path, per_class: int | None = None, val: bool = False
             pixels = (images[i, 0] * 255).round().byte().numpy()
             Image.fromarray(pixels, mode="L").resize((16, 16), Image.NEAREST).save(folder / f"{i:04d}.png")
     return root
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 120.0, what: str = "a condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def visdom_server(tmp_path_factory):
+    """A real visdom server on 127.0.0.1 (its page assets installed offline by scripts/setup.sh)."""
+    import urllib.request
+
+    from phalanx.visdom_assets import missing_assets
+
+    assert not missing_assets(), "run: python -m phalanx.visdom_assets (scripts/setup.sh does)"
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("visdom")
+    log = open(workdir / "visdom.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "visdom.server", "-port", str(port), "-bind_local",
+                             "-env_path", str(workdir / "envs")], stdout=log, stderr=subprocess.STDOUT)
+
+    def up() -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).status == 200
+        except OSError:
+            return False
+
+    wait_until(up, 60, "the visdom server")
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()

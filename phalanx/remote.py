@@ -1,0 +1,146 @@
+"""Copies of written files to remote storage, in the background.
+
+Two kinds of destination: ``--remote-transfer s3://bucket/prefix`` (boto3, the standard AWS
+credential chain, ``--s3-endpoint-url`` for S3-compatible stores) and ``--remote-transfer-cmd
+module.function``, a user's function imported by name (never exec/eval) and called with the local
+path. One background thread does the work so a training step never waits on the network; a
+failure is retried with backoff, warned about, and summarised at the end; it never stops training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import PhalanxError
+
+Send = Callable[[Path, str], None]  # (local path, key relative to the run) -> None, raises on failure
+
+
+def parse_s3_url(url: str, option: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> (bucket, prefix without surrounding slashes)."""
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise PhalanxError(f"expected s3://bucket/prefix, got {url!r}", option)
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def s3_client(endpoint_url: str | None):
+    import boto3
+    from botocore.config import Config
+
+    # Short timeouts and no hidden retries: phalanx retries itself and must notice an outage.
+    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 1, "mode": "standard"})
+    return boto3.client("s3", endpoint_url=endpoint_url, config=config)
+
+
+def s3_sender(url: str, endpoint_url: str | None) -> Send:
+    bucket, prefix = parse_s3_url(url, "--remote-transfer")
+    client = s3_client(endpoint_url)
+
+    def send(path: Path, key: str) -> None:
+        client.upload_file(str(path), bucket, f"{prefix}/{key}" if prefix else key)
+
+    return send
+
+
+def import_function(spec: str, option: str) -> Callable:
+    """``pkg.module.function`` -> the function, imported with importlib (nothing evaluated)."""
+    module_name, _, func_name = spec.rpartition(".")
+    if not module_name or not func_name.isidentifier():
+        raise PhalanxError(f"expected module.function, got {spec!r}", option)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PhalanxError(f"cannot import module '{module_name}' ({type(exc).__name__}: {exc})", option) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise PhalanxError(f"module '{module_name}' has no function '{func_name}'", option)
+    return func
+
+
+def command_sender(spec: str) -> Send:
+    func = import_function(spec, "--remote-transfer-cmd")
+    return lambda path, key: func(str(path))
+
+
+@dataclass
+class Failure:
+    key: str
+    error: str
+
+
+class Uploader:
+    """A queue of files and one thread that sends them, retrying with exponential backoff.
+
+    A path queued again before it was sent is sent once, in its newest version: the files are
+    replaced atomically, so what is read is always a complete file.
+    """
+
+    def __init__(self, senders: list[Send], attempts: int = 5, backoff: float = 0.5,
+                 warn: Callable[[str], None] | None = None):
+        self.senders, self.attempts, self.backoff = senders, attempts, backoff
+        self.warn = warn or (lambda line: print(f"phalanx: warning: {line}", file=sys.stderr, flush=True))
+        self.failures: list[Failure] = []
+        self.sent = 0
+        self._queue: queue.Queue[tuple[Path, str] | None] = queue.Queue()
+        self._pending: set[tuple[Path, str]] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="phalanx-uploader", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, key: str) -> None:
+        with self._lock:
+            if (path, key) in self._pending:
+                return
+            self._pending.add((path, key))
+        self._queue.put((path, key))
+
+    def close(self) -> list[Failure]:
+        """Send what is queued (each with its retries), stop the thread, return the failures."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.failures:
+            self.warn(f"{len(self.failures)} upload(s) failed, {self.sent} succeeded: "
+                      + "; ".join(f"{f.key} ({f.error})" for f in self.failures[:5]))
+        return self.failures
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            path, key = item
+            with self._lock:
+                self._pending.discard(item)
+            for send in self.senders:
+                self._send_with_retries(send, path, key)
+
+    def _send_with_retries(self, send: Send, path: Path, key: str) -> None:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                send(path, key)
+                self.sent += 1
+                self.failures = [f for f in self.failures if f.key != key]  # a newer copy made it
+                return
+            except Exception as exc:  # network, credentials, the user's function: never fatal
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+                if attempt == self.attempts:
+                    self.warn(f"upload of {key} failed after {attempt} attempts: {error}")
+                    self.failures.append(Failure(key, error))
+                    return
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), 30.0))
+
+
+def make_uploader(remote_transfer: str | None, remote_transfer_cmd: str | None,
+                  s3_endpoint_url: str | None) -> Uploader | None:
+    """Checked at start-up, before anything is written: a bad spec is one clear error."""
+    senders = []
+    if remote_transfer_cmd:
+        senders.append(command_sender(remote_transfer_cmd))
+    if remote_transfer:
+        senders.append(s3_sender(remote_transfer, s3_endpoint_url))
+    return Uploader(senders) if senders else None
