@@ -27,5 +27,6 @@ else
 fi
 # visdom downloads its page's JavaScript from CDNs at first start; fetch the same files from the
 # npm registry instead, so `phalanx visualize` works with no internet.
-.venv/bin/python -m phalanx.visdom_assets
+.venv/bin/python -m phalanx.visdom_assets || echo "setup.sh: warning: visdom's page assets are missing;" \
+  "phalanx visualize needs them (npm must reach the npm registry)" >&2
 echo "setup.sh: ready: $(.venv/bin/phalanx --version)"

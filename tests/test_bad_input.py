@@ -61,6 +61,11 @@ CASES = [
     ("bad-choice", ["--optimizer", "adam"], "--optimizer", "adam"),
     ("not-a-number", ["--epochs", "ten"], "--epochs", "ten"),
     ("unknown-flag", ["--learning-rate", "0.1"], "--learning-rate", "No such option"),
+    ("transfer-cmd-missing", ["--remote-transfer-cmd", "no_such_mod.upload"], "--remote-transfer-cmd", "cannot import"),
+    ("transfer-cmd-no-function", ["--remote-transfer-cmd", "json.no_such"], "--remote-transfer-cmd", "no function"),
+    ("transfer-cmd-not-dotted", ["--remote-transfer-cmd", "upload"], "--remote-transfer-cmd", "module.function"),
+    ("transfer-not-s3", ["--remote-transfer", "http://bucket/x"], "--remote-transfer", "s3://"),
+    ("snapshot-every-negative", ["--snapshot-every", "-1"], "--snapshot-every", "negative"),
 ]
 if not torch.cuda.is_available():
     CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))
