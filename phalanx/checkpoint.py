@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,11 @@ def candidates(run_dir: Path) -> list[Path]:
 
 def load_latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads; a corrupt one is skipped with a warning, not fatal."""
-    import warnings
-
     for path in candidates(run_dir):
         try:
             return path, load(path)
         except PhalanxError as exc:
-            warnings.warn(f"skipping {exc.message}", stacklevel=2)
+            print(f"phalanx: warning: skipping {exc.message}", file=sys.stderr, flush=True)
     return None
 
 

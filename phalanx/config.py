@@ -83,6 +83,9 @@ class RunConfig:
                                       "(--gpu-ids 0 --gpu-ids 1). -1 or none: CPU.", metavar="ID")
     backend: str | None = option(None, "torch.distributed backend for DDP workers (default: nccl "
                                  "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
+    dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "
+                                 "or lost worker ends the run instead of blocking it forever.",
+                                 identity=False, metavar="SECONDS")
     sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP.")
     # --- output
     save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
@@ -215,6 +218,8 @@ def _validate(cfg: RunConfig) -> None:
     for name in ("epochs", "batch_size", "grad_accum", "lr_step_epochs", "log_every"):
         if getattr(cfg, name) <= 0:
             raise bad(name, f"must be a positive integer (got {getattr(cfg, name)})")
+    if not cfg.dist_timeout > 0:
+        raise bad("dist_timeout", f"must be positive (got {cfg.dist_timeout})")
     if not cfg.lr > 0:
         raise bad("lr", f"must be positive (got {cfg.lr})")
     for name in ("num_workers", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs",

@@ -21,6 +21,7 @@ from .optim import effective_lr
 
 OPTION = "--use-torchrun"
 WORKER_MODULE = "phalanx.worker"
+MEANINGFUL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED)  # worker exits passed on as ours
 
 
 @dataclass
@@ -123,10 +124,10 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
         run(plan.args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        # A worker that refused bad input (exit 2) keeps that meaning; anything else is a failure.
+        # A worker that refused bad input or was stopped by a signal keeps that meaning.
         raise RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code "
                         f"{failure.exitcode}: {first_line(failure.message)}",
-                        exit_code=EXIT_BAD_INPUT if failure.exitcode == EXIT_BAD_INPUT else EXIT_FAILED) from None
+                        exit_code=failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED) from None
     except SignalException as exc:
         import signal
 

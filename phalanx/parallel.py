@@ -173,7 +173,7 @@ class DDPStrategy(Strategy):
         import torch.distributed as dist
         from torch.distributed.rendezvous import rendezvous
 
-        timeout = timedelta(minutes=30)
+        timeout = timedelta(seconds=cfg.dist_timeout)
         store, rank, world = next(rendezvous("env://", timeout=timeout))
         # torchrun keeps one store across elastic restarts; without a prefix per attempt the
         # restarted workers read the dead workers' addresses and fail to connect.

@@ -89,6 +89,7 @@ class Uploader:
         self.warn = warn or (lambda line: print(f"phalanx: warning: {line}", file=sys.stderr, flush=True))
         self.failures: list[Failure] = []
         self.sent = 0
+        self._outage = False  # said "uploads failing" and not yet "resumed"
         self._queue: queue.Queue[tuple[Path, str] | None] = queue.Queue()
         self._pending: set[tuple[Path, str]] = set()
         self._lock = threading.Lock()
@@ -125,9 +126,15 @@ class Uploader:
                 send(path, key)
                 self.sent += 1
                 self.failures = [f for f in self.failures if f.key != key]  # a newer copy made it
+                if self._outage:
+                    self._outage = False
+                    self.warn(f"uploads resumed ({key} sent)")
                 return
             except Exception as exc:  # network, credentials, the user's function: never fatal
                 error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+                if not self._outage:  # say it at once, not only when the retries run out
+                    self._outage = True
+                    self.warn(f"uploads failing ({key}: {error}); retrying with backoff, training goes on")
                 if attempt == self.attempts:
                     self.warn(f"upload of {key} failed after {attempt} attempts: {error}")
                     self.failures.append(Failure(key, error))

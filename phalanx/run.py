@@ -17,6 +17,7 @@ from .data import DataBundle, build_datasets
 from .models import build_model, required_channels
 from .parallel import Strategy, elastic_restart_count, strategy_for
 from .outputs import RunOutputs, new_run_id
+from .preempt import StopRequest
 from .trainer import Trainer
 
 
@@ -58,13 +59,16 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
 
 def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, outputs: RunOutputs,
          run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
-    trainer = Trainer(cfg, strategy, data, model, outputs, run_id, say)
-    say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
-        f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
-    if resume is not None:
-        trainer.restore(resume.state)
-        say(f"phalanx: resumed from {resume.path} after epoch {trainer.epoch}")
-    summary = trainer.fit()
+    with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
+        trainer = Trainer(cfg, strategy, data, model, outputs, run_id, say, stop)
+        say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
+            f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
+        if resume is not None:
+            trainer.restore(resume.state)
+            where = f"epoch {trainer.epoch + 1}, batch {trainer.resume_batch}" if trainer.resume_batch \
+                else f"epoch {trainer.epoch}"
+            say(f"phalanx: resumed from {resume.path} after {where}")
+        summary = trainer.fit()
     if "val_acc" in summary:
         say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
             f"checkpoints in {cfg.run_dir}")

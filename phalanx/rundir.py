@@ -14,7 +14,7 @@ from typing import Any
 from . import checkpoint
 from .atomic import atomic_write_text
 from .config import RunConfig, flag
-from .errors import PhalanxError
+from .errors import PhalanxError, RunFailed
 
 CONFIG, METRICS = "config.json", "metrics.jsonl"
 
@@ -60,19 +60,23 @@ def create(cfg: RunConfig, resume: Resume | None) -> None:
     """Make the run directory (global rank 0 only); clear a replaced run; save the configuration."""
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(".*.tmp-*"):  # a writer killed mid-write left its temporary behind
+        stale.unlink(missing_ok=True)
     if cfg.overwrite:
         for path in [run_dir / CONFIG, run_dir / METRICS, *run_dir.glob("*.pt")]:
             path.unlink(missing_ok=True)
     # Records past the checkpoint (or all, when a restart found none) would be repeated.
-    trim_metrics(run_dir / METRICS, resume.state["epoch"] if resume else 0)
+    trim_metrics(run_dir / METRICS, resume.state["epoch"] if resume else 0, resume.state["step"] if resume else 0)
     atomic_write_text(run_dir / CONFIG, cfg.to_json())
 
 
-def trim_metrics(path: Path, last_epoch: int) -> None:
-    """Drop records of epochs after the checkpoint, so a resumed run repeats none in its history."""
+def trim_metrics(path: Path, last_epoch: int, last_step: int) -> None:
+    """Drop records after the checkpoint, so a resumed run repeats none in its history: train
+    records past its step (it may be mid-epoch), others past its completed epochs."""
     if not path.exists():
         return
-    kept = [line for line in read_metrics(path) if line.get("epoch", 0) <= last_epoch]
+    kept = [r for r in read_metrics(path)
+            if (r.get("step", 0) <= last_step if r.get("kind") == "train" else r.get("epoch", 0) <= last_epoch)]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
@@ -95,6 +99,10 @@ class MetricsLog:
         self.enabled = enabled
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a torn last line is skipped by readers; the rest stays intact
+            raise RunFailed(f"cannot append to {self.path} ({exc.strerror or exc})") from None

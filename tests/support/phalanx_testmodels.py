@@ -32,3 +32,18 @@ def slow(num_classes, in_channels):
 
 def fails_on_rank1(num_classes, in_channels):
     return _FailsOnRank1(num_classes=num_classes, in_channels=in_channels)
+
+
+class _HangsOnRank1(SmallCNN):
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 5:
+            time.sleep(3600)  # a stuck worker: the others wait for it in the gradient all-reduce
+        return super().forward(x)
+
+
+def hangs_on_rank1(num_classes, in_channels):
+    return _HangsOnRank1(num_classes=num_classes, in_channels=in_channels)
+

@@ -1,0 +1,261 @@
+"""Faults survived, with real processes: preemption, kills mid-write, corrupt files, a full disk,
+a flaky S3 endpoint, a reader racing a writer, a hung worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_phalanx, wait_until
+from phalanx.remote import Uploader
+from phalanx.rundir import read_metrics
+from phalanx.visualize import LocalSource
+
+SUPPORT = str(REPO / "tests" / "support")
+SLOW = {"PYTHONPATH": os.pathsep.join([SUPPORT, str(REPO)]), "PHALANX_TEST_DELAY": "0.02"}
+
+
+def start(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *map(str, args)], text=True,
+                            env={**os.environ, **SLOW}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def val_history(run: Path) -> list[tuple[int, float, float]]:
+    return [(r["epoch"], r["loss"], r["acc"]) for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "val"]
+
+
+def in_epoch(run: Path, epoch: int) -> bool:
+    metrics = run / "metrics.jsonl"
+    return metrics.exists() and any(r["kind"] == "train" and r["epoch"] == epoch for r in read_metrics(metrics))
+
+
+def assert_same_run(a: Path, b: Path, atol: float = 0.0) -> None:
+    wa, wb = torch.load(a / "latest.pt")["model"], torch.load(b / "latest.pt")["model"]
+    assert all(torch.allclose(wa[k], wb[k], atol=atol, rtol=0) for k in wa)
+    for (ea, *va), (eb, *vb) in zip(val_history(a), val_history(b), strict=True):
+        assert ea == eb and va == pytest.approx(vb, abs=max(atol, 1e-12))
+    steps = [r["step"] for r in read_metrics(b / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == sorted(set(steps))  # no step lost or repeated in the history
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, sig, code):
+    common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
+              "--no-progress", "--log-every", 1]
+    straight = start("train", "--name", "straight", *common)
+    assert straight.wait(timeout=120) == 0
+    cut = start("train", "--name", "cut", *common)
+    wait_until(lambda: in_epoch(tmp_path / "cut", 2), 120, "epoch 2")
+    cut.send_signal(sig)
+    _, err = cut.communicate(timeout=60)
+    assert cut.returncode == code, err
+    last = err.strip().splitlines()[-1]
+    assert f"stopped by {sig.name} at step" in last and "--resume auto" in last
+    saved = torch.load(tmp_path / "cut/latest.pt")
+    assert saved["epoch"] == 1 and saved["resume_batch"] > 0  # a mid-epoch checkpoint
+    resumed = run_phalanx("train", "--name", "cut", "--resume", "auto", *common, env=SLOW)
+    assert resumed.code == 0, resumed.err
+    assert "resumed from" in resumed.out and "batch" in resumed.out
+    assert_same_run(tmp_path / "straight", tmp_path / "cut")
+
+
+def test_preempted_trainlaunch_stops_every_worker_and_resumes_to_the_same_result(tmp_path):
+    common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
+              "--no-progress", "--log-every", 1, "--use-torchrun", "--nproc_per_node 2"]
+    assert run_phalanx("trainlaunch", "--name", "straight", *common, env=SLOW).code == 0
+    cut = start("trainlaunch", "--name", "cut", *common)
+    wait_until(lambda: in_epoch(tmp_path / "cut", 2), 120, "epoch 2")
+    cut.send_signal(signal.SIGTERM)
+    _, err = cut.communicate(timeout=90)
+    assert cut.returncode == 143, err
+    assert torch.load(tmp_path / "cut/latest.pt")["resume_batch"] > 0
+    resumed = run_phalanx("trainlaunch", "--name", "cut", "--resume", "auto", *common, env=SLOW)
+    assert resumed.code == 0, resumed.err
+    assert_same_run(tmp_path / "straight", tmp_path / "cut", atol=1e-6)
+
+
+KILL_DURING_SAVE = """
+import os, sys, time
+from pathlib import Path
+import torch
+from phalanx import checkpoint
+state = checkpoint.load(Path(sys.argv[1]))
+state["epoch"] = 999
+def stuck_fsync(fd):  # the bytes are in the temporary file; the rename has not happened
+    print("writing", flush=True)
+    time.sleep(3600)
+os.fsync = stuck_fsync
+checkpoint.save([Path(sys.argv[1])], {k: v for k, v in state.items() if k not in ("format", "version")})
+"""
+
+
+def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 2, "--checkpoints-dir", tmp_path).code == 0
+    latest = tmp_path / "experiment" / "latest.pt"
+    before = latest.read_bytes()
+    writer = subprocess.Popen([sys.executable, "-c", KILL_DURING_SAVE, str(latest)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.kill()
+    writer.wait()
+    assert latest.read_bytes() == before
+    assert list(latest.parent.glob(".latest.pt.tmp-*")), "the killed writer's temporary is still there"
+    resumed = phalanx("train", "--epochs", 3, "--resume", "auto", "--checkpoints-dir", tmp_path)
+    assert resumed.code == 0, resumed.err
+    assert torch.load(latest)["epoch"] == 3
+    assert not list(latest.parent.glob(".*.tmp-*"))  # cleaned up by the next run
+
+
+def test_a_corrupt_checkpoint_is_named_and_auto_falls_back_to_the_previous_one(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 3, "--save-epoch-freq", 1, "--checkpoints-dir", tmp_path).code == 0
+    latest = tmp_path / "experiment" / "latest.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])  # truncated
+    named = phalanx("train", "--epochs", 4, "--resume", latest, "--checkpoints-dir", tmp_path)
+    assert named.code == 2 and len(named.err.strip().splitlines()) == 1
+    assert "latest.pt is unreadable or corrupt" in named.err
+    auto = phalanx("train", "--epochs", 4, "--resume", "auto", "--checkpoints-dir", tmp_path)
+    assert auto.code == 0, auto.err
+    assert "skipping checkpoint" in auto.err and "resumed from" in auto.out and "epoch_0003.pt" in auto.out
+    assert [e for e, *_ in val_history(tmp_path / "experiment")] == [1, 2, 3, 4]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: room for a few checkpoints of the small CNN, then ENOSPC."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_is_a_clear_error_and_the_previous_files_stay_intact(small_disk):
+    result = run_phalanx("train", "--epochs", 20, "--save-epoch-freq", 1, "--checkpoints-dir", small_disk,
+                         "--no-progress")
+    assert result.code == 1, result.out
+    last = result.err.strip().splitlines()[-1]
+    assert "No space left on device" in last and last.startswith("phalanx: cannot ")
+    assert "Traceback" not in result.err
+    run = small_disk / "experiment"
+    state = torch.load(run / "latest.pt")  # whole, and the newest that was completed
+    assert 1 <= state["epoch"] < 20
+    assert not list(run.rglob(".*.tmp-*"))
+    history = LocalSource(run / "pickle").history(warn=False)
+    assert history is not None and any(r["kind"] == "val" for r in history.records)
+
+
+def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(tmp_path, monkeypatch):
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from conftest import free_port
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    client = boto3.client("s3", endpoint_url=url)
+    client.create_bucket(Bucket="flaky")
+    proc = start("train", "--model", "phalanx_testmodels:slow", "--epochs", 5, "--no-progress",
+                 "--snapshot-every", "0.2", "--checkpoints-dir", tmp_path,
+                 "--remote-transfer", "s3://flaky/runs", "--s3-endpoint-url", url)
+    run = tmp_path / "experiment"
+    try:
+        wait_until(lambda: client.list_objects_v2(Bucket="flaky").get("KeyCount", 0) >= 3, 120, "first uploads")
+        server.stop()  # down during epochs 2-3
+        wait_until(lambda: len(val_history(run)) >= 3, 120, "epoch 3")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()  # back for the rest of the run
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        server.stop()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+    try:
+        assert proc.returncode == 0, err
+        assert "epoch 5/5" in out
+        assert "uploads failing" in err  # the outage was reported when it began
+        assert "uploads resumed" in err  # and its end
+        assert "upload(s) failed" not in err  # nothing stayed missing
+        for name in ("latest.pt", "best.pt", "pickle/segment_000001.pkl"):
+            remote = client.get_object(Bucket="flaky", Key=f"runs/experiment/{name}")["Body"].read()
+            assert remote == (run / name).read_bytes(), name
+    finally:
+        server.stop()
+
+
+def test_uploads_that_never_succeed_are_reported_not_lost_silently(tmp_path):
+    warnings = []
+
+    def broken(path, key):
+        raise ConnectionError("endpoint unreachable")
+
+    uploader = Uploader([broken], attempts=3, backoff=0.0, warn=warnings.append)
+    for name in ("a.pt", "b.pkl", "a.pt"):
+        uploader.submit(tmp_path / name, name)
+    failures = uploader.close()
+    assert sorted(f.key for f in failures) == ["a.pt", "b.pkl"]
+    assert sum("failed after 3 attempts" in w for w in warnings) >= 2
+    assert "upload(s) failed" in warnings[-1] and "a.pt" in warnings[-1]
+
+
+RACING_WRITER = """
+import sys, os
+from pathlib import Path
+from phalanx import snapshots
+from phalanx.atomic import atomic_write
+snapshots.SEGMENT_RECORDS = 100
+w = snapshots.SnapshotWriter(Path(sys.argv[1]), "race", {"name": "race"}, every_seconds=0.0,
+                             on_written=lambda p: None,
+                             write_file=lambda p, d: atomic_write(p, lambda fh: fh.write(d)))
+w.start([])
+for i in range(int(sys.argv[2])):
+    w.add({"kind": "train", "epoch": 1, "step": i, "epoch_progress": i, "loss": 1.0 / (i + 1), "lr": 0.1})
+"""
+
+
+def test_visualize_racing_a_fast_writer_never_reads_a_partial_or_lost_point(tmp_path):
+    points = 3000
+    writer = subprocess.Popen([sys.executable, "-c", RACING_WRITER, str(tmp_path), str(points)])
+    source = LocalSource(tmp_path) if tmp_path.exists() else None
+    seen, reads = 0, 0
+    while True:
+        finished = writer.poll() is not None
+        history = source.history(warn=False)
+        if history is not None:
+            steps = [r["step"] for r in history.records]
+            assert steps == list(range(len(steps)))  # a gapless prefix: nothing partial, nothing lost
+            assert len(steps) >= seen  # never goes backwards
+            seen, reads = len(steps), reads + 1
+        if finished:
+            break
+    assert writer.returncode == 0
+    assert seen == points and reads > 10
+    assert source.problems == {}
+
+
+def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_path):
+    started = time.monotonic()
+    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:hangs_on_rank1", "--dist-timeout", 5,
+                         "--name", "hangrun", "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2",
+                         env=SLOW, timeout=240)
+    assert result.code == 1
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("phalanx: rank ") and "failed" in last
+    assert time.monotonic() - started < 180
+    from test_trainlaunch import processes_with
+
+    time.sleep(0.5)
+    assert processes_with("hangrun") == []
