@@ -164,6 +164,12 @@ def visualize(**values: Any) -> None:
     run_visualize(VisualizeOptions(**values))
 
 
+def say_error(message: str) -> None:
+    """One line, whatever the user typed: control characters in echoed values are escaped."""
+    line = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
+    click.echo(f"phalanx: {line}", err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the CLI and maps failures to documented exit codes."""
     try:
@@ -171,17 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
-        click.echo(f"phalanx: {exc.format_message()}", err=True)
+        say_error(exc.format_message())
         return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("phalanx: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        say_error("interrupted")
         return EXIT_INTERRUPTED
     except PhalanxError as exc:
-        click.echo(f"phalanx: {exc}", err=True)
+        say_error(str(exc))
         return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("phalanx: interrupted", err=True)
-        return EXIT_INTERRUPTED
     return 0
 
 

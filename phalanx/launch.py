@@ -67,7 +67,11 @@ def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
     if any(not opt.startswith("-") for opt in options[:1]) or "-m" in options or "--module" in options:
         raise PhalanxError("holds torchrun's options only; phalanx adds the worker program itself", OPTION)
     argv = [*options, "-m", WORKER_MODULE, cfg.to_json(indent=None)]
-    args = _torchrun_parser().parse_args(argv)
+    try:
+        args = _torchrun_parser().parse_args(argv)
+    except SystemExit:  # -h/--help: argparse printed torchrun's help and wants to exit
+        raise PhalanxError("asks for torchrun's help; see `python -m torch.distributed.run --help`",
+                           OPTION) from None
     if args.training_script != WORKER_MODULE:
         raise PhalanxError(f"unexpected argument {args.training_script!r}; pass torchrun options only", OPTION)
     try:

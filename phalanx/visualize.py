@@ -207,11 +207,16 @@ class OwnedServer:
             args.append("-bind_local")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{opts.port}/"
+        try:
+            self._wait_until_up(f"http://127.0.0.1:{opts.port}/")
+        except BaseException:  # not up, or Ctrl-C/SIGTERM meanwhile: leave no server behind
+            self.stop()
+            raise
+
+    def _wait_until_up(self, url: str) -> None:
         deadline = time.monotonic() + 60
         while not _reachable(url):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
                 raise PhalanxError(f"the visdom server did not start ({tail[0][:200]}); log: {self.log_path}",
                                    "--port")
@@ -267,10 +272,11 @@ def visualize(opts: VisualizeOptions) -> int:
             problems = "; ".join(f"{n}: {w}" for n, w in sorted(source.problems.items())[:3])
             raise PhalanxError(f"no complete snapshot in {opts.pickle_dir}" + (f" ({problems})" if problems else ""),
                                "--pickle-dir")
-    viz, owned = connect(opts)
-    plotter = Plotter(viz, opts.env)
+    owned = None
     waiting_said = False
     try:
+        viz, owned = connect(opts)
+        plotter = Plotter(viz, opts.env)
         while True:
             history = source.history(warn=True)
             if history is None and not waiting_said:

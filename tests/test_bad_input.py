@@ -1,6 +1,9 @@
-"""Bad input to `phalanx train`: exit code 2, one line naming the option, no traceback, nothing written."""
+"""Bad input to the three commands: exit code 2, one line naming the option, no traceback, nothing
+written or changed. Plus a property test that throws random option values at the parser."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -22,6 +25,12 @@ def world(tmp_path_factory):
     (root / "unknown.yaml").write_text("epochs: 1\nlearning_rate: 0.1\n")
     (root / "list.json").write_text("[1, 2]")
     (root / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    (root / "garbage_pickles").mkdir()
+    for i in (1, 2):
+        (root / "garbage_pickles" / f"segment_00000{i}.pkl").write_bytes(os.urandom(64))
+    (root / "hostile_pickles").mkdir()
+    (root / "hostile_pickles" / "segment_000001.pkl").write_bytes(
+        b"cos\nsystem\n(S'touch " + str(root / "pwned").encode() + b"'\ntR.")
     result = run_phalanx("train", "--epochs", 1, "--checkpoints-dir", root / "ck", "--name", "done")
     assert result.code == 0, result.err
     return root
@@ -71,12 +80,35 @@ if not torch.cuda.is_available():
     CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))
 else:
     CASES.append(("gpu-beyond-count", ["--gpu-ids", str(torch.cuda.device_count())], "--gpu-ids", "does not exist"))
+CASES = [("train", *case) for case in CASES]
+CASES += [("trainlaunch", *case) for case in [
+    ("torchrun-unclosed-quote", ["--use-torchrun", '--nproc_per_node "2'], "--use-torchrun", "No closing quotation"),
+    ("torchrun-unknown-option", ["--use-torchrun", "--nproc_per_node 2 --gpus 2"], "--use-torchrun", "unrecognized"),
+    ("torchrun-bad-value", ["--use-torchrun", "--nproc_per_node two"], "--use-torchrun", "torchrun says"),
+    ("torchrun-script", ["--use-torchrun", "--nproc_per_node 2 train.py"], "--use-torchrun", "options only"),
+    ("torchrun-module", ["--use-torchrun", "-m evil"], "--use-torchrun", "options only"),
+    ("nccl-on-cpu", ["--backend", "nccl"], "--backend", "nccl needs GPUs"),
+    ("launch-epochs-zero", ["--epochs", "0", "--use-torchrun", "--nproc_per_node 2"], "--epochs", "positive"),
+    ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
+    ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),
+]]
+CASES += [("visualize", *case) for case in [
+    ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
+    ("pickle-dir-garbage", ["--pickle-dir", "{w}/garbage_pickles", "--once"], "--pickle-dir", "no complete snapshot"),
+    ("pickle-dir-hostile", ["--pickle-dir", "{w}/hostile_pickles", "--once"], "--pickle-dir", "refers to os.system"),
+    ("pickle-dir-empty", ["--pickle-dir", "{w}/empty", "--once"], "--pickle-dir", "no complete snapshot"),
+    ("pickle-dir-not-s3", ["--pickle-dir", "s3:///prefix", "--once"], "--pickle-dir", "s3://bucket"),
+    ("port-zero", ["--pickle-dir", "{w}/empty", "--port", "0"], "--port", "0"),
+    ("interval-zero", ["--pickle-dir", "{w}/empty", "--interval", "0"], "--interval", "0"),
+    ("no-pickle-dir", ["--once"], "--pickle-dir", "Missing option"),
+]]
 
 
-@pytest.mark.parametrize("args, option, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, args, option, words):
+@pytest.mark.parametrize("command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES])
+def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args, option, words):
     before = snapshot_tree(world)
-    result = phalanx("train", "--checkpoints-dir", world / "ck", *[a.format(w=world) for a in args])
+    extra = ["--checkpoints-dir", world / "ck"] if command != "visualize" else []
+    result = phalanx(command, *extra, *[a.format(w=world) for a in args])
     lines = result.err.strip().splitlines()
     assert result.code == 2, result.err
     assert len(lines) == 1, result.err
@@ -85,6 +117,11 @@ def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, args, option, 
     assert "Traceback" not in result.err + result.out
     assert result.out == ""
     assert snapshot_tree(world) == before
+    assert not (world / "pwned").exists()
+
+
+def test_at_least_thirty_bad_invocations_across_three_commands():
+    assert len(CASES) >= 30 and {c[0] for c in CASES} == {"train", "trainlaunch", "visualize"}
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(world):
