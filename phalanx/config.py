@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import PhalanxError
 
-DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10")
+DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
 SCHEMA_VERSION = 1
 
 
@@ -52,6 +52,8 @@ class RunConfig:
                                  "built-in 8x8 digits (offline).", choices=DATASETS)
     download: bool = option(False, "Let torchvision download --dataset into --dataroot (needs internet).",
                             identity=False)
+    synthetic_samples: int = option(4096, "With --dataset synthetic: random RGB images in memory (for "
+                                    "benchmarks: the data pipeline costs nothing).", metavar="N")
     val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.")
     image_size: int = option(0, "Resize images to N x N (0: the dataset's own size; 32 for folders).",
                              metavar="N")
@@ -230,7 +232,9 @@ def _validate(cfg: RunConfig) -> None:
         raise bad("val_fraction", f"must be between 0 and 1 (got {cfg.val_fraction})")
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
-    if cfg.dataset not in ("digits",) and not cfg.dataroot:
+    if cfg.synthetic_samples < 2:
+        raise bad("synthetic_samples", f"must be at least 2 (got {cfg.synthetic_samples})")
+    if cfg.dataset not in ("digits", "synthetic") and not cfg.dataroot:
         raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
     if cfg.resume is not None and cfg.overwrite:
         raise bad("overwrite", "conflicts with --resume; pick one")

@@ -39,6 +39,8 @@ def build_datasets(cfg: RunConfig, channels: int | None) -> DataBundle:
         return _digits(cfg, channels)
     if cfg.dataset == "folder":
         return _image_folder(cfg, channels)
+    if cfg.dataset == "synthetic":
+        return _synthetic(cfg, channels)
     return _torchvision_dataset(cfg, channels)
 
 
@@ -77,6 +79,17 @@ def _digits(cfg: RunConfig, channels: int | None) -> DataBundle:
     train, val = holdout_split(TensorDataset(images, labels), cfg.val_fraction, cfg.seed)
     return DataBundle(train, val, [str(d) for d in range(10)], images.shape[1],
                       f"built-in digits ({len(train)} train / {len(val)} val, 8x8)")
+
+
+def _synthetic(cfg: RunConfig, channels: int | None) -> DataBundle:
+    """Seeded random images and labels, already in memory: benchmarks measure training, not I/O."""
+    size, chans = cfg.image_size or 32, channels or 3
+    generator = torch.Generator().manual_seed(cfg.seed)
+    images = torch.rand(cfg.synthetic_samples, chans, size, size, generator=generator)
+    labels = torch.randint(0, 10, (cfg.synthetic_samples,), generator=generator)
+    train, val = holdout_split(TensorDataset(_normalise(images), labels), cfg.val_fraction, cfg.seed)
+    return DataBundle(train, val, [str(i) for i in range(10)], chans,
+                      f"synthetic ({len(train)} train / {len(val)} val, {chans}x{size}x{size})")
 
 
 # --- ImageFolder trees ------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class Trainer:
         # that epoch's running loss sums, so the resumed epoch reports what it would have.
         self.resume_batch = 0
         self.resume_sums: list[float] | None = None
+        self.first_step_pending = True
 
     # --- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -185,6 +186,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
             self.step += 1
+            if self.first_step_pending:  # startup latency, for users and benchmarks: once a process
+                self.first_step_pending = False
+                self.outputs.record({"kind": "first_step", "epoch": epoch, "step": self.step, "time": time.time()})
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
             stop_now = self.stop.signum != 0 and self.strategy.world_size == 1
@@ -221,7 +225,8 @@ class Trainer:
         loss_sum, count, stops = self.strategy.all_reduce_sum(torch.cat([window, stop])).tolist()
         self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
                             "epoch_progress": epoch - 1 + fraction, "loss": loss_sum / count,
-                            "lr": self._lr(), "samples_per_s": count / max(now - since, 1e-9)})
+                            "lr": self._lr(), "samples_per_s": count / max(now - since, 1e-9),
+                            "samples": count, "seconds": now - since, "time": time.time()})
         window.zero_()
         return now, stops > 0
 
