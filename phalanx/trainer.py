@@ -1,5 +1,6 @@
 """The training loop: fit, evaluate, checkpoint. No argv, no environment reads, no printing of
-its own: what to print goes through ``say`` and what to record through the metrics log.
+its own: what to print goes through ``say``, what to record (metrics, snapshots, uploads) through
+``RunOutputs``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from .data import DataBundle
 from .optim import build_optimizer, build_scheduler, effective_lr
 from .parallel import Strategy
 from .preempt import Preempted, StopRequest
-from .progress import ProgressBar
 from .outputs import RunOutputs
+from .progress import ProgressBar
 
 
 class ShardSampler(Sampler[int]):
@@ -60,7 +61,6 @@ class Trainer:
         self.run_id = run_id
         self.stop = stop or StopRequest()
         self.device = strategy.device
-        self.raw_model = model
         self.model = strategy.wrap(model)
         pin = self.device.type == "cuda"
         self.train_sampler = DistributedSampler(data.train, num_replicas=strategy.world_size,

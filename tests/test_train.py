@@ -51,6 +51,13 @@ def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_va
     assert val[-1]["acc"] >= 0.95
 
 
+def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
+    root = write_digit_pngs(tmp_path / "data", per_class=20)
+    result = phalanx("train", "--dataroot", root, "--num-workers", 2, "--epochs", 2, "--checkpoints-dir", tmp_path / "ck")
+    assert result.code == 0, result.err
+    assert [r["epoch"] for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"] == [1, 2]
+
+
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(phalanx, tmp_path):
     # A schedule that depends only on the epoch (warmup, then x0.1 each epoch) with momentum:
     # optimizer, scheduler and RNG state must all survive the checkpoint for this to hold.

@@ -250,3 +250,20 @@ def test_train_and_trainlaunch_accept_the_same_training_options():
     launcher_only = {"--use-torchrun", "--dry-run"}
     assert options(train) == options(trainlaunch) - launcher_only
     assert len(options(train)) > 30
+
+
+def test_without_use_torchrun_one_worker_per_gpu_id_or_one_cpu_worker(phalanx, tmp_path):
+    result = phalanx("trainlaunch", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert result.code == 0 and result.out.startswith("torchrun --nproc-per-node 1 -m phalanx.worker")
+    plan = plan_launch(RunConfig(gpu_ids=(0, 1, 2)), None)
+    assert plan.torchrun_options == ["--nproc-per-node", "3"] and plan.nproc_per_node == 3
+
+
+def test_a_single_process_checkpoint_resumes_under_ddp(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    result = run_phalanx("trainlaunch", "--epochs", 2, "--resume", "auto", "--checkpoints-dir", tmp_path,
+                         "--no-progress", "--use-torchrun", "--nproc_per_node 2")
+    assert result.code == 0, result.err
+    assert "resumed from" in result.out
+    val = records(tmp_path / "experiment", "val")
+    assert [(r["epoch"], r["world_size"]) for r in val] == [(1, 1), (2, 2)]

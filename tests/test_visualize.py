@@ -135,3 +135,22 @@ def test_the_page_in_a_real_browser_shows_the_loss_plot_with_every_point(tmp_pat
     assert {t["name"]: t["points"] for t in val["traces"]} == {"val loss": 2, "val accuracy": 2}
     assert (tmp_path / "visdom.png").stat().st_size > 10_000
     assert all(SEGMENT_NAME.match(p.name) for p in pickle_dir.iterdir())
+
+
+def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_server, phalanx):
+    pickle_dir = tmp_path / "later"
+    pickle_dir.mkdir()
+    log = tmp_path / "visualize.out"
+    with open(log, "w") as out_file:
+        follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle-dir", str(pickle_dir),
+                                     "--port", str(visdom_server), "--interval", "0.2", "--env", "waiting"],
+                                    stdout=out_file, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: "waiting for the first snapshot" in log.read_text(), 60, "the waiting message")
+            assert phalanx("train", "--epochs", 1, "--pickle-dir", pickle_dir, "--checkpoints-dir", tmp_path).code == 0
+            wait_until(lambda: "new point(s)" in log.read_text(), 60, "the plot")
+        finally:
+            follower.send_signal(signal.SIGTERM)
+            follower.communicate(timeout=30)
+    assert follower.returncode == 0
+    assert_visdom_equals_history(visdom_server, "waiting", snapshot_history(pickle_dir))
