@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/support holds model factories the tests hand to phalanx as --model phalanx_testmodels:NAME
+USER_MODELS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support"), str(REPO)])}
 
 
 @dataclass
@@ -40,6 +42,32 @@ def run_phalanx(*args: str, cwd: Path | None = None, env: dict | None = None, ti
     proc = subprocess.run([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def start_phalanx(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python -m phalanx.cli ARGS`` in the background (text pipes for its output)."""
+    return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd, text=True,
+                            env={**os.environ, **USER_MODELS, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs whose command line mentions marker (a unique run name is in every worker's argv)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    from phalanx.rundir import read_metrics
+
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
 
 
 def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -3,7 +3,6 @@ a flaky S3 endpoint, a reader racing a writer, a hung worker."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,18 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_phalanx, wait_until
+from conftest import USER_MODELS, free_port, processes_with, run_phalanx, start_phalanx, wait_until
 from phalanx.remote import Uploader
 from phalanx.rundir import read_metrics
 from phalanx.visualize import LocalSource
 
-SUPPORT = str(REPO / "tests" / "support")
-SLOW = {"PYTHONPATH": os.pathsep.join([SUPPORT, str(REPO)]), "PHALANX_TEST_DELAY": "0.02"}
-
-
-def start(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *map(str, args)], text=True,
-                            env={**os.environ, **SLOW}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+SLOW = {"PHALANX_TEST_DELAY": "0.02"}  # the test model sleeps this long per batch
 
 
 def val_history(run: Path) -> list[tuple[int, float, float]]:
@@ -49,9 +42,9 @@ def assert_same_run(a: Path, b: Path, atol: float = 0.0) -> None:
 def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, sig, code):
     common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
               "--no-progress", "--log-every", 1]
-    straight = start("train", "--name", "straight", *common)
+    straight = start_phalanx("train", "--name", "straight", *common)
     assert straight.wait(timeout=120) == 0
-    cut = start("train", "--name", "cut", *common)
+    cut = start_phalanx("train", "--name", "cut", *common)
     wait_until(lambda: in_epoch(tmp_path / "cut", 2), 120, "epoch 2")
     cut.send_signal(sig)
     _, err = cut.communicate(timeout=60)
@@ -60,7 +53,7 @@ def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, si
     assert f"stopped by {sig.name} at step" in last and "--resume auto" in last
     saved = torch.load(tmp_path / "cut/latest.pt")
     assert saved["epoch"] == 1 and saved["resume_batch"] > 0  # a mid-epoch checkpoint
-    resumed = run_phalanx("train", "--name", "cut", "--resume", "auto", *common, env=SLOW)
+    resumed = run_phalanx("train", "--name", "cut", "--resume", "auto", *common, env={**USER_MODELS, **SLOW})
     assert resumed.code == 0, resumed.err
     assert "resumed from" in resumed.out and "batch" in resumed.out
     assert_same_run(tmp_path / "straight", tmp_path / "cut")
@@ -69,14 +62,14 @@ def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, si
 def test_preempted_trainlaunch_stops_every_worker_and_resumes_to_the_same_result(tmp_path):
     common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
               "--no-progress", "--log-every", 1, "--use-torchrun", "--nproc_per_node 2"]
-    assert run_phalanx("trainlaunch", "--name", "straight", *common, env=SLOW).code == 0
-    cut = start("trainlaunch", "--name", "cut", *common)
+    assert run_phalanx("trainlaunch", "--name", "straight", *common, env={**USER_MODELS, **SLOW}).code == 0
+    cut = start_phalanx("trainlaunch", "--name", "cut", *common)
     wait_until(lambda: in_epoch(tmp_path / "cut", 2), 120, "epoch 2")
     cut.send_signal(signal.SIGTERM)
     _, err = cut.communicate(timeout=90)
     assert cut.returncode == 143, err
     assert torch.load(tmp_path / "cut/latest.pt")["resume_batch"] > 0
-    resumed = run_phalanx("trainlaunch", "--name", "cut", "--resume", "auto", *common, env=SLOW)
+    resumed = run_phalanx("trainlaunch", "--name", "cut", "--resume", "auto", *common, env={**USER_MODELS, **SLOW})
     assert resumed.code == 0, resumed.err
     assert_same_run(tmp_path / "straight", tmp_path / "cut", atol=1e-6)
 
@@ -156,8 +149,6 @@ def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(t
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from conftest import free_port
-
     for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     port = free_port()
@@ -166,7 +157,7 @@ def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(t
     server.start()
     client = boto3.client("s3", endpoint_url=url)
     client.create_bucket(Bucket="flaky")
-    proc = start("train", "--model", "phalanx_testmodels:slow", "--epochs", 5, "--no-progress",
+    proc = start_phalanx("train", "--model", "phalanx_testmodels:slow", "--epochs", 5, "--no-progress",
                  "--snapshot-every", "0.2", "--checkpoints-dir", tmp_path,
                  "--remote-transfer", "s3://flaky/runs", "--s3-endpoint-url", url)
     run = tmp_path / "experiment"
@@ -249,12 +240,10 @@ def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_pa
     started = time.monotonic()
     result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:hangs_on_rank1", "--dist-timeout", 5,
                          "--name", "hangrun", "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2",
-                         env=SLOW, timeout=240)
+                         env={**USER_MODELS, **SLOW}, timeout=240)
     assert result.code == 1
     last = result.err.strip().splitlines()[-1]
     assert last.startswith("phalanx: rank ") and "failed" in last
     assert time.monotonic() - started < 180
-    from test_trainlaunch import processes_with
-
     time.sleep(0.5)
     assert processes_with("hangrun") == []

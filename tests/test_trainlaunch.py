@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,49 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_phalanx
+from conftest import USER_MODELS, free_port, processes_with, records, run_phalanx, start_phalanx, wait_until
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
 from phalanx.launch import describe, plan_launch
 from phalanx.models import SmallCNN
 from phalanx.parallel import DistEnv, cpu_threads_per_worker, worker_device
 from phalanx.rundir import read_metrics
-
-SUPPORT = str(REPO / "tests" / "support")
-ENV = {"PYTHONPATH": os.pathsep.join([SUPPORT, str(REPO)])}
-
-
-def records(run_dir: Path, kind: str) -> list[dict]:
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
-
-
-def processes_with(marker: str) -> list[int]:
-    """PIDs whose command line mentions marker (the unique run name is in every worker's argv)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def start(*args, cwd=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd,
-                            env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1"}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def wait_for(predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting")
-
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
     # The exact command of the issue, from a fresh directory (default ./checkpoints/experiment).
@@ -96,13 +59,13 @@ def test_ddp_two_workers_equal_one_process_with_twice_the_batch(tmp_path, phalan
 
 
 def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_path):
-    proc = start("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 4, "--name", "killrun",
+    proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 4, "--name", "killrun",
                  "--checkpoints-dir", tmp_path, "--log-every", 2, "--no-progress",
                  "--use-torchrun", "--nproc_per_node 2 --max-restarts 1")
     metrics = tmp_path / "killrun" / "metrics.jsonl"
     try:
         # Mid-epoch 2: a checkpoint of epoch 1 exists and epoch 2 has begun.
-        wait_for(lambda: metrics.exists() and any(r["kind"] == "train" and r["epoch"] == 2
+        wait_until(lambda: metrics.exists() and any(r["kind"] == "train" and r["epoch"] == 2
                                                   for r in read_metrics(metrics)))
         workers = [p for p in processes_with("killrun") if b"phalanx.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(workers) == 2
@@ -121,7 +84,7 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
 
 def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
     result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:fails_on_rank1", "--name", "boomrun",
-                         "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2", env=ENV)
+                         "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
     assert result.code == 1
     last = result.err.strip().splitlines()[-1]
     assert last.startswith("phalanx: rank 1") and "boom from the test model on rank 1" in last
@@ -130,11 +93,11 @@ def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
 
 
 def test_sigterm_to_trainlaunch_stops_every_worker(tmp_path):
-    proc = start("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 50, "--name", "termrun",
+    proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 50, "--name", "termrun",
                  "--checkpoints-dir", tmp_path, "--log-every", 2, "--use-torchrun", "--nproc_per_node 2")
     metrics = tmp_path / "termrun" / "metrics.jsonl"
     try:
-        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)
+        wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0)
         assert len(processes_with("termrun")) >= 3  # the launcher and two workers
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -146,15 +109,9 @@ def test_sigterm_to_trainlaunch_stops_every_worker(tmp_path):
     assert processes_with("termrun") == []
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_nodes_on_one_machine_train_one_run(tmp_path):
-    endpoint = f"127.0.0.1:{_free_port()}"
-    nodes = [start("trainlaunch", "--epochs", 2, "--name", "multinode", "--checkpoints-dir", tmp_path,
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [start_phalanx("trainlaunch", "--epochs", 2, "--name", "multinode", "--checkpoints-dir", tmp_path,
                    "--no-progress", "--use-torchrun",
                    f"--nnodes 2 --node_rank {rank} --nproc_per_node 1 --rdzv-backend c10d "
                    f"--rdzv-endpoint {endpoint} --rdzv-id multinode-test")
@@ -168,7 +125,7 @@ def test_two_nodes_on_one_machine_train_one_run(tmp_path):
 
 def test_train_joins_a_process_group_set_up_by_an_outside_scheduler(tmp_path):
     # What a Kubernetes pod per rank or SLURM does: set the variables and run `phalanx train`.
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_phalanx, wait_until
+from conftest import USER_MODELS, run_phalanx, wait_until
 from phalanx.snapshots import SEGMENT_NAME
 from phalanx.visualize import LocalSource, window_points
 
-SUPPORT = str(REPO / "tests" / "support")
 
 
 def snapshot_history(pickle_dir: Path):
@@ -37,7 +36,7 @@ def assert_visdom_equals_history(port: int, env: str, history) -> None:
 
 
 def test_visdom_holds_every_point_including_those_written_while_visualize_was_down(tmp_path, visdom_server):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SUPPORT, str(REPO)]), "PHALANX_TEST_DELAY": "0.01"}
+    env = {**os.environ, **USER_MODELS, "PHALANX_TEST_DELAY": "0.01"}
     train = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--model", "phalanx_testmodels:slow",
                               "--epochs", "4", "--log-every", "2", "--snapshot-every", "0.2", "--no-progress",
                               "--checkpoints-dir", str(tmp_path)], env=env, text=True,
