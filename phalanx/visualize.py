@@ -5,6 +5,7 @@ it never imports torch, so it runs anywhere the snapshots can be read (a laptop,
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 from . import snapshots
 from .errors import PhalanxError
+from .lifeline import die_with_parent
 from .snapshots import History
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -205,8 +207,11 @@ class OwnedServer:
                   "anyone who reaches this port sees and can change the plots", file=sys.stderr)
         else:
             args.append("-bind_local")
+        parent = os.getpid()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # The server goes down with visualize, however visualize ends (even SIGKILL).
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=lambda: die_with_parent(parent))
         try:
             self._wait_until_up(f"http://127.0.0.1:{opts.port}/")
         except BaseException:  # not up, or Ctrl-C/SIGTERM meanwhile: leave no server behind
@@ -232,7 +237,8 @@ class OwnedServer:
                 self.proc.wait()
 
 
-def connect(opts: VisualizeOptions) -> tuple[Any, OwnedServer | None]:
+def start_server_if_needed(opts: VisualizeOptions) -> OwnedServer | None:
+    """None when a server answers; else a server of our own on this machine."""
     host = opts.server.split("://", 1)[-1].split("/", 1)[0]
     owned = None
     if not _reachable(f"{opts.server}:{opts.port}/"):
@@ -244,14 +250,17 @@ def connect(opts: VisualizeOptions) -> tuple[Any, OwnedServer | None]:
         owned = OwnedServer(opts)
         print(f"phalanx: started a visdom server at http://127.0.0.1:{opts.port} (log: {owned.log_path})",
               flush=True)
+    return owned
+
+
+def visdom_client(opts: VisualizeOptions) -> Any:
     import logging
 
     import visdom
 
     logging.getLogger("visdom").setLevel(logging.ERROR)  # its session chatter is not for users
-    viz = visdom.Visdom(server=opts.server, port=opts.port, raise_exceptions=True,
-                        use_incoming_socket=False, log_to_filename=None)
-    return viz, owned
+    return visdom.Visdom(server=opts.server, port=opts.port, raise_exceptions=True,
+                         use_incoming_socket=False, log_to_filename=None)
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -275,8 +284,8 @@ def visualize(opts: VisualizeOptions) -> int:
     owned = None
     waiting_said = False
     try:
-        viz, owned = connect(opts)
-        plotter = Plotter(viz, opts.env)
+        owned = start_server_if_needed(opts)
+        plotter = Plotter(visdom_client(opts), opts.env)
         while True:
             history = source.history(warn=True)
             if history is None and not waiting_said:

@@ -14,6 +14,7 @@ import time
 
 from .config import RunConfig
 from .errors import PhalanxError
+from .lifeline import die_with_parent
 
 
 def _report(exc: PhalanxError) -> None:
@@ -25,25 +26,10 @@ def _report(exc: PhalanxError) -> None:
         print(f"phalanx: {exc}", file=sys.stderr)
 
 
-def _die_with_launcher() -> None:
-    """Ask Linux to SIGTERM this worker when its launcher dies, even by SIGKILL (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    launcher = os.getppid()
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != launcher:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    _die_with_launcher()
+    die_with_parent(os.getppid())  # SIGTERM when the launcher dies, even by SIGKILL: no orphans
 
     from .run import train_run
 
