@@ -165,15 +165,20 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
-def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
-    """Build a config from plain data, naming ``source`` in errors about unknown keys."""
+def field_names(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Keys spelled ``batch-size`` or ``batch_size`` -> field names; unknown keys name ``source``."""
     clean = {}
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name not in FIELDS:
             raise PhalanxError(f"unknown option '{key}'{_suggest(name, list(FIELDS))}", source)
         clean[name] = value
-    return RunConfig(**clean)
+    return clean
+
+
+def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
+    """Build a config from plain data, naming ``source`` in errors about unknown keys."""
+    return RunConfig(**field_names(values, source))
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -197,11 +202,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise PhalanxError("must hold a mapping of option: value", where)
-    for key in data:
-        name = str(key).replace("-", "_")
-        if name not in FIELDS:
-            raise PhalanxError(f"unknown option '{key}'{_suggest(name, list(FIELDS))}", where)
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    return field_names(data, where)
 
 
 def _validate(cfg: RunConfig) -> None:
