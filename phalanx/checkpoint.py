@@ -3,12 +3,15 @@
 A checkpoint is a dict of tensors and plain Python data (no pickled classes), so
 ``torch.load(path)`` with its default ``weights_only=True`` opens it outside phalanx too.
 The model's state has no DataParallel/DDP ``module.`` prefix: it loads into the bare model.
+
+Format 2 records progress as a global position (``epoch`` completed, ``position`` samples of the
+next epoch consumed over all ranks) and holds no random state: every stream is re-derived from
+the seed and the position, so the same checkpoint resumes the same way at any world size.
 """
 
 from __future__ import annotations
 
 import io
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from .atomic import atomic_write
 from .errors import PhalanxError
 
 FORMAT = "phalanx-checkpoint"
-VERSION = 1
+VERSION = 2
 LATEST, BEST = "latest.pt", "best.pt"
 
 
@@ -49,7 +52,18 @@ def load(path: Path, option: str = "--resume") -> dict[str, Any]:
         raise PhalanxError(f"{path} is not a phalanx checkpoint", option)
     if state.get("version", 0) > VERSION:
         raise PhalanxError(f"{path} was written by a newer phalanx (format {state['version']})", option)
-    return state
+    return _upgrade(path, state)
+
+
+def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 (phalanx 0.1) counted batches per rank in a sample order of its own: a mid-epoch
+    checkpoint cannot continue that order, so its epoch starts over (said in a warning)."""
+    if state.get("version", 1) >= 2:
+        return state
+    if state.get("resume_batch"):
+        print(f"phalanx: warning: {path} was saved mid-epoch by phalanx 0.1; epoch {state['epoch'] + 1} "
+              "starts over", file=sys.stderr, flush=True)
+    return {**state, "position": 0, "epoch_sums": [0.0, 0.0], "version": VERSION}
 
 
 def candidates(run_dir: Path) -> list[Path]:
@@ -66,18 +80,3 @@ def load_latest_valid(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
         except PhalanxError as exc:
             print(f"phalanx: warning: skipping {exc.message}", file=sys.stderr, flush=True)
     return None
-
-
-def capture_rng() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -11,61 +11,9 @@ import sys
 from typing import Any, Callable
 
 import click
-from click.core import ParameterSource
 
-from . import config as config_mod
-from .config import FIELDS, RunConfig, flag
-from .errors import EXIT_INTERRUPTED, PhalanxError
-
-_CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
-
-
-class _Command(click.Command):
-    """Accepts ``--batch_size`` as well as ``--batch-size``, as torchrun and DeepLIIF users type."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        known = {name for param in self.params for name in param.opts if name.startswith("--")}
-        normalised = []
-        for arg in args:
-            head, eq, tail = arg.partition("=")
-            dashed = head.replace("_", "-")
-            if head.startswith("--") and head not in known and dashed in known:
-                arg = dashed + eq + tail
-            normalised.append(arg)
-        return super().parse_args(ctx, normalised)
-
-
-def training_options(func: Callable) -> Callable:
-    """Decorate a command with one click option per ``RunConfig`` field, plus ``--config``."""
-    for f in reversed(list(FIELDS.values())):
-        meta, default = f.metadata, RunConfig.__dataclass_fields__[f.name]
-        default_value = default.default_factory() if callable(default.default_factory) else default.default
-        kwargs: dict[str, Any] = {"help": meta["help"], "default": default_value, "show_default": True}
-        if meta["metavar"]:
-            kwargs["metavar"] = meta["metavar"]
-        if f.type == "bool":
-            decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
-        elif f.name == "gpu_ids":
-            decls, kwargs["multiple"], kwargs["type"] = [flag(f.name)], True, click.INT
-            kwargs["show_default"] = False
-        else:
-            decls = [flag(f.name)]
-            kwargs["type"] = click.Choice(meta["choices"]) if meta["choices"] else _CLICK_TYPES[f.type]
-        func = click.option(*decls, f.name, **kwargs)(func)
-    return click.option("--config", "config_file", metavar="FILE", type=click.STRING,
-                        help="YAML or JSON file of option defaults; flags override it.")(func)
-
-
-def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
-    """Defaults < ``--config FILE`` < flags typed on the command line."""
-    merged: dict[str, Any] = {}
-    if values.get("config_file"):
-        merged.update(config_mod.load_config_file(values["config_file"]))
-    for name in FIELDS:
-        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
-            merged[name] = values[name]
-    return config_mod.from_mapping(merged, source="--config")
-
+from .cliopts import Command, Option, build_config, echo_config, training_options
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="phalanx", message="phalanx %(version)s")
@@ -78,22 +26,39 @@ Examples:
   phalanx train                                   # built-in digits, CPU, offline
   phalanx train --dataroot ./flowers --model resnet18 --epochs 20
   phalanx train --gpu-ids 0 --precision bf16      # one GPU
-  phalanx train --gpu-ids 0 --gpu-ids 1 --batch-size 128   # DataParallel
+  phalanx train --gpu-ids 0,1 --batch-size 128    # DataParallel: 128 shared by two GPUs
   phalanx train --config run.yaml --lr 0.1        # file defaults, flag overrides
   phalanx train --name exp1 --resume auto         # continue the latest checkpoint
+  phalanx train --gpu-ids 0,1 --dry-run           # show devices, batch, LR, data; run nothing
 """
 
 
-@cli.command(cls=_Command, epilog=TRAIN_EXAMPLES)
-@training_options
+def plan_options(func: Callable) -> Callable:
+    """``--dry-run`` and ``--print-config``, shared by the training commands."""
+    func = click.option("--print-config", is_flag=True, cls=Option, help="Print the resolved configuration "
+                        "as YAML (what --config reads back), then exit.")(func)
+    return click.option("--dry-run", is_flag=True, cls=Option, help="Print what would run (devices, batch "
+                        "sizes, learning rate, data, run directory), then exit.")(func)
+
+
+@cli.command(cls=Command, epilog=TRAIN_EXAMPLES)
+@training_options("train")
+@plan_options
 @click.pass_context
-def train(ctx: click.Context, **values: Any) -> None:
+def train(ctx: click.Context, dry_run: bool, print_config: bool, **values: Any) -> None:
     """Train in this process (CPU, one GPU, or DataParallel over several).
 
     Started by a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR (torchrun, SLURM, Kubernetes), it
     joins that process group and trains as one DistributedDataParallel worker.
     """
     cfg = build_config(ctx, values)
+    if print_config:
+        return echo_config(cfg)
+    if dry_run:
+        from .run import describe_run  # imports torch
+
+        click.echo("\n".join(describe_run(cfg)))
+        return
     from .run import train_run  # imports torch
 
     train_run(cfg)
@@ -102,9 +67,9 @@ def train(ctx: click.Context, **values: Any) -> None:
 TRAINLAUNCH_EXAMPLES = """\b
 Examples:
   phalanx trainlaunch --use-torchrun "--nproc_per_node 2"      # two CPU workers (gloo)
-  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --use-torchrun "--nproc_per_node 2"
-  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --use-torchrun "-t 3 --log_dir logs --nproc_per_node 2"
-  phalanx trainlaunch --gpu-ids 0 --gpu-ids 1 --dry-run       # show what would run
+  phalanx trainlaunch --gpu-ids 0,1 --use-torchrun "--nproc_per_node 2"   # two GPUs (NCCL)
+  phalanx trainlaunch --gpu-ids 0,1 --use-torchrun "-t 3 --log_dir logs --nproc_per_node 2"
+  phalanx trainlaunch --gpu-ids 0,1 --dry-run                 # show what would run
   # node 0 and node 1 of a two-node run (same command on each node):
   phalanx trainlaunch --gpu-ids 0 --use-torchrun "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job1"
   # restart failed workers up to 3 times; each restart resumes from the latest checkpoint:
@@ -112,21 +77,23 @@ Examples:
 """
 
 
-@cli.command(cls=_Command, epilog=TRAINLAUNCH_EXAMPLES)
-@training_options
-@click.option("--use-torchrun", "use_torchrun", metavar="OPTIONS",
+@cli.command(cls=Command, epilog=TRAINLAUNCH_EXAMPLES)
+@training_options("trainlaunch")
+@click.option("--use-torchrun", "use_torchrun", metavar="OPTIONS", cls=Option,
               help="torchrun's own options as one string, spelled as torchrun spells them "
                    "(default: one node, one worker per GPU id, or one CPU worker).")
-@click.option("--dry-run", is_flag=True, help="Print the torchrun arguments, world size, devices, batch "
-              "sizes and learning rate, then exit.")
+@plan_options
 @click.pass_context
-def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, **values: Any) -> None:
+def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, print_config: bool,
+                **values: Any) -> None:
     """Train with DistributedDataParallel: torchrun starts one worker per GPU id (or CPU workers).
 
     Local rank r trains on cuda:GPU_IDS[r]; --batch-size is per worker. Only global rank 0 writes
     checkpoints, metrics and snapshots.
     """
     cfg = build_config(ctx, values)
+    if print_config:
+        return echo_config(cfg)
     from .launch import launch  # imports torch
 
     launch(cfg, use_torchrun, dry_run=dry_run)
@@ -140,7 +107,7 @@ Examples:
 """
 
 
-@cli.command(cls=_Command, epilog=VISUALIZE_EXAMPLES)
+@cli.command(cls=Command, epilog=VISUALIZE_EXAMPLES)
 @click.option("--pickle-dir", "pickle_dir", required=True, metavar="DIR|s3://BUCKET/PREFIX",
               help="The snapshots of one run (<checkpoints-dir>/<name>/pickle), local or on S3.")
 @click.option("--server", default="http://localhost", show_default=True,
@@ -176,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         cli.main(args=argv, prog_name="phalanx", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `phalanx`: the help, as --help shows it
+        click.echo(exc.ctx.get_help() if exc.ctx else cli.get_help(click.Context(cli)))
+        return 0
     except click.ClickException as exc:
         say_error(exc.format_message())
         return exc.exit_code
@@ -185,7 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     except PhalanxError as exc:
         say_error(str(exc))
         return exc.exit_code
+    except Exception as exc:  # a bug in phalanx: still one line, the traceback in a file
+        return _internal_error(exc)
     return 0
+
+
+def _internal_error(exc: Exception) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from .failures import summarize, write_traceback
+
+    log = write_traceback(Path(tempfile.gettempdir()) / "phalanx-error.log", exc, "phalanx")
+    say_error(f"internal error: {summarize(exc)}" + (f"; traceback in {log}" if log else ""))
+    return EXIT_FAILED
 
 
 def entry() -> None:

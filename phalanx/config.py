@@ -22,14 +22,16 @@ SCHEMA_VERSION = 1
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
-           identity: bool = True, metavar: str | None = None) -> Any:
+           identity: bool = True, metavar: str | None = None, launch_help: str | None = None) -> Any:
     """A config field that is also a command-line option.
 
     ``identity=False`` marks options that do not change what a run computes (where files go,
     how much is printed, how many epochs to run for): a run directory may be resumed with a
-    different value.
+    different value. ``launch_help`` replaces ``help`` in ``trainlaunch --help`` where the option
+    means something else per DDP worker.
     """
-    meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar}
+    meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
+            "launch_help": launch_help or help}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -64,7 +66,9 @@ class RunConfig:
     # --- optimisation
     epochs: int = option(5, "Number of epochs to train for (in total, counting resumed ones).",
                          identity=False)
-    batch_size: int = option(32, "Batch size per process (the effective batch under DataParallel).")
+    batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
+                             "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
+                             "--grad-accum x world size.")
     lr: float = option(0.1, "Learning rate (before --scale-lr).")
     optimizer: str = option("sgd", "Optimizer.", choices=("sgd", "adamw"))
     momentum: float = option(0.9, "SGD momentum.")
@@ -74,21 +78,24 @@ class RunConfig:
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
                                  metavar="N")
     warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.")
-    scale_lr: str = option("none", "'linear': multiply --lr by the number of devices (linear "
-                           "scaling rule).", choices=("none", "linear"))
+    scale_lr: str = option("none", "'linear': multiply --lr by the number of devices that share a step "
+                           "(linear scaling rule).", choices=("none", "linear"),
+                           launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
     grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N")
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a "
                             "GradScaler on CUDA).", choices=("fp32", "bf16", "fp16"))
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
     # --- devices
-    gpu_ids: tuple[int, ...] = option((), "GPU id to train on; repeat for DataParallel "
-                                      "(--gpu-ids 0 --gpu-ids 1). -1 or none: CPU.", metavar="ID")
+    gpu_ids: tuple[int, ...] = option((), "GPU to train on; several for DataParallel (0,1 or --gpu-ids 0 "
+                                      "--gpu-ids 1). -1 or none: CPU.", metavar="ID[,ID...]",
+                                      launch_help="GPU of each local worker: local rank r trains on the r-th id "
+                                      "(0,1 or --gpu-ids 0 --gpu-ids 1). -1 or none: CPU workers.")
     backend: str | None = option(None, "torch.distributed backend for DDP workers (default: nccl "
                                  "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
     dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "
                                  "or lost worker ends the run instead of blocking it forever.",
                                  identity=False, metavar="SECONDS")
-    sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP.")
+    sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
     # --- output
     save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
                                   identity=False, metavar="N")
@@ -96,6 +103,10 @@ class RunConfig:
                                     "visualize` (default: <run dir>/pickle).", identity=False, metavar="DIR")
     snapshot_every: float = option(5.0, "Write a loss snapshot at most every N seconds (and at each "
                                    "epoch end).", identity=False, metavar="SECONDS")
+    log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
+                            identity=False, metavar="N")
+    progress: bool = option(True, "Show a progress bar on stderr.", identity=False)
+    # --- remote storage
     remote_transfer: str | None = option(None, "Also upload snapshots and checkpoints to S3 (boto3, the "
                                          "standard AWS credential chain), in the background.",
                                          identity=False, metavar="s3://BUCKET/PREFIX")
@@ -104,16 +115,10 @@ class RunConfig:
                                              identity=False, metavar="MODULE.FUNCTION")
     s3_endpoint_url: str | None = option(None, "S3-compatible endpoint (default: AWS, or "
                                          "AWS_ENDPOINT_URL).", identity=False, metavar="URL")
-    log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
-                            identity=False, metavar="N")
-    progress: bool = option(True, "Show a progress bar on stderr.", identity=False)
 
     def __post_init__(self) -> None:
-        # JSON and YAML give lists; click gives tuples. Normalise before validating.
-        try:
-            object.__setattr__(self, "gpu_ids", tuple(int(i) for i in self.gpu_ids))
-        except (TypeError, ValueError):
-            raise PhalanxError(f"expected a list of integers, got {self.gpu_ids!r}", "--gpu-ids") from None
+        # JSON and YAML give lists (or "0,1", or a lone 0); click gives tuples. Normalise first.
+        object.__setattr__(self, "gpu_ids", parse_gpu_ids(self.gpu_ids))
         if self.dataset is None:
             object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
         _validate(self)
@@ -153,6 +158,34 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+#: Headings of the --help pages: the first field of each group (fields are declared in groups).
+SECTIONS = {"name": "Run", "dataroot": "Data", "model": "Model", "epochs": "Optimisation",
+            "gpu_ids": "Devices and processes", "save_epoch_freq": "Output", "remote_transfer": "Remote storage"}
+
+
+def section_of(name: str) -> str:
+    heading = "Run"
+    for field_name in FIELDS:
+        heading = SECTIONS.get(field_name, heading)
+        if field_name == name:
+            return heading
+    raise KeyError(name)
+
+
+def parse_gpu_ids(value: Any) -> tuple[int, ...]:
+    """``(0, 1)``, ``[0, 1]``, ``"0,1"``, ``0`` or a mix (``("0,1", "2")``) -> ``(0, 1, 2)``."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    ids: list[int] = []
+    try:
+        for item in items:
+            if isinstance(item, bool):
+                raise ValueError
+            parts = item.split(",") if isinstance(item, str) else [item]
+            ids += [int(part) for part in parts]
+    except (TypeError, ValueError):
+        raise PhalanxError(f"expected integers (0,1 or repeated flags), got {value!r}", "--gpu-ids") from None
+    return tuple(ids)
 
 
 def flag(name: str) -> str:
@@ -243,6 +276,8 @@ def _validate(cfg: RunConfig) -> None:
         from .remote import parse_s3_url  # stdlib only at import
 
         parse_s3_url(cfg.remote_transfer, "--remote-transfer")
+    if cfg.sync_bn and cfg.uses_cpu:
+        raise bad("sync_bn", "torch's SyncBatchNorm runs on GPUs only; give --gpu-ids, or train without it")
     if cfg.backend == "nccl" and cfg.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     ids = cfg.gpu_ids

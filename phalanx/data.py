@@ -49,6 +49,19 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     return (x - 0.5) / 0.5
 
 
+class EpochKeyed(Dataset):
+    """Training samples looked up by ``(epoch, index)`` keys (see ``sampling.EpochBatches``)."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: tuple[int, int]):
+        return self.base[key[1]]
+
+
 def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
     """A seeded split, identical on every rank and every resume."""
     n = len(dataset)
@@ -77,8 +90,9 @@ def _digits(cfg: RunConfig, channels: int | None) -> DataBundle:
     if channels and channels != 1:
         images = images.expand(-1, channels, -1, -1).contiguous()
     train, val = holdout_split(TensorDataset(images, labels), cfg.val_fraction, cfg.seed)
+    size = images.shape[-1]
     return DataBundle(train, val, [str(d) for d in range(10)], images.shape[1],
-                      f"built-in digits ({len(train)} train / {len(val)} val, 8x8)")
+                      f"built-in digits ({len(train)} train / {len(val)} val, {size}x{size})")
 
 
 def _synthetic(cfg: RunConfig, channels: int | None) -> DataBundle:

@@ -12,12 +12,22 @@ import argparse
 import logging
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 
-from . import rundir
-from .config import RunConfig
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
-from .optim import effective_lr
+# torch's C++ side logs every failed connection attempt of a rendezvous to stderr (dozens of lines
+# and stack frames before torchrun gives up); the launcher reports a failure itself, in one line.
+# Read when torch loads, so set here, and taken back before the workers start (they inherit it).
+_QUIET_CPP_LOG = "TORCH_CPP_LOG_LEVEL" not in os.environ
+if _QUIET_CPP_LOG:
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+
+from . import rundir  # noqa: E402  (imports torch)
+from .config import RunConfig  # noqa: E402
+from .errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError,  # noqa: E402
+                     RunFailed)
+from .failures import cause_line, innermost, summarize  # noqa: E402
+from .optim import effective_lr  # noqa: E402
 
 OPTION = "--use-torchrun"
 WORKER_MODULE = "phalanx.worker"
@@ -102,13 +112,16 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
     """Run torchrun in this process; a failed worker becomes a one-line error and our exit code."""
-    from .parallel import check_gpu_ids, cpu_threads_per_worker
+    from .parallel import check_gpu_ids, cpu_threads_per_worker, missing_gpus
 
-    check_gpu_ids(cfg.gpu_ids)
     plan = plan_launch(cfg, torchrun_options)
-    if dry_run:
+    if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
         print("\n".join(describe(cfg, plan)))
+        missing = missing_gpus(cfg.gpu_ids)
+        if missing:
+            print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)
         return 0
+    check_gpu_ids(cfg.gpu_ids)
     if plan.nnodes[1] == 1:
         # A taken run directory or a bad --resume fails here, before any worker starts. With
         # several nodes on a shared disk, node 0's rank 0 may already have created the run;
@@ -124,25 +137,73 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
         # Workers inherit it: cores / local workers from their first instruction (torchrun
         # would pick 1 and warn about it).
         os.environ["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(plan.nproc_per_node))
+    if _QUIET_CPP_LOG:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
     try:
         run(plan.args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        # A worker that refused bad input or was stopped by a signal keeps that meaning.
-        raise RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code "
-                        f"{failure.exitcode}: {first_line(failure.message)}",
-                        exit_code=failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED) from None
+        raise _worker_failures(exc) from None
     except SignalException as exc:
         import signal
 
         raise RunFailed(f"stopped by {exc.sigval.name}; every worker was stopped",
                         exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED) from None
+    except Exception as exc:  # the agent itself: rendezvous, store, anything torchrun raises
+        raise RunFailed(_agent_failure(exc, plan), OPTION) from None
     return 0
+
+
+_AGENT_FAILURES = {
+    "RendezvousConnectionError": "cannot connect to the rendezvous store",
+    "RendezvousTimeoutError": "not every node joined the rendezvous in time",
+    "RendezvousClosedError": "the rendezvous was closed (another node ended the run)",
+    "DistNetworkError": "cannot connect to the rendezvous store",
+    "DistStoreError": "the rendezvous store timed out",
+}
+
+
+def _agent_failure(exc: Exception, plan: LaunchPlan) -> str:
+    """One line for a failure of torchrun's agent, with how to fail sooner where it waited: its
+    rendezvous timeouts default to minutes (read_timeout 60 s, join_timeout 600 s)."""
+    what = _AGENT_FAILURES.get(type(exc).__name__)
+    if what is None:
+        return f"torchrun failed: {summarize(exc)}"
+    root = innermost(exc)
+    detail = f" ({type(root).__name__}: {cause_line(root)})" if cause_line(root) else ""
+    if plan.args.rdzv_backend == "static":
+        hint = "--rdzv-conf timeout=SECONDS"
+    else:
+        hint = "--rdzv-conf read_timeout=SECONDS (connecting) or join_timeout=SECONDS (waiting for nodes)"
+    return f"rendezvous failed: {what}{detail}; to wait less, give torchrun {hint}"
+
+
+def _worker_failures(exc) -> RunFailed:
+    """One line per failed rank: ranks that only lost their peers first, the root cause last
+    (it is also the error raised, so its exit code is the launcher's)."""
+    def secondary(failure) -> bool:  # failed because another rank did
+        stopped_by_torchrun = failure.exitcode == -15 and not failure.message.startswith("lost")
+        return stopped_by_torchrun or first_line(failure.message).startswith(("lost its peers",
+                                                                              "a collective timed out"))
+
+    def when(failure) -> int:
+        message = failure.message
+        extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+        return int(extra.get("time_ns", failure.timestamp * 10**9))
+
+    *others, (rank, failure) = sorted(exc.failures.items(),
+                                      key=lambda item: (not secondary(item[1]), -when(item[1])))
+    for other_rank, other in others:
+        said = "stopped by torchrun after another rank failed" if other.exitcode == -15 else first_line(other.message)
+        print(f"phalanx: rank {other_rank} (local rank {other.local_rank}): {said}", file=sys.stderr, flush=True)
+    # A worker that refused bad input or was stopped by a signal keeps that meaning.
+    return RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code {failure.exitcode}: "
+                     f"{first_line(failure.message)}",
+                     exit_code=failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED)
 
 
 def first_line(message: object) -> str:
     """torchrun hands over the worker's error file: a string, or ``{"message": ...}``."""
-    if isinstance(message, dict):
-        message = message.get("message", message)
+    while isinstance(message, dict):
+        message = message.get("message", "")
     lines = [line for line in str(message).splitlines() if line.strip()]
     return lines[0] if lines else "no error message (see the worker's output above)"

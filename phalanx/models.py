@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 
 import torch
 from torch import nn
 
 from .errors import PhalanxError
+from .plugins import import_user_module
 
 
 class SmallCNN(nn.Module):
@@ -65,11 +65,7 @@ def _user_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
     """``package.module:function``: imported by name (never eval'd), called with the keyword
     arguments it declares among ``num_classes`` and ``in_channels``."""
     module_name, _, func_name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or an error raised while importing the user's module
-        raise PhalanxError(f"cannot import module '{module_name}' ({type(exc).__name__}: {exc})",
-                           "--model") from None
+    module = import_user_module(module_name, "--model")
     factory = getattr(module, func_name, None)
     if not callable(factory):
         raise PhalanxError(f"module '{module_name}' has no function '{func_name}'", "--model")

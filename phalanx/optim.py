@@ -1,4 +1,10 @@
-"""Optimizer, learning-rate schedule and the linear scaling rule."""
+"""Optimizer, learning-rate schedule and the linear scaling rule.
+
+The schedule is a function of training progress in epochs (fractional mid-epoch), never of a count
+of optimizer steps: the number of steps per epoch changes with the world size, and a run resumed at
+another world size must get the learning rate of the same point of training. The schedule's
+length is the current ``--epochs``; a resume that changes it continues on the new schedule.
+"""
 
 from __future__ import annotations
 
@@ -21,19 +27,23 @@ def build_optimizer(cfg: RunConfig, params: Iterable[torch.nn.Parameter], lr: fl
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def lr_factor(cfg: RunConfig, step: int, steps_per_epoch: int) -> float:
-    """Multiplier of the base LR at optimizer step ``step``: linear warmup, then the schedule."""
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    if step < warmup:
-        return (step + 1) / warmup
+def lr_factor(cfg: RunConfig, start: float, end: float) -> float:
+    """Multiplier of the base LR for an optimizer step that trains from progress ``start`` to
+    ``end`` (in epochs): linear warmup up to ``end``, then the schedule at ``start``."""
+    warmup = cfg.warmup_epochs
+    if warmup > 0 and start < warmup:
+        return min(1.0, end / warmup)
     if cfg.lr_schedule == "cosine":
-        total = cfg.epochs * steps_per_epoch
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        span = cfg.epochs - warmup
+        fraction = min(1.0, (start - warmup) / span) if span > 0 else 1.0
+        return 0.5 * (1.0 + math.cos(math.pi * fraction))
     if cfg.lr_schedule == "step":
-        return 0.1 ** ((step // steps_per_epoch) // cfg.lr_step_epochs)
+        # A small epsilon: progress is a sum of fractions, and epoch 3 must not read as 2.9999999.
+        return 0.1 ** (int(start + 1e-9) // cfg.lr_step_epochs)
     return 1.0
 
 
-def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step, steps_per_epoch))
+def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> None:
+    """Each param group keeps its own multiple of the base LR (``lr_mult``, 1 unless set)."""
+    for group in optimizer.param_groups:
+        group["lr"] = base_lr * factor * group.get("lr_mult", 1.0)

@@ -85,18 +85,25 @@ def tune_cpu_allocator() -> None:
         pass
 
 
-def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
-    """Refuse ids that name no real device, before anything is written."""
+def missing_gpus(gpu_ids: tuple[int, ...]) -> str | None:
+    """What is wrong with ids that name no real device here, or None."""
     if not gpu_ids or gpu_ids == (-1,):
-        return
+        return None
     if not torch.cuda.is_available():
-        raise PhalanxError(f"GPU {gpu_ids[0]} asked for, but CUDA is not available here; "
-                           "use --gpu-ids -1 (or no --gpu-ids) for CPU", "--gpu-ids")
+        return (f"GPU {gpu_ids[0]} asked for, but CUDA is not available here; use --gpu-ids -1 (or no "
+                "--gpu-ids) for CPU")
     count = torch.cuda.device_count()
     beyond = [i for i in gpu_ids if i >= count]
     if beyond:
-        raise PhalanxError(f"GPU {beyond[0]} does not exist; this machine has {count} "
-                           f"(ids 0-{count - 1})", "--gpu-ids")
+        return f"GPU {beyond[0]} does not exist; this machine has {count} (ids 0-{count - 1})"
+    return None
+
+
+def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
+    """Refuse ids that name no real device, before anything is written."""
+    missing = missing_gpus(gpu_ids)
+    if missing:
+        raise PhalanxError(missing, "--gpu-ids")
 
 
 def worker_device(cfg: RunConfig, env: DistEnv) -> torch.device:
@@ -108,6 +115,12 @@ def worker_device(cfg: RunConfig, env: DistEnv) -> torch.device:
                            f"{env.local_world_size} workers on this node; give one --gpu-ids per worker",
                            "--gpu-ids")
     return torch.device("cuda", cfg.gpu_ids[env.local_rank])
+
+
+def prepare_model(model: nn.Module, sync_bn: bool) -> nn.Module:
+    """``--sync-bn``: BatchNorm layers become SyncBatchNorm (same parameters and buffers, so
+    checkpoints still load into the plain model)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
 
 
 class Strategy:
@@ -207,9 +220,7 @@ class DDPStrategy(Strategy):
         return self.world_size
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        if self.sync_bn:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        model = model.to(self.device)
+        model = prepare_model(model, self.sync_bn).to(self.device)
         ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
@@ -289,10 +300,10 @@ def exit_process(code: int) -> None:
 
 
 @contextlib.contextmanager
-def strategy_for(cfg: RunConfig) -> Iterator[Strategy]:
+def strategy_for(cfg: RunConfig, env: DistEnv | None) -> Iterator[Strategy]:
     """The strategy for this process, torn down (process group destroyed) however the run ends."""
     global _joined_process_group
-    strategy = make_strategy(cfg, dist_env_from_environ())
+    strategy = make_strategy(cfg, env)
     _joined_process_group = _joined_process_group or isinstance(strategy, DDPStrategy)
     try:
         yield strategy

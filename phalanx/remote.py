@@ -9,7 +9,6 @@ failure is retried with backoff, warned about, and summarised at the end; it nev
 
 from __future__ import annotations
 
-import importlib
 import queue
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import PhalanxError
+from .plugins import import_user_module
 
 Send = Callable[[Path, str], None]  # (local path, key relative to the run) -> None, raises on failure
 
@@ -51,14 +51,11 @@ def s3_sender(url: str, endpoint_url: str | None) -> Send:
 
 
 def import_function(spec: str, option: str) -> Callable:
-    """``pkg.module.function`` -> the function, imported with importlib (nothing evaluated)."""
+    """``pkg.module.function`` -> the function, imported by name (nothing evaluated)."""
     module_name, _, func_name = spec.rpartition(".")
     if not module_name or not func_name.isidentifier():
         raise PhalanxError(f"expected module.function, got {spec!r}", option)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise PhalanxError(f"cannot import module '{module_name}' ({type(exc).__name__}: {exc})", option) from None
+    module = import_user_module(module_name, option)
     func = getattr(module, func_name, None)
     if not callable(func):
         raise PhalanxError(f"module '{module_name}' has no function '{func_name}'", option)

@@ -42,16 +42,26 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise UnsafeSnapshot("uses persistent ids; snapshots hold plain data only")
 
 
-def _check_plain(value: Any, depth: int = 0) -> None:
-    if depth > 50 or not isinstance(value, PLAIN_TYPES):
-        raise UnsafeSnapshot(f"holds {type(value).__name__}; snapshots hold plain data only")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _check_plain(item, depth + 1)
+MAX_NODES = 2_000_000  # a full segment holds about 100,000; a shared-reference bomb, 10^12
+MAX_DEPTH = 50
+
+
+def _check_plain(value: Any) -> None:
+    """Plain data only, and bounded: a pickle can repeat one list a hundred times at each of six
+    levels in 2 KB (10^12 leaves), so every node visited counts against a budget."""
+    budget = MAX_NODES
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise UnsafeSnapshot(f"holds more than {MAX_NODES:,} values (shared references?); refused")
+        if depth > MAX_DEPTH or type(item) not in PLAIN_TYPES:
+            raise UnsafeSnapshot(f"holds {type(item).__name__}; snapshots hold plain data only")
+        if type(item) is dict:
+            stack.extend((part, depth + 1) for pair in item.items() for part in pair)
+        elif type(item) in (list, tuple):
+            stack.extend((part, depth + 1) for part in item)
 
 
 def segment_name(index: int) -> str:
@@ -63,6 +73,12 @@ def dumps(segment: dict[str, Any]) -> bytes:
     return pickle.dumps(segment, protocol=4)
 
 
+# What a reader may rely on in each kind of record (others are passed through unread).
+NUMBER = (int, float)
+RECORD_FIELDS = {"train": {"epoch": int, "step": int, "epoch_progress": NUMBER, "loss": NUMBER, "lr": NUMBER},
+                 "val": {"epoch": int, "loss": NUMBER, "acc": NUMBER}}
+
+
 def loads(data: bytes) -> dict[str, Any]:
     """Load one segment; raises UnsafeSnapshot or pickle/EOF/Value errors for bad data."""
     segment = _PlainDataUnpickler(io.BytesIO(data)).load()
@@ -70,10 +86,21 @@ def loads(data: bytes) -> dict[str, Any]:
     if not isinstance(segment, dict) or segment.get("schema") != SCHEMA:
         raise ValueError(f"not a phalanx snapshot of schema {SCHEMA}")
     for key, kind in (("run_id", str), ("generation", int), ("segment", int), ("sealed", bool),
-                      ("records", list)):
-        if not isinstance(segment.get(key), kind):
+                      ("records", list), ("options", dict)):
+        if not isinstance(segment.get(key, {} if key == "options" else None), kind):
             raise ValueError(f"snapshot field {key!r} is missing or not {kind.__name__}")
+    for index, record in enumerate(segment["records"]):
+        _check_record(index, record)
     return segment
+
+
+def _check_record(index: int, record: Any) -> None:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        raise ValueError(f"record {index} is not a mapping with a 'kind'")
+    for key, kind in RECORD_FIELDS.get(record["kind"], {}).items():
+        value = record.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"record {index} ({record['kind']}) has no numeric {key!r}")
 
 
 @dataclass

@@ -1,29 +1,34 @@
 """The training loop: fit, evaluate, checkpoint. No argv, no environment reads, no printing of
 its own: what to print goes through ``say``, what to record (metrics, snapshots, uploads) through
 ``RunOutputs``.
+
+Progress is a position in the epoch's global sample order (``sampling``): the learning rate, the
+random streams and a checkpoint's resume point are functions of it, never of a step count, so a
+run resumed at another world size continues the same training.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import math
+import random
 import signal
+import sys
 import time
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from . import checkpoint
 from .config import RunConfig
-from .data import DataBundle
-from .optim import build_optimizer, build_scheduler, effective_lr
+from .data import DataBundle, EpochKeyed
+from .optim import build_optimizer, effective_lr, lr_factor, set_lr
+from .outputs import RunOutputs
 from .parallel import Strategy
 from .preempt import Preempted, StopRequest
-from .outputs import RunOutputs
 from .progress import ProgressBar
+from .sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch
 
 
 class ShardSampler(Sampler[int]):
@@ -40,18 +45,12 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-class SkipFirst(Sampler[int]):
-    """The wrapped sampler's order without its first ``skip`` indices: a run stopped mid-epoch
-    resumes at the very next batch of the same shuffle."""
-
-    def __init__(self, base: Sampler[int]):
-        self.base, self.skip = base, 0
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.base), self.skip, None)
-
-    def __len__(self) -> int:
-        return len(self.base) - self.skip
+def seed_streams(seed: int) -> None:
+    """Seed every random stream a model or user code may draw from (dropout, Python's random)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)
 
 
 class Trainer:
@@ -61,50 +60,48 @@ class Trainer:
         self.run_id = run_id
         self.stop = stop or StopRequest()
         self.device = strategy.device
+        self.world_size, self.rank = strategy.world_size, strategy.rank
         self.model = strategy.wrap(model)
         pin = self.device.type == "cuda"
-        self.train_sampler = DistributedSampler(data.train, num_replicas=strategy.world_size,
-                                                rank=strategy.rank, shuffle=True, seed=cfg.seed)
-        loader_args = {"batch_size": cfg.batch_size, "num_workers": cfg.num_workers, "pin_memory": pin,
-                       "persistent_workers": cfg.num_workers > 0}
-        self.resumable = SkipFirst(self.train_sampler)
-        self.train_loader = DataLoader(data.train, sampler=self.resumable, **loader_args)
-        self.val_loader = DataLoader(data.val, sampler=ShardSampler(len(data.val), strategy.rank,
-                                                                    strategy.world_size), **loader_args)
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum)
+        workers = {"num_workers": cfg.num_workers, "pin_memory": pin, "persistent_workers": cfg.num_workers > 0}
+        self.num_train = len(data.train)
+        self.batches = EpochBatches()
+        self.train_loader = DataLoader(EpochKeyed(data.train), batch_sampler=self.batches, **workers)
+        self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
+                                     sampler=ShardSampler(len(data.val), self.rank, self.world_size))
         self.base_lr = effective_lr(cfg, strategy.num_devices)
         self.optimizer = build_optimizer(cfg, self.model.parameters(), self.base_lr)
-        self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16" and pin)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = nn.CrossEntropyLoss(reduction="none")
         self.epoch = 0  # completed epochs
-        self.step = 0  # optimizer steps taken
+        self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
+        self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
         self.best_acc = -1.0
-        # A checkpoint taken mid-epoch (preemption): batches of the next epoch already done, and
-        # that epoch's running loss sums, so the resumed epoch reports what it would have.
-        self.resume_batch = 0
-        self.resume_sums: list[float] | None = None
+        self.epoch_sums = [0.0, 0.0]  # the current epoch's train loss sum and samples, over all ranks
         self.first_step_pending = True
+
+    @property
+    def effective_batch(self) -> int:
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world_size
 
     # --- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "best_val_acc": self.best_acc, "run_id": self.run_id,
-                "resume_batch": self.resume_batch, "epoch_sums": self.resume_sums,
+        return {"epoch": self.epoch, "position": self.position, "step": self.step,
+                "epoch_sums": list(self.epoch_sums), "world_size": self.world_size,
+                "effective_batch": self.effective_batch, "best_val_acc": self.best_acc, "run_id": self.run_id,
                 "model": self.strategy.unwrap(self.model).state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(), "rng": checkpoint.capture_rng(),
+                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "config": self.cfg.to_dict()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.strategy.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step, self.best_acc = state["epoch"], state["step"], state["best_val_acc"]
-        self.resume_batch, self.resume_sums = state.get("resume_batch", 0), state.get("epoch_sums")
-        checkpoint.restore_rng(state["rng"])
+        self.position = state["position"]
+        self.epoch_sums = list(state["epoch_sums"])
 
     def _save(self, val_acc: float) -> None:
         run_dir = self.cfg.run_dir
@@ -123,12 +120,12 @@ class Trainer:
         summary: dict[str, Any] = {"epochs": self.epoch}
         for epoch in range(self.epoch + 1, self.cfg.epochs + 1):
             started = time.perf_counter()
-            train_loss, rate = self._train_epoch(epoch, self.resume_batch, self.resume_sums)
-            self.resume_batch, self.resume_sums = 0, None
+            train_loss, rate = self._train_epoch(epoch)
             val_loss, val_acc = self.evaluate()
             self.epoch = epoch
             self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
-                                 "samples": self.val_samples, "world_size": self.strategy.world_size}, flush=True)
+                                 "samples": self.val_samples, "world_size": self.world_size,
+                                 "train_loss": train_loss}, flush=True)
             self._save(val_acc)
             self.say(f"epoch {epoch}/{self.cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
                      f"val_acc {100 * val_acc:.2f}%  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
@@ -138,6 +135,9 @@ class Trainer:
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
         summary["best_val_acc"] = self.best_acc
         summary["max_rank_divergence"] = self.strategy.max_divergence(self.strategy.unwrap(self.model))
+        if summary["max_rank_divergence"] > 0:
+            self.say(f"phalanx: warning: the ranks' parameters differ by up to {summary['max_rank_divergence']:.3g} "
+                     "(DDP keeps them identical; something changed parameters outside backward and the optimizer)")
         self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **summary}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
@@ -150,83 +150,88 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _train_epoch(self, epoch: int, first_batch: int = 0, sums: list[float] | None = None) -> tuple[float, float]:
-        """One epoch (from ``first_batch`` when resuming mid-epoch); returns the train loss and
-        samples/s, both over all ranks."""
+    def _train_epoch(self, epoch: int) -> tuple[float, float]:
+        """The rest of one epoch from ``self.position``; returns the train loss (all ranks, the
+        whole epoch) and the samples/s of this process's part."""
         self.model.train()
-        self.train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        samples, batch, accum = len(self.train_sampler), self.cfg.batch_size, self.cfg.grad_accum
-        self.resumable.skip = first_batch * batch
-        batches = first_batch + len(self.train_loader)
+        total = self.num_train
+        plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.batch_size,
+                          self.world_size, self.rank, self.cfg.grad_accum)
+        self.batches.set(epoch, plan)
         # Sums stay on the device: no .item() (a host sync) per step, only when logging.
         window = torch.zeros(2, device=self.device)
-        epoch_sum = torch.tensor(sums or [0.0, 0.0], device=self.device)
-        bar = ProgressBar(batches - first_batch, f"epoch {epoch}/{self.cfg.epochs}",
-                          self.cfg.progress and self.strategy.is_main)
+        trained = 0
+        bar = ProgressBar(len(plan), f"epoch {epoch}/{self.cfg.epochs}", self.cfg.progress and self.strategy.is_main)
         started = window_start = time.perf_counter()
-        for i, (inputs, targets) in enumerate(self.train_loader, start=first_batch):
+        for micro, (inputs, targets) in zip(plan, self.train_loader):
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            ends_step = (i + 1) % accum == 0 or i + 1 == batches
-            # Weight each batch by its share of the step's samples, so that N accumulated batches
-            # give the gradient of one N-times-larger batch, a short last batch included.
-            group_start = i - i % accum
-            group_samples = min(samples, (group_start + accum) * batch) - group_start * batch
-            with contextlib.nullcontext() if ends_step else self.strategy.no_sync(self.model):
+            # Dropout and the like draw from a stream that is a function of the position alone.
+            seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start))
+            with contextlib.nullcontext() if micro.ends_step else self.strategy.no_sync(self.model):
                 with self._autocast():
-                    loss = self.loss_fn(self.model(inputs), targets)
-                self.scaler.scale(loss * (targets.size(0) / group_samples)).backward()
-            window[0] += loss.detach().float() * targets.size(0)
-            window[1] += targets.size(0)
-            bar.update(targets.size(0) * self.strategy.world_size, lambda: (window[0] / window[1]).item())
-            if not ends_step:
+                    summed = self.loss_fn(self.model(inputs), targets).sum()
+                if not micro.real:
+                    summed = summed * 0.0  # a padding sample: in the all-reduce, weighing nothing
+                self.scaler.scale(summed * micro.loss_scale(self.world_size)).backward()
+            window[0] += summed.detach().float()
+            window[1] += micro.real
+            trained += micro.end - micro.start
+            bar.update(micro.end - micro.start, lambda: (window[0] / window[1].clamp(min=1)).item())
+            if not micro.ends_step:
                 continue
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            self.step += 1
-            if self.first_step_pending:  # startup latency, for users and benchmarks: once a process
-                self.first_step_pending = False
-                self.outputs.record({"kind": "first_step", "epoch": epoch, "step": self.step, "time": time.time()})
+            self._optimizer_step(epoch, micro)
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
-            stop_now = self.stop.signum != 0 and self.strategy.world_size == 1
-            if self.step % self.cfg.log_every == 0 or i + 1 == batches or stop_now:
-                epoch_sum += window
-                window_start, stop = self._log_train(epoch, (i + 1) / batches, window, window_start)
-                if stop and i + 1 < batches:
+            stop_now = self.stop.signum != 0 and self.world_size == 1
+            if self.step % self.cfg.log_every == 0 or micro.end == total or stop_now:
+                window_start, stop = self._log_train(epoch, window, window_start)
+                if stop and micro.end < total:
                     bar.close()
-                    self._preempt(epoch, i + 1, batches, epoch_sum)
+                    self._preempt(epoch)
         bar.close()
-        total = self.strategy.all_reduce_sum(epoch_sum)
-        return (total[0] / total[1]).item(), total[1].item() / (time.perf_counter() - started)
+        (loss_sum, count), self.epoch_sums, self.position = self.epoch_sums, [0.0, 0.0], 0
+        return loss_sum / max(count, 1), trained / (time.perf_counter() - started)
 
-    def _preempt(self, epoch: int, done: int, batches: int, epoch_sum: torch.Tensor) -> None:
+    def _optimizer_step(self, epoch: int, micro: MicroBatch) -> None:
+        """Step with the learning rate of this point of training, then count the step."""
+        end = micro.end / self.num_train
+        start = end - micro.step_samples / self.num_train
+        set_lr(self.optimizer, self.base_lr, lr_factor(self.cfg, epoch - 1 + start, epoch - 1 + end))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.position = micro.end
+        if self.first_step_pending:  # startup latency, for users and benchmarks: once a process
+            self.first_step_pending = False
+            self.outputs.record({"kind": "first_step", "epoch": epoch, "step": self.step, "time": time.time()})
+
+    def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
-        self.epoch = epoch - 1
-        self.resume_batch, self.resume_sums = done, epoch_sum.tolist()
         if self.strategy.is_main:
             path = self.cfg.run_dir / checkpoint.LATEST
             checkpoint.save([path], self.state_dict())
             self.outputs.files_written([path])
         raise Preempted(self.stop.signum or signal.SIGTERM,
-                        f"at step {self.step} (epoch {epoch}, batch {done}/{batches})")
+                        f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")
 
     def _agreed_stop(self, signum: int) -> bool:
         """Whether any rank was asked to stop (one tiny all-reduce, once an epoch)."""
         flag = torch.tensor([float(signum != 0)], device=self.device)
         return self.strategy.all_reduce_sum(flag).item() > 0
 
-    def _log_train(self, epoch: int, fraction: float, window: torch.Tensor, since: float) -> tuple[float, bool]:
+    def _log_train(self, epoch: int, window: torch.Tensor, since: float) -> tuple[float, bool]:
         """Log the loss window (averaged over ranks); returns the time and whether any rank must stop."""
         now = time.perf_counter()
         stop = window.new_tensor([float(self.stop.signum != 0)])
         loss_sum, count, stops = self.strategy.all_reduce_sum(torch.cat([window, stop])).tolist()
+        self.epoch_sums = [self.epoch_sums[0] + loss_sum, self.epoch_sums[1] + count]
         self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
-                            "epoch_progress": epoch - 1 + fraction, "loss": loss_sum / count,
-                            "lr": self._lr(), "samples_per_s": count / max(now - since, 1e-9),
-                            "samples": count, "seconds": now - since, "time": time.time()})
+                             "epoch_progress": epoch - 1 + self.position / self.num_train,
+                             "loss": loss_sum / max(count, 1), "lr": self._lr(),
+                             "samples_per_s": count / max(now - since, 1e-9), "samples": int(count),
+                             "seconds": now - since, "time": time.time(), "world_size": self.world_size})
         window.zero_()
         return now, stops > 0
 

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Create .venv with phalanx and its dependencies. `--test` adds what the test suite needs.
-# Safe to run again: it only installs what is missing.
+# Safe to run again: it only installs what is missing. Needs: Python 3.10+ with venv, the PyPI
+# registry; npm and the npm registry for visdom's page assets; with --test, root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+say() { echo "setup.sh: $*"; }
+started=$SECONDS
 python=${PYTHON:-$(command -v python3.11 || command -v python3)}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$python" --version)"
+  "$python" -m venv .venv
+fi
 # The constraint file also reaches the isolated build of visdom's sdist (setuptools<81).
 export PIP_CONSTRAINT="$PWD/constraints.txt"
 pip_install() {
@@ -13,20 +19,26 @@ pip_install() {
   .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 if [ "${1:-}" = "--test" ]; then
+  say "installing phalanx, torch, torchvision, visdom, boto3 and the test tools (pytest, moto, playwright," \
+      "hypothesis) from PyPI (about 2 minutes the first time; torch is the largest download)"
   pip_install -e ".[test]"
   # The browser test drives Debian's Chromium (never a downloaded browser build).
   if ! command -v chromium >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
+      say "installing Debian's chromium for the browser test (about a minute)"
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
     else
-      echo "setup.sh: chromium is missing: sudo apt-get install chromium (the browser test needs it)" >&2
+      say "chromium is missing: sudo apt-get install chromium (the browser test needs it)" >&2
     fi
   fi
 else
+  say "installing phalanx, torch, torchvision, visdom and boto3 from PyPI (about 2 minutes the first time;" \
+      "torch is the largest download)"
   pip_install -e .
 fi
 # visdom downloads its page's JavaScript from CDNs at first start; fetch the same files from the
 # npm registry instead, so `phalanx visualize` works with no internet.
-.venv/bin/python -m phalanx.visdom_assets || echo "setup.sh: warning: visdom's page assets are missing;" \
+say "fetching visdom's page assets from the npm registry (about 20 seconds)"
+.venv/bin/python -m phalanx.visdom_assets || say "warning: visdom's page assets are missing;" \
   "phalanx visualize needs them (npm must reach the npm registry)" >&2
-echo "setup.sh: ready: $(.venv/bin/phalanx --version)"
+say "ready in $((SECONDS - started)) s: $(.venv/bin/phalanx --version)"

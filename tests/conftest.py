@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# tests/support holds model factories the tests hand to phalanx as --model phalanx_testmodels:NAME
+# tests/support holds model factories the tests hand to phalanx as --model phalanx_testmodels:NAME,
+# in subprocesses (USER_MODELS) and in this process.
 USER_MODELS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support"), str(REPO)])}
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 
 @dataclass

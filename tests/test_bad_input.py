@@ -88,6 +88,7 @@ CASES += [("trainlaunch", *case) for case in [
     ("torchrun-script", ["--use-torchrun", "--nproc_per_node 2 train.py"], "--use-torchrun", "options only"),
     ("torchrun-module", ["--use-torchrun", "-m evil"], "--use-torchrun", "options only"),
     ("nccl-on-cpu", ["--backend", "nccl"], "--backend", "nccl needs GPUs"),
+    ("sync-bn-on-cpu", ["--sync-bn", "--use-torchrun", "--nproc_per_node 2"], "--sync-bn", "GPUs only"),
     ("launch-epochs-zero", ["--epochs", "0", "--use-torchrun", "--nproc_per_node 2"], "--epochs", "positive"),
     ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
     ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),

@@ -8,30 +8,85 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, free_port, wait_until
 from phalanx.config import FIELDS, flag
 
-FORBIDDEN_CALLS = {"eval", "exec", "compile", "system", "popen", "loads", "load", "__import__"}
+# Qualified names that run code or a shell, or unpickle without restriction.
+FORBIDDEN = {"builtins.eval", "builtins.exec", "builtins.compile", "builtins.__import__", "os.system", "os.popen",
+             "pickle.load", "pickle.loads", "os.execv", "os.execve", "os.execvp", "os.execl", "os.spawnl",
+             "os.spawnv", "os.posix_spawn", "importlib.__import__", "runpy.run_path", "runpy.run_module"}
+
+
+def forbidden_calls(source: str, filename: str = "<source>") -> list[str]:
+    """Calls of FORBIDDEN names however they were imported (``from os import system as s``,
+    ``import pickle as p``, ``getattr(os, "system")``), and any ``shell=`` keyword."""
+    tree = ast.parse(source)
+    aliases = {name: f"builtins.{name}" for name in ("eval", "exec", "compile", "__import__")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else \
+                    alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def qualified(expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            return aliases.get(expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = qualified(expr.value)
+            return f"{owner}.{expr.attr}" if owner else None
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
+                and len(expr.args) >= 2 and isinstance(expr.args[1], ast.Constant):
+            owner = qualified(expr.args[0])
+            return f"{owner}.{expr.args[1].value}" if owner else None
+        return None
+
+    offenders = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "shell":
+            offenders.append(f"{filename}:{node.value.lineno} shell=")
+        if isinstance(node, ast.Call):
+            name = qualified(node.func)
+            if name in FORBIDDEN:
+                offenders.append(f"{filename}:{node.lineno} {name}()")
+    return offenders
 
 
 def test_phalanx_runs_no_shell_no_exec_no_eval_and_unpickles_nothing_unrestricted():
     offenders = []
-    for path in sorted((REPO / "phalanx").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.keyword) and node.arg == "shell":
-                offenders.append(f"{path.name}:{node.lineno} shell=")
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                owner = getattr(func.value, "id", "") if isinstance(func, ast.Attribute) else ""
-                if name in {"eval", "exec", "compile", "__import__"} and not owner:
-                    offenders.append(f"{path.name}:{node.lineno} {name}()")
-                if owner in {"os", "pickle"} and name in FORBIDDEN_CALLS:
-                    offenders.append(f"{path.name}:{node.lineno} {owner}.{name}()")
+    for path in sorted((REPO / "phalanx").rglob("*.py")):
+        offenders += forbidden_calls(path.read_text(), str(path.relative_to(REPO)))
     assert offenders == []
+
+
+@pytest.mark.parametrize("snippet", [
+    "import os\nos.system('id')",
+    "from os import system\nsystem('id')",
+    "from os import system as run\nrun('id')",
+    "import os as o\no.popen('id')",
+    "import pickle as p\np.loads(b'')",
+    "from pickle import loads as safe\nsafe(b'')",
+    "eval('1')",
+    "exec('x = 1')",
+    "import builtins\nbuiltins.eval('1')",
+    "import os\ngetattr(os, 'system')('id')",
+    "import subprocess\nsubprocess.run('id', shell=True)",
+    "from subprocess import Popen\nPopen('id', shell=True)",
+    "import os.path\nos.system('id')",
+])
+def test_the_security_check_sees_aliases_and_from_imports(snippet):
+    assert forbidden_calls(snippet) != [], snippet
+
+
+def test_the_security_check_lets_plain_code_through():
+    assert forbidden_calls("import subprocess\nsubprocess.run(['npm', 'pack'])\n"
+                           "import pickle\npickle.dumps({})\nclass U(pickle.Unpickler): pass\n") == []
 
 
 def _listening_address(port: int) -> str | None:

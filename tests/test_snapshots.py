@@ -111,3 +111,47 @@ def test_writer_refuses_non_plain_data(tmp_path):
     w.records.append({"loss": object()})
     with pytest.raises(UnsafeSnapshot):
         w.flush()
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param(lambda: {"schema": 1, "records": [{1, 2}]}, id="set"),
+    pytest.param(lambda: {"schema": 1, "records": [frozenset({1})]}, id="frozenset"),
+    pytest.param(lambda: {"schema": 1, "records": [bytearray(b"x")]}, id="bytearray"),
+])
+def test_the_plain_data_check_refuses_what_the_unpickler_lets_through(payload):
+    # Protocol 5 builds these with opcodes of their own, no global: only the plain-data check stops them.
+    data = pickle.dumps(payload(), protocol=5)
+    assert b"builtins" not in data
+    with pytest.raises(UnsafeSnapshot, match="plain data only"):
+        loads(data)
+
+
+def test_a_shared_reference_bomb_is_refused_quickly():
+    import time
+
+    nested = [1]
+    for _ in range(6):  # each level repeats the one below 100 times: 10^12 leaves in about 2 KB
+        nested = [nested] * 100
+    data = pickle.dumps({"schema": 1, "records": nested}, protocol=4)
+    assert len(data) < 4096
+    started = time.monotonic()
+    with pytest.raises(UnsafeSnapshot, match="more than"):
+        loads(data)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("records", [
+    pytest.param([1], id="record-not-a-mapping"),
+    pytest.param([{"kind": "train", "epoch": 1, "step": 1, "loss": 0.5, "lr": 0.1}], id="train-without-progress"),
+    pytest.param([{"kind": "val", "epoch": 1, "loss": "high", "acc": 0.5}], id="val-loss-not-a-number"),
+])
+def test_a_snapshot_of_the_wrong_shape_is_skipped_with_a_warning(tmp_path, capsys, records):
+    w = writer(tmp_path)
+    w.start([rec(0)])
+    bad = {"schema": 1, "run_id": "run1", "generation": 1, "segment": 2, "sealed": False, "options": {},
+           "records": records}
+    (tmp_path / "segment_000002.pkl").write_bytes(pickle.dumps(bad))
+    with pytest.raises(ValueError):
+        loads(pickle.dumps(bad))
+    assert [r["step"] for r in LocalSource(tmp_path).history(warn=True).records] == [0]
+    assert capsys.readouterr().err.count("ignoring snapshot segment_000002.pkl") == 1

@@ -21,10 +21,23 @@ def snapshot_history(pickle_dir: Path):
     return LocalSource(pickle_dir).history(warn=False)
 
 
-def assert_visdom_equals_history(port: int, env: str, history) -> None:
+def client(port: int):
     import visdom
 
-    viz = visdom.Visdom(server="http://127.0.0.1", port=port, raise_exceptions=True, use_incoming_socket=False)
+    return visdom.Visdom(server="http://127.0.0.1", port=port, raise_exceptions=True, use_incoming_socket=False)
+
+
+def visdom_equals_history(port: int, env: str, history) -> bool:
+    """For wait_until: the condition the tests assert, not a log line that comes before it."""
+    try:
+        assert_visdom_equals_history(port, env, history)
+        return True
+    except Exception:  # AssertionError, or the window does not exist yet
+        return False
+
+
+def assert_visdom_equals_history(port: int, env: str, history) -> None:
+    viz = client(port)
     train = [r for r in history.records if r["kind"] == "train"]
     val = [r for r in history.records if r["kind"] == "val"]
     assert window_points(viz, "train_loss", env) == {"loss": ([r["epoch_progress"] for r in train],
@@ -49,7 +62,18 @@ def test_visdom_holds_every_point_including_those_written_while_visualize_was_do
             follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle_dir",
                                          str(pickle_dir), "--port", str(visdom_server), "--interval", "0.2"],
                                         text=True, stdout=out_file, stderr=subprocess.PIPE)
-            wait_until(lambda: "new point(s)" in log.read_text(), 60, "visualize to plot")
+            history = None
+
+            def plotted() -> bool:
+                nonlocal history
+                history = history or snapshot_history(pickle_dir)
+                try:
+                    return bool(window_points(client(visdom_server), "train_loss",
+                                              f"phalanx-experiment-{history.run_id}")["loss"][0])
+                except Exception:  # no snapshot, or no window yet
+                    return False
+
+            wait_until(plotted, 60, "visualize to plot")
             follower.send_signal(signal.SIGTERM)  # visualize goes away while training goes on
             _, err = follower.communicate(timeout=30)
         out = log.read_text()
@@ -147,9 +171,9 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
         try:
             wait_until(lambda: "waiting for the first snapshot" in log.read_text(), 60, "the waiting message")
             assert phalanx("train", "--epochs", 1, "--pickle-dir", pickle_dir, "--checkpoints-dir", tmp_path).code == 0
-            wait_until(lambda: "new point(s)" in log.read_text(), 60, "the plot")
+            history = snapshot_history(pickle_dir)  # the run has finished: its whole history
+            wait_until(lambda: visdom_equals_history(visdom_server, "waiting", history), 60, "every point in visdom")
         finally:
             follower.send_signal(signal.SIGTERM)
             follower.communicate(timeout=30)
     assert follower.returncode == 0
-    assert_visdom_equals_history(visdom_server, "waiting", snapshot_history(pickle_dir))

@@ -40,10 +40,164 @@ class _HangsOnRank1(SmallCNN):
     def forward(self, x):
         self.calls += 1
         if os.environ.get("RANK") == "1" and self.calls == 5:
-            time.sleep(3600)  # a stuck worker: the others wait for it in the gradient all-reduce
+            # A stuck worker: the others wait for it in the gradient all-reduce. One stuck in C code
+            # would take torchrun's SIGTERM only as SIGKILL, 30 s later; this one dies at the SIGTERM,
+            # to keep the test short.
+            import signal
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            time.sleep(3600)
         return super().forward(x)
 
 
 def hangs_on_rank1(num_classes, in_channels):
     return _HangsOnRank1(num_classes=num_classes, in_channels=in_channels)
 
+
+
+# --- observers: models that write down what training did, for tests to compare with a reference
+
+import hashlib  # noqa: E402
+
+import torch  # noqa: E402
+
+
+def sample_id(image: torch.Tensor) -> str:
+    """A training sample's identity: a hash of its pixels (the tests map it back to the data set)."""
+    return hashlib.blake2b(image.detach().float().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
+
+
+class _Recorder(SmallCNN):
+    """Writes (when $PHALANX_TEST_RECORD is set), per process and rank, to that folder's <pid>-rank<R>.txt:
+    ``B <draw> <grad>`` at each training forward (a draw from the global random stream, and the
+    sum of the first parameter's gradient so far), ``T <id>`` per training sample, ``E`` per
+    validation batch (so the epochs are the runs of T lines between E lines)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        folder = os.environ.get("PHALANX_TEST_RECORD")
+        self._path = folder and os.path.join(folder, f"{os.getpid()}-rank{os.environ.get('RANK', '0')}.txt")
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+
+    def _write(self, lines):
+        if self._path:
+            with open(self._path, "a") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+
+    def forward(self, x):
+        time.sleep(float(os.environ.get("PHALANX_TEST_DELAY", "0")))  # slow enough to interrupt
+        if self.training:
+            grad = self.features[0].weight.grad
+            draw = torch.rand(()).item()
+            self._write([f"B {draw!r} {'none' if grad is None else repr(grad.double().sum().item())}"]
+                        + [f"T {sample_id(image)}" for image in x])
+        else:
+            self._write(["E"])
+        return super().forward(x)
+
+
+def recorder(num_classes, in_channels):
+    return _Recorder(num_classes=num_classes, in_channels=in_channels)
+
+
+class _RankLogits(_Recorder):
+    """Logits that do not depend on the weights: zeros on rank 0, ``RANK_OFFSET`` added to class 0
+    on rank 1. Each rank's loss per sample is then known exactly from the labels it saw."""
+
+    OFFSET = 3.0
+
+    def forward(self, x):
+        logits = 0.0 * super().forward(x)
+        if os.environ.get("RANK") == "1":
+            logits = logits + torch.tensor([self.OFFSET] + [0.0] * (logits.shape[1] - 1))
+        return logits
+
+
+def rank_logits(num_classes, in_channels):
+    return _RankLogits(num_classes=num_classes, in_channels=in_channels)
+
+
+class _Degrades(SmallCNN):
+    """Predicts well for $PHALANX_TEST_GOOD_EPOCHS validations, then at random: best.pt must stay
+    at the best epoch, not follow the latest."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.validations, self._was_training = 0, True
+
+    def forward(self, x):
+        if not self.training and self._was_training:
+            self.validations += 1
+        self._was_training = self.training
+        logits = super().forward(x)
+        if not self.training and self.validations > int(os.environ.get("PHALANX_TEST_GOOD_EPOCHS", "2")):
+            return torch.randn(logits.shape, generator=torch.Generator().manual_seed(x.shape[0]))
+        return logits
+
+
+def degrades(num_classes, in_channels):
+    return _Degrades(num_classes=num_classes, in_channels=in_channels)
+
+
+class _Diverges(SmallCNN):
+    """Rank 1 nudges a weight outside backward and the optimizer at its first validation: a bug
+    DDP cannot see, which phalanx's end-of-run divergence check must report."""
+
+    nudged = False
+
+    def forward(self, x):
+        if not self.training and os.environ.get("RANK") == "1" and not self.nudged:
+            self.nudged = True
+            with torch.no_grad():
+                self.features[0].weight[0, 0, 0, 0] += 0.01
+        return super().forward(x)
+
+
+def diverges(num_classes, in_channels):
+    return _Diverges(num_classes=num_classes, in_channels=in_channels)
+
+
+class _Double(_Recorder):
+    """SmallCNN in float64: DDP and one process must then agree to rounding (1e-12), not 1e-5."""
+
+    def forward(self, x):
+        return super().forward(x.double())
+
+
+def double(num_classes, in_channels):
+    return _Double(num_classes=num_classes, in_channels=in_channels).double()
+
+
+class _BatchNormCNN(torch.nn.Module):
+    def __init__(self, num_classes, in_channels):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(in_channels, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(32, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def batchnorm(num_classes, in_channels):
+    return _BatchNormCNN(num_classes, in_channels)
+
+
+class _DtypeProbe(SmallCNN):
+    """Writes the dtype its first convolution computes in (autocast's, if applied) to
+    $PHALANX_TEST_RECORD/dtype-<pid>.txt, once per process."""
+
+    probed = False
+
+    def forward(self, x):
+        if self.training and not self.probed:
+            self.probed = True
+            os.makedirs(os.environ["PHALANX_TEST_RECORD"], exist_ok=True)
+            with open(os.path.join(os.environ["PHALANX_TEST_RECORD"], f"dtype-{os.getpid()}.txt"), "w") as fh:
+                fh.write(str(self.features[0](x).dtype))
+        return super().forward(x)
+
+
+def dtype_probe(num_classes, in_channels):
+    return _DtypeProbe(num_classes=num_classes, in_channels=in_channels)

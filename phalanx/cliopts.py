@@ -1,0 +1,114 @@
+"""Click options generated from ``RunConfig``'s fields, and help pages grouped under headings.
+
+With ``cli.py``, the only module that imports click. Each training option is declared once, in
+``config.py``; here it becomes a click option with the help text of the command that shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+from click.core import ParameterSource
+
+from . import config as config_mod
+from .config import FIELDS, RunConfig, flag, section_of
+from .errors import PhalanxError
+
+_CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
+GENERAL = "General"
+
+
+class Option(click.Option):
+    """A click option that knows its heading on the help page."""
+
+    def __init__(self, *args: Any, section: str = GENERAL, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.section = section
+
+
+class Command(click.Command):
+    """Options grouped under headings (as ``accelerate launch --help`` does), and ``--batch_size``
+    accepted as well as ``--batch-size``, as torchrun and DeepLIIF users type."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        known = {name for param in self.params for name in param.opts if name.startswith("--")}
+        normalised = []
+        for arg in args:
+            head, eq, tail = arg.partition("=")
+            dashed = head.replace("_", "-")
+            if head.startswith("--") and head not in known and dashed in known:
+                arg = dashed + eq + tail
+            normalised.append(arg)
+        return super().parse_args(ctx, normalised)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(getattr(param, "section", GENERAL), []).append(record)
+        for heading, records in sorted(groups.items(), key=lambda item: item[0] != GENERAL):
+            with formatter.section(f"{heading} options"):
+                formatter.write_dl(records)
+
+
+class GpuIds(click.ParamType):
+    """``--gpu-ids 0,1`` (Lightning's and accelerate's spelling) as well as repeated flags."""
+
+    name = "gpu_ids"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return config_mod.parse_gpu_ids(value)
+        except PhalanxError:
+            self.fail(f"{value!r} is not an id or a comma-separated list of ids", param, ctx)
+
+
+def training_options(command: str) -> Callable[[Callable], Callable]:
+    """One click option per ``RunConfig`` field, plus ``--config``, with ``command``'s help texts."""
+
+    def decorate(func: Callable) -> Callable:
+        for f in reversed(list(FIELDS.values())):
+            meta, default = f.metadata, RunConfig.__dataclass_fields__[f.name]
+            default_value = default.default_factory() if callable(default.default_factory) else default.default
+            text = meta["launch_help"] if command == "trainlaunch" else meta["help"]
+            kwargs: dict[str, Any] = {"help": text, "default": default_value, "show_default": True,
+                                      "cls": Option, "section": section_of(f.name)}
+            if meta["metavar"]:
+                kwargs["metavar"] = meta["metavar"]
+            if f.type == "bool":
+                decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
+            elif f.name == "gpu_ids":
+                decls, kwargs["multiple"], kwargs["type"] = [flag(f.name)], True, GpuIds()
+                kwargs["show_default"] = False
+            else:
+                decls = [flag(f.name)]
+                kwargs["type"] = click.Choice(meta["choices"]) if meta["choices"] else _CLICK_TYPES[f.type]
+            func = click.option(*decls, f.name, **kwargs)(func)
+        return click.option("--config", "config_file", metavar="FILE", type=click.STRING, cls=Option,
+                            help="YAML or JSON file of option defaults (as --print-config writes); flags "
+                            "override it.")(func)
+
+    return decorate
+
+
+def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
+    """Defaults < ``--config FILE`` < flags typed on the command line."""
+    merged: dict[str, Any] = {}
+    if values.get("config_file"):
+        merged.update(config_mod.load_config_file(values["config_file"]))
+    for name in FIELDS:
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            value = values[name]
+            merged[name] = tuple(i for ids in value for i in ids) if name == "gpu_ids" else value
+    return config_mod.from_mapping(merged, source="--config")
+
+
+def echo_config(cfg: RunConfig) -> None:
+    """The resolved configuration as YAML that ``--config`` reads back (LightningCLI's --print_config)."""
+    import yaml
+
+    click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=None), nl=False)

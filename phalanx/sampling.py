@@ -1,0 +1,103 @@
+"""Which samples each rank trains on, and when: the same for any world size.
+
+An epoch's order is a function of the seed and the epoch alone. It is cut into global
+micro-batches of ``world_size x batch_size`` samples, and rank r takes every world_size-th sample of
+each (r, r + W, ...). Training progress is a global position, samples consumed in the epoch, which
+a checkpoint records; a run resumed at another world size cuts the rest of the same order into its
+own global micro-batches. Every training sample is seen exactly once per epoch, whatever the world
+size was before a resume (Mosaic's streaming data sets call this elastic determinism).
+
+Gradients stay exact when ranks hold unequal shares (the last micro-batch of an epoch): each rank
+scales its summed loss by ``world_size / samples in the global step``, so DDP's average over ranks
+is the mean over the step's samples. A rank whose share is empty trains on one padding sample with
+weight 0, because every rank must take part in each gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from a seed and a context (``derive_seed(seed, "order", epoch)``).
+
+    Hashing keeps unrelated streams apart: seed 1, epoch 2 and seed 2, epoch 1 share nothing,
+    as they would with ``seed + epoch``.
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of the training set for ``epoch``: the same on every rank and world size."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, "order", epoch))
+    return torch.randperm(num_samples, generator=generator)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward of one rank."""
+
+    indices: list[int]  # this rank's samples; one padding sample when its share is empty
+    real: int  # samples that count: len(indices), or 0 for the padding sample
+    start: int  # global position (samples of the epoch consumed, all ranks) before this micro-batch
+    end: int  # and after it
+    step_samples: int  # samples of the whole optimizer step, all ranks and accumulated micro-batches
+    ends_step: bool  # the optimizer steps after this micro-batch
+
+    def loss_scale(self, world_size: int) -> float:
+        """Multiplies this rank's summed loss so that DDP's mean over ranks is the step's mean."""
+        return world_size / self.step_samples
+
+
+def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int, rank: int,
+               grad_accum: int = 1) -> list[MicroBatch]:
+    """This rank's micro-batches for the rest of an epoch, from global position ``start``."""
+    total = len(order)
+    per_micro = batch_size * world_size
+    per_step = per_micro * grad_accum
+    plan = []
+    for step_start in range(start, total, per_step):
+        step_end = min(total, step_start + per_step)
+        for micro_start in range(step_start, step_end, per_micro):
+            micro_end = min(step_end, micro_start + per_micro)
+            mine = order[micro_start + rank:micro_end:world_size].tolist()
+            real = len(mine)
+            if not mine:  # fewer samples left than ranks: take part, weigh nothing
+                mine = [int(order[micro_start])]
+            plan.append(MicroBatch(mine, real, micro_start, micro_end, step_end - step_start,
+                                   ends_step=micro_end == step_end))
+    return plan
+
+
+def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, grad_accum: int = 1) -> int:
+    return math.ceil(num_samples / (batch_size * world_size * grad_accum))
+
+
+class EpochBatches(Sampler[list[tuple[int, int]]]):
+    """The DataLoader's batch sampler: yields this rank's planned batches as (epoch, index) keys.
+
+    The trainer sets the plan before iterating the loader each epoch; the epoch travels with each
+    index so that a data set can seed a sample's augmentation by (epoch, index), in loader worker
+    processes too, and a resumed run repeats it exactly.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.plan: list[MicroBatch] = []
+
+    def set(self, epoch: int, plan: list[MicroBatch]) -> None:
+        self.epoch, self.plan = epoch, plan
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for micro in self.plan:
+            yield [(self.epoch, index) for index in micro.indices]
+
+    def __len__(self) -> int:
+        return len(self.plan)

@@ -1,0 +1,160 @@
+"""Deliberate bugs, and the test that must catch each one (run by hand, not in CI).
+
+    .venv/bin/python scripts/mutants.py                 # every mutant, about 20 minutes on 2 cores
+    .venv/bin/python scripts/mutants.py --only rank     # those whose name contains "rank"
+    .venv/bin/python scripts/mutants.py --list
+
+Each mutant changes one line of phalanx/ in a throwaway copy of the repository and runs the named
+tests there (every process they start imports the copy). A mutant that passes its tests survived:
+the suite cannot see that bug. The README's development section gives the current score; the
+target is that none survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EQUIV = "tests/test_equivalence.py"
+RELIABILITY = "tests/test_reliability.py"
+LAUNCH = "tests/test_trainlaunch.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # a file of phalanx/
+    before: str  # an exact fragment of one line, found once
+    after: str
+    tests: tuple[str, ...]  # pytest node ids or -k expressions ("file::name", "file -k words")
+
+
+MUTANTS = [
+    # --- the five that passed their named tests before (issue 17)
+    Mutant("no reshuffle between epochs", "phalanx/trainer.py", "epoch_order(total, self.cfg.seed, epoch)",
+           "epoch_order(total, self.cfg.seed, 1)", (f"{EQUIV} -k float64_ddp_one_process",)),
+    Mutant("metrics trimmed by epoch at resume", "phalanx/rundir.py",
+           'if (r.get("step", 0) <= last_step if r.get("kind") == "train" else r.get("epoch", 0) <= last_epoch)]',
+           'if r.get("epoch", 0) <= last_epoch]', (f"{RELIABILITY} -k preempted_train",)),
+    Mutant("DDP device count forced to 1", "phalanx/parallel.py", "        return self.world_size\n",
+           "        return 1\n", (f"{EQUIV} -k float64_ddp_one_process",)),
+    Mutant("autocast never applied", "phalanx/trainer.py", "        if self.amp_dtype is None:",
+           "        if True:", ("tests/test_train.py -k autocast",)),
+    Mutant("plain-data check removed from the loader", "phalanx/snapshots.py",
+           "    _check_plain(segment)\n    if not isinstance(segment, dict)", "    if not isinstance(segment, dict)",
+           ("tests/test_snapshots.py -k plain_data_check",)),
+    # --- DDP
+    Mutant("rank shares overlap", "phalanx/sampling.py", "order[micro_start + rank:micro_end:world_size]",
+           "order[micro_start:micro_end:world_size]", ("tests/test_resume.py -k 2-workers-then-1",)),
+    Mutant("loss not scaled by the world size", "phalanx/sampling.py", "return world_size / self.step_samples",
+           "return 1 / self.step_samples", (f"{EQUIV} -k float64_ddp_one_process",)),
+    Mutant("gradient sync on every micro-batch", "phalanx/trainer.py",
+           "contextlib.nullcontext() if micro.ends_step else self.strategy.no_sync(self.model)",
+           "contextlib.nullcontext()", (f"{EQUIV} -k accumulation",)),
+    Mutant("logged loss from rank 0 only", "phalanx/trainer.py",
+           "self.strategy.all_reduce_sum(torch.cat([window, stop])).tolist()", "torch.cat([window, stop]).tolist()",
+           (f"{LAUNCH} -k mean_over",)),
+    Mutant("divergence check blind", "phalanx/parallel.py", "        return worst.item()", "        return 0.0",
+           (f"{LAUNCH} -k diverge",)),
+    Mutant("every rank draws rank 0's stream", "phalanx/trainer.py",
+           'derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start)',
+           'derive_seed(self.cfg.seed, "train", 0, epoch, micro.start)', (f"{RELIABILITY} -k one_worker",)),
+    Mutant("validation shards overlap", "phalanx/trainer.py", "self.indices = range(rank, length, world_size)",
+           "self.indices = range(0, length, world_size)", (f"{LAUNCH} -k as_written",)),
+    Mutant("a stop request is not agreed between ranks", "phalanx/trainer.py",
+           "loss_sum, count, stops = self.strategy", "loss_sum, count, _ = self.strategy",
+           (f"{RELIABILITY} -k one_worker",)),
+    # --- resume and checkpoints
+    Mutant("mid-epoch position not restored", "phalanx/trainer.py", '        self.position = state["position"]',
+           "        self.position = 0", ("tests/test_resume.py -k 1-then-2",)),
+    Mutant("epoch loss sums not restored", "phalanx/trainer.py", '        self.epoch_sums = list(state["epoch_sums"])',
+           "        self.epoch_sums = [0.0, 0.0]", (f"{RELIABILITY} -k preempted_train",)),
+    Mutant("best.pt follows the latest epoch", "phalanx/trainer.py", "        if val_acc > self.best_acc:",
+           "        if True:", ("tests/test_train.py -k best_pt",)),
+    Mutant("checkpoints saved with module. prefixes", "phalanx/trainer.py",
+           '"model": self.strategy.unwrap(self.model).state_dict(),', '"model": self.model.state_dict(),',
+           ("tests/test_resume.py -k 2-workers-then-1",)),
+    Mutant("write in place, no rename", "phalanx/atomic.py", "    tmp = path.with_name(f\".{path.name}.tmp-{os.getpid()}\")",
+           "    tmp = path", (f"{RELIABILITY} -k sigkill_while_saving",)),
+    Mutant("the schedule ignores --epochs changes", "phalanx/optim.py", "        span = cfg.epochs - warmup",
+           "        span = 2 - warmup", ("tests/test_resume.py -k longer_cosine",)),
+    # --- snapshots
+    Mutant("segments never sealed", "phalanx/snapshots.py", '"sealed": len(chunk) == SEGMENT_RECORDS,',
+           '"sealed": False,', ("tests/test_snapshots.py -k sealed_segments",)),
+    Mutant("readers mix generations", "phalanx/snapshots.py",
+           "by_index = {s[\"segment\"]: s for s in segments if s[\"generation\"] == newest}",
+           "by_index = {s[\"segment\"]: s for s in segments}", ("tests/test_snapshots.py -k new_generation",)),
+    Mutant("no budget on nested data", "phalanx/snapshots.py", "        budget -= 1\n", "\n",
+           ("tests/test_snapshots.py -k bomb",)),
+    # --- launch
+    Mutant("a worker's exit code is not passed on", "phalanx/launch.py",
+           "MEANINGFUL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED)", "MEANINGFUL = ()",
+           (f"{RELIABILITY} -k one_worker",)),
+    Mutant("a restart keeps --overwrite", "phalanx/run.py", 'return cfg.replace(resume="auto", overwrite=False)',
+           'return cfg.replace(resume="auto")', (f"{LAUNCH} -k worker_killed",)),
+    Mutant("workers outlive a killed launcher", "phalanx/worker.py", "    die_with_parent(os.getppid())",
+           "    pass", (f"{LAUNCH} -k sigkill",)),
+]
+
+
+def run_mutant(mutant: Mutant, python: str) -> tuple[bool, float, str]:
+    """(caught, seconds, the last lines of pytest's output)."""
+    with tempfile.TemporaryDirectory(prefix="phalanx-mutant-") as tmp:
+        copy = Path(tmp) / "repo"
+        shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv*", ".git", "checkpoints", "__pycache__",
+                                                                   "results", ".pytest_cache"))
+        target = copy / mutant.path
+        text = target.read_text()
+        if text.count(mutant.before) != 1:
+            raise SystemExit(f"mutant {mutant.name!r}: {mutant.before!r} is in {mutant.path} "
+                             f"{text.count(mutant.before)} times, not once; update scripts/mutants.py")
+        target.write_text(text.replace(mutant.before, mutant.after))
+        env = {**os.environ, "PYTHONPATH": str(copy)}  # every process the tests start imports the copy
+        started, caught, output = time.monotonic(), False, ""
+        for test in mutant.tests:
+            path, _, words = test.partition(" -k ")
+            argv = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", "300", path]
+            done = subprocess.run(argv + (["-k", words] if words else []), cwd=copy, env=env,
+                                  capture_output=True, text=True)
+            output = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            if done.returncode == 5:
+                raise SystemExit(f"mutant {mutant.name!r}: {test} selects no test; update scripts/mutants.py")
+            if done.returncode != 0:
+                caught = True
+                break
+        return caught, time.monotonic() - started, output
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="run the mutants whose name contains this")
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
+    opts = parser.parse_args()
+    chosen = [m for m in MUTANTS if not opts.only or opts.only in m.name]
+    if opts.list:
+        for m in chosen:
+            print(f"{m.name}: {m.path}  ->  {', '.join(m.tests)}")
+        return 0
+    survived = []
+    for index, mutant in enumerate(chosen, start=1):
+        caught, seconds, output = run_mutant(mutant, sys.executable)
+        print(f"[{index}/{len(chosen)}] {'caught  ' if caught else 'SURVIVED'} {mutant.name} ({seconds:.0f} s)",
+              flush=True)
+        if not caught:
+            survived.append(mutant.name)
+            print("    " + output.replace("\n", "\n    "), flush=True)
+    print(f"\n{len(chosen) - len(survived)} of {len(chosen)} mutants caught"
+          + (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The command line as people type it: help, dry runs, printed configurations, user modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import snapshot_tree
+from phalanx.config import RunConfig
+from phalanx.rundir import read_metrics
+
+PHALANX = Path(sys.executable).with_name("phalanx")  # the console script, as a user runs it
+
+
+def test_bare_phalanx_prints_its_help_as_help(phalanx):
+    result = phalanx()
+    assert result.code == 0 and result.err == ""
+    assert result.out.startswith("Usage: phalanx") and "\n  train " in result.out and "\\n" not in result.out
+
+
+def test_each_commands_help_is_grouped_and_says_what_the_option_means_there(phalanx):
+    train, launch = phalanx("train", "--help").out, phalanx("trainlaunch", "--help").out
+    for heading in ("Run options:", "Data options:", "Model options:", "Optimisation options:",
+                    "Devices and processes options:", "Output options:", "Remote storage options:"):
+        assert heading in train and heading in launch
+    flat_train, flat_launch = " ".join(train.split()), " ".join(launch.split())
+    assert "DataParallel" in flat_train and "Batch size per worker" in flat_launch
+    assert "repeat for DataParallel" not in flat_launch and "the batch all its GPUs share" not in flat_launch
+    assert "local rank r trains on the r-th id" in flat_launch
+
+
+def test_gpu_ids_take_a_comma_list_as_well_as_repeated_flags():
+    from phalanx.cli import main
+
+    assert RunConfig(gpu_ids="0,1").gpu_ids == (0, 1) == RunConfig(gpu_ids=[0, 1]).gpu_ids
+    for args in (["--gpu-ids", "0,1"], ["--gpu-ids", "0", "--gpu-ids", "1"], ["--gpu-ids", "0,1", "--gpu-ids", "2"]):
+        assert main(["trainlaunch", "--dry-run", *args]) == 0
+    assert main(["trainlaunch", "--dry-run", "--gpu-ids", "0,x"]) == 2
+
+
+def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx, tmp_path):
+    result = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 64, "--image-size", 32,
+                     "--checkpoints-dir", tmp_path)
+    assert result.code == 0, result.err
+    assert "DataParallel over cuda:0, cuda:1" in result.out
+    assert "batch size: 64 per process, 64 effective" in result.out
+    assert "learning rate: 0.1" in result.out and "23 optimizer steps per epoch" in result.out
+    assert "data: built-in digits (1438 train / 359 val, 32x32)" in result.out  # not "8x8"
+    assert f"run dir: {tmp_path / 'experiment'}: a new run" in result.out
+    if not torch.cuda.is_available():
+        assert "warning: --gpu-ids: GPU 0 asked for, but CUDA is not available here" in result.out
+    assert list(tmp_path.iterdir()) == []
+    linear = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--scale-lr", "linear", "--checkpoints-dir", tmp_path)
+    assert "learning rate: 0.2" in linear.out
+
+
+def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    before = snapshot_tree(tmp_path)
+    taken = phalanx("train", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert taken.code == 0 and "a real run would stop here: --name:" in taken.out
+    resumed = phalanx("train", "--dry-run", "--resume", "auto", "--checkpoints-dir", tmp_path)
+    assert "resumes from" in resumed.out and "latest.pt (epoch 1)" in resumed.out
+    assert snapshot_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["train", "trainlaunch"])
+def test_print_config_writes_yaml_that_config_reads_back(phalanx, tmp_path, command):
+    args = ["--lr", "0.03", "--gpu-ids", "0,1", "--optimizer", "adamw", "--name", "x y", "--pickle-dir", "p"]
+    printed = phalanx(command, "--print-config", *args)
+    assert printed.code == 0, printed.err
+    (tmp_path / "run.yaml").write_text(printed.out)
+    again = phalanx(command, "--print-config", "--config", tmp_path / "run.yaml")
+    assert again.out == printed.out
+    import yaml
+
+    assert RunConfig(**yaml.safe_load(printed.out)) == RunConfig(lr=0.03, gpu_ids=(0, 1), optimizer="adamw",
+                                                                 name="x y", pickle_dir="p")
+
+
+def test_train_finds_user_modules_in_the_current_directory_as_trainlaunch_does(tmp_path):
+    (tmp_path / "mymodel.py").write_text(
+        "import torch.nn as nn\n"
+        "def make(num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+    (tmp_path / "mysave.py").write_text(
+        "def save(path):\n"
+        "    with open('saved.txt', 'a') as fh:\n"
+        "        fh.write(path + '\\n')\n")
+    args = ["--model", "mymodel:make", "--remote-transfer-cmd", "mysave.save", "--epochs", 1, "--no-progress"]
+    for command in (["train", "--name", "single"],
+                    ["trainlaunch", "--name", "ddp", "--use-torchrun", "--nproc_per_node 1"]):
+        result = subprocess.run([str(PHALANX), *command, *map(str, args)], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=240)
+        assert result.returncode == 0, result.stderr
+    saved = (tmp_path / "saved.txt").read_text().split()
+    assert {"checkpoints/single/latest.pt", "checkpoints/ddp/latest.pt"} <= set(saved)
+    assert [r["epoch"] for r in read_metrics(tmp_path / "checkpoints/single/metrics.jsonl") if r["kind"] == "val"] == [1]

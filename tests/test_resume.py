@@ -1,0 +1,119 @@
+"""Resume at any world size (real processes, CPU/gloo): the same samples, the same schedule.
+
+A run preempted mid-epoch on 2 workers resumes in 1 process, and the other way round. Each epoch
+must train every sample exactly once (a model records the ids of the samples it sees), and every
+logged learning rate must be the documented schedule's at that point of training (tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import USER_MODELS, records, run_phalanx, start_phalanx, wait_until
+import reference
+
+TRAIN_SAMPLES = 1438  # the built-in digits after the 20% hold-out
+
+
+def recorded_segments(folder: Path) -> dict[str, list[list[str]]]:
+    """Per recording file (one process and rank): the runs of training sample ids between
+    validations, i.e. that process's part of each epoch it trained."""
+    found = {}
+    for path in sorted(folder.iterdir()):
+        segments, after_eval = [[]], False
+        for line in path.read_text().splitlines():
+            if line == "E":
+                after_eval = True
+            elif line.startswith("T "):
+                if after_eval:
+                    segments.append([])
+                    after_eval = False
+                segments[-1].append(line[2:])
+        found[path.name] = segments
+    return found
+
+
+def all_train_ids() -> Counter:
+    from phalanx.config import RunConfig
+    from phalanx.data import build_datasets
+    from phalanx_testmodels import sample_id
+
+    train = build_datasets(RunConfig(), None).train
+    return Counter(sample_id(train[i][0]) for i in range(len(train)))
+
+
+def assert_lr_follows_the_schedule(run: Path, epochs: int, base_lr: float = 0.1, schedule: str = "cosine",
+                                   from_epoch: int = 1) -> None:
+    """With --log-every 1, each train record is one step: its start is the previous record's end."""
+    previous_end, checked = None, 0
+    for record in records(run, "train"):
+        epoch, end = record["epoch"], record["epoch_progress"]
+        start = previous_end if previous_end is not None and previous_end >= epoch - 1 else epoch - 1.0
+        previous_end = end
+        if epoch >= from_epoch:
+            expected = base_lr * reference.lr_factor(schedule, epochs, start, end)
+            assert record["lr"] == pytest.approx(expected, rel=1e-9, abs=1e-15), (record, start)
+            checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-workers-then-1", "1-then-2-workers"])
+def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_schedule(tmp_path, before, after):
+    def command(world):
+        return (["trainlaunch", "--use-torchrun", f"--nproc_per_node {world}"] if world > 1 else ["train"])
+
+    common = ["--model", "phalanx_testmodels:recorder", "--epochs", 3, "--batch-size", 32, "--log-every", 1,
+              "--no-progress", "--checkpoints-dir", tmp_path, "--name", "run"]
+    run = tmp_path / "run"
+    cut = start_phalanx(*command(before), *common,
+                        env={"PHALANX_TEST_RECORD": str(tmp_path / "first"), "PHALANX_TEST_DELAY": "0.02"})
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and any(
+            r["epoch"] == 2 and r["epoch_progress"] > 1.2 for r in records(run, "train")), 120, "epoch 2")
+        cut.send_signal(signal.SIGTERM)
+        _, err = cut.communicate(timeout=90)
+    finally:
+        cut.kill()
+    assert cut.returncode == 143, err
+    saved = torch.load(run / "latest.pt")
+    assert saved["epoch"] == 1 and 0 < saved["position"] < TRAIN_SAMPLES and saved["world_size"] == before
+    resumed = run_phalanx(*command(after), *common, "--resume", "auto",
+                          env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "second")})
+    assert resumed.code == 0, resumed.err
+    assert f"sample {saved['position']} of {TRAIN_SAMPLES}" in resumed.out
+    assert f"world size changed ({before} -> {after} processes): effective batch {32 * before} -> {32 * after}" \
+        in resumed.out
+
+    # Every epoch trained each sample once: counted by phalanx's records, and by the model itself.
+    for epoch in (1, 2, 3):
+        assert sum(r["samples"] for r in records(run, "train") if r["epoch"] == epoch) == TRAIN_SAMPLES
+    first, second = recorded_segments(tmp_path / "first"), recorded_segments(tmp_path / "second")
+    assert len(first) == before and len(second) == after
+    everything = all_train_ids()
+    epoch1 = Counter(i for segments in first.values() for i in segments[0])
+    epoch2 = Counter(i for segments in first.values() for i in segments[1]) + \
+        Counter(i for segments in second.values() for i in segments[0])
+    epoch3 = Counter(i for segments in second.values() for i in segments[1])
+    assert epoch1 == everything and epoch2 == everything and epoch3 == everything
+    assert_lr_follows_the_schedule(run, epochs=3)
+    assert [r["epoch"] for r in records(run, "val")] == [1, 2, 3]
+
+
+def test_a_longer_cosine_schedule_at_resume_is_followed_and_said(tmp_path, phalanx):
+    # The rule: the schedule's length is the current --epochs. Epochs 1-2 ran a 2-epoch cosine;
+    # the resumed epochs 3-4 follow the 4-epoch cosine from where training is.
+    common = ["--checkpoints-dir", tmp_path, "--log-every", 1, "--no-progress"]
+    assert phalanx("train", "--epochs", 2, *common).code == 0
+    resumed = phalanx("train", "--epochs", 4, "--resume", "auto", *common)
+    assert resumed.code == 0, resumed.err
+    assert "--epochs changed (2 -> 4): the cosine schedule now ends at epoch 4" in resumed.out
+    run = tmp_path / "experiment"
+    train = records(run, "train")
+    first = [r for r in train if r["epoch"] <= 2]
+    assert first[-1]["lr"] == pytest.approx(0.1 * reference.lr_factor("cosine", 2, 2 - 30 / 1438, 2.0))  # 30 left
+    assert_lr_follows_the_schedule(run, epochs=4, from_epoch=3)
