@@ -2,6 +2,9 @@
 
     python benchmarks/handwritten.py MODEL BATCH STEPS WARMUP                  # one process
     python -m torch.distributed.run --nproc_per_node 2 benchmarks/handwritten.py ...  # DDP, gloo
+
+BENCH_CHANNELS_LAST=1 and BENCH_COMPILE=1 apply the speed options as phalanx's --channels-last and
+--compile do: the model and inputs in channels-last memory format; torch.compile of the model.
 """
 
 import os
@@ -21,6 +24,11 @@ def main(model_name: str, batch: int, steps: int, warmup: int) -> None:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = build_model(model_name)
+    channels_last = os.environ.get("BENCH_CHANNELS_LAST") == "1"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if os.environ.get("BENCH_COMPILE") == "1":
+        model = torch.compile(model)
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
     data = synthetic(steps * batch * world)
@@ -32,6 +40,8 @@ def main(model_name: str, batch: int, steps: int, warmup: int) -> None:
     model.train()
     first = start = None
     for step, (inputs, targets) in enumerate(loader, start=1):
+        if channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
         loss = loss_fn(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,13 +1,18 @@
 """phalanx side by side with a hand-written PyTorch loop and with PyTorch Lightning.
 
-    .venv/bin/python benchmarks/run.py              # after scripts/setup.sh; ~15 min on 2 cores
-    .venv/bin/python benchmarks/run.py --repeats 5 --models smallcnn
+    .venv/bin/python benchmarks/run.py              # after scripts/setup.sh; ~45 min on 2 cores
+    .venv/bin/python benchmarks/run.py --repeats 7 --models smallcnn
 
 Every contender trains the same model on the same in-memory synthetic 32x32 RGB data with the same
 per-process batch, optimizer (SGD, momentum 0.9) and number of steps, as a fresh process. Runs are
 interleaved (A B C ... A B C ...) and repeated; the report gives medians and min-max, because these
 machines are noisy. Lightning is installed into benchmarks/.venv-lightning (sharing this torch
 build), never into phalanx's environment. Results: benchmarks/results/latest.{json,md}.
+
+Each contender is compared with the hand-written loop of the same repeat (the runs next to each
+other in time), so a repeat gives one ratio; the report gives the ratios' median and min-max, and
+calls a lead or a lag only when every repeat agrees: otherwise it is parity. The speed options
+(--channels-last, --compile) run against the hand-written loop with the same option.
 """
 
 from __future__ import annotations
@@ -112,6 +117,11 @@ def contenders(model: str, lightning: str | None) -> dict[str, tuple[list[str], 
     runs = {
         "hand-written, 1 process": ([PYTHON, str(HERE / "handwritten.py"), *args], env),
         "phalanx train": (phalanx("train", 1), env),
+        "hand-written, 1 process, channels-last": ([PYTHON, str(HERE / "handwritten.py"), *args],
+                                                    {**env, "BENCH_CHANNELS_LAST": "1"}),
+        "phalanx train --channels-last": (phalanx("train", 1, "--channels-last"), env),
+        "hand-written, 1 process, compile": ([PYTHON, str(HERE / "handwritten.py"), *args], {**env, "BENCH_COMPILE": "1"}),
+        "phalanx train --compile": (phalanx("train", 1, "--compile"), env),
         "hand-written DDP, 2 workers": ([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                          str(HERE / "handwritten.py"), *args], env),
         "phalanx trainlaunch, 2 workers": (phalanx("trainlaunch", 2), env),
@@ -156,7 +166,7 @@ def summarise(values: list[float]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--no-lightning", action="store_true")
     opts = parser.parse_args()
@@ -183,6 +193,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{platform.python_version()}", "versions": versions(lightning), "settings": SETTINGS,
         "runs": {m: {n: {k: summarise([r[k] for r in rs]) for k in rs[0]} for n, rs in c.items()} for m, c in raw.items()},
+        "ratios": {m: {n: summarise(ratios(c, n)) for n in c} for m, c in raw.items()},
         "extras": {n: {k: summarise([r[k] for r in rs]) for k in rs[0]} for n, rs in extras.items()},
         "help_startup_s": summarise(help_startup()),
     }
@@ -192,6 +203,28 @@ def main() -> int:
     (out / "latest.md").write_text(markdown(results))
     print(markdown(results))
     return 0
+
+
+def baseline(name: str) -> str:
+    """The hand-written contender a run is compared with: same world size, same speed option."""
+    option = ", channels-last" if "channels-last" in name else ", compile" if "compile" in name else ""
+    if "2 workers" in name or "2 devices" in name:
+        return "hand-written DDP, 2 workers"
+    return f"hand-written, 1 process{option}"
+
+
+def ratios(runs: dict[str, list[dict]], name: str) -> list[float]:
+    """This contender's samples/s over its baseline's, repeat by repeat (interleaved runs)."""
+    base = runs[baseline(name)]
+    return [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs[name], base)]
+
+
+def verdict(stat: dict) -> str:
+    if stat["min"] > 1.0:
+        return "lead"
+    if stat["max"] < 1.0:
+        return "behind"
+    return "parity"
 
 
 def versions(lightning: str | None) -> dict[str, str]:
@@ -209,15 +242,13 @@ def markdown(results: dict) -> str:
         return f"{stat['median']:{fmt}} ({stat['min']:{fmt}}-{stat['max']:{fmt}})"
 
     lines = [f"{results['date']}, {results['machine']}, " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
-             "", "| model | contender | samples/s | vs hand-written | first step (s) | wall (s) | peak RSS (MB) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "", "| model | contender | samples/s | / hand-written, per repeat | verdict | first step (s) | wall (s) | "
+             "peak RSS (MB) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, runs in results["runs"].items():
-        base = {1: runs["hand-written, 1 process"]["samples_per_s"]["median"],
-                2: runs["hand-written DDP, 2 workers"]["samples_per_s"]["median"]}
         for name, stats in runs.items():
-            world = 2 if ("2" in name and "worker" in name or "2 devices" in name) else 1
-            ratio = stats["samples_per_s"]["median"] / base[world]
-            lines.append(f"| {model} | {name} | {cell(stats['samples_per_s'], '.0f')} | {ratio:.3f}x | "
+            ratio = results["ratios"][model][name]
+            compared = ("baseline", "") if baseline(name) == name else (cell(ratio, ".3f"), verdict(ratio))
+            lines.append(f"| {model} | {name} | {cell(stats['samples_per_s'], '.0f')} | {compared[0]} | {compared[1]} | "
                          f"{cell(stats['first_step_s'], '.2f')} | {cell(stats['wall_s'], '.1f')} | "
                          f"{cell(stats['rss_mb'], '.0f')} |")
     lines += ["", "| phalanx train, smallcnn | samples/s | wall (s) |", "| --- | --- | --- |"]

@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 import click
 
-from .cliopts import Command, Option, build_config, echo_config, training_options
+from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
+                      training_options)
+from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -129,6 +131,62 @@ def visualize(**values: Any) -> None:
     from .visualize import VisualizeOptions, visualize as run_visualize  # imports visdom lazily
 
     run_visualize(VisualizeOptions(**values))
+
+
+EVALUATE_EXAMPLES = """\b
+Examples:
+  phalanx evaluate --checkpoint checkpoints/experiment/best.pt           # the run's validation split
+  phalanx evaluate --checkpoint best.pt --dataroot ./test --output results.json
+  torchrun --nproc-per-node 2 -m phalanx.cli evaluate --checkpoint best.pt   # DDP: each image counted once
+"""
+
+
+@cli.command(cls=Command, epilog=EVALUATE_EXAMPLES)
+@dataclass_options(EvaluateOptions)
+def evaluate(**values: Any) -> None:
+    """Accuracy (top-1, top-5, per class), loss and confusion matrix of a checkpoint.
+
+    With no data option it evaluates the run's own validation split and reproduces the accuracy
+    that training recorded. Started by torchrun (or SLURM, MPI) it shares the data between ranks.
+    """
+    from .inference.evaluate import evaluate as run_evaluate  # imports torch
+
+    run_evaluate(build_options(EvaluateOptions, values))
+
+
+PREDICT_EXAMPLES = """\b
+Examples:
+  phalanx predict --checkpoint best.pt photos/ --output preds.csv
+  phalanx predict --checkpoint best.pt a.jpg b.png --output preds.jsonl --top-k 3
+"""
+
+
+@cli.command(cls=Command, epilog=PREDICT_EXAMPLES)
+@dataclass_options(PredictOptions)
+@click.argument("images", nargs=-1, required=True, metavar="IMAGES_OR_DIRS...")
+def predict(images: tuple[str, ...], **values: Any) -> None:
+    """The most likely classes of images (files, or folders searched recursively), prepared as the
+    run's validation prepared them. Unreadable images are reported and skipped."""
+    from .inference.predict import predict as run_predict  # imports torch
+
+    run_predict(images, build_options(PredictOptions, values))
+
+
+EXPORT_EXAMPLES = """\b
+Examples:
+  phalanx export --checkpoint best.pt --format torchscript --output model.ts      # torch.jit.load
+  phalanx export --checkpoint best.pt --format exported-program --output model.pt2  # torch.export.load
+"""
+
+
+@cli.command(cls=Command, epilog=EXPORT_EXAMPLES)
+@dataclass_options(ExportOptions)
+def export(**values: Any) -> None:
+    """A file that runs without phalanx and gives the checkpoint's logits; class names and
+    preprocessing are written beside it (FILE.json)."""
+    from .inference.export import export as run_export  # imports torch
+
+    run_export(build_options(ExportOptions, values))
 
 
 def say_error(message: str) -> None:

@@ -6,6 +6,7 @@ With ``cli.py``, the only module that imports click. Each training option is dec
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import click
@@ -53,18 +54,41 @@ class Command(click.Command):
                 formatter.write_dl(records)
 
 
-class GpuIds(click.ParamType):
+class CommaList(click.ParamType):
     """``--gpu-ids 0,1`` (Lightning's and accelerate's spelling) as well as repeated flags."""
 
-    name = "gpu_ids"
+    def __init__(self, kind: type):
+        self.kind, self.name = kind, f"{kind.__name__} list"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
         if isinstance(value, tuple):
             return value
         try:
-            return config_mod.parse_gpu_ids(value)
+            return config_mod.parse_list(value, self.kind, param.opts[0] if param else "")
         except PhalanxError:
-            self.fail(f"{value!r} is not an id or a comma-separated list of ids", param, ctx)
+            self.fail(f"{value!r} is not a {self.kind.__name__} or a comma-separated list of them", param, ctx)
+
+
+def field_option(f: dataclasses.Field, default_value: Any, text: str, section: str,
+                 required: bool = False) -> Callable[[Callable], Callable]:
+    """The click option of one dataclass field declared with ``config.option``."""
+    meta = f.metadata
+    kwargs: dict[str, Any] = {"help": text, "show_default": not required, "cls": Option, "section": section,
+                              "required": required}
+    if not required:  # click 8.2+ takes an explicit default=None as a value given
+        kwargs["default"] = default_value
+    if meta["metavar"]:
+        kwargs["metavar"] = meta["metavar"]
+    if f.type == "bool":
+        decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
+    elif f.type.startswith("tuple["):  # "tuple[int, ...]": a comma list, or the flag repeated
+        kind = int if f.type.startswith("tuple[int") else float
+        decls, kwargs["multiple"], kwargs["type"] = [flag(f.name)], True, CommaList(kind)
+        kwargs["show_default"] = False
+    else:
+        decls = [flag(f.name)]
+        kwargs["type"] = click.Choice(meta["choices"]) if meta["choices"] else _CLICK_TYPES[f.type]
+    return click.option(*decls, f.name, **kwargs)
 
 
 def training_options(command: str) -> Callable[[Callable], Callable]:
@@ -72,27 +96,35 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
 
     def decorate(func: Callable) -> Callable:
         for f in reversed(list(FIELDS.values())):
-            meta, default = f.metadata, RunConfig.__dataclass_fields__[f.name]
+            default = RunConfig.__dataclass_fields__[f.name]
             default_value = default.default_factory() if callable(default.default_factory) else default.default
-            text = meta["launch_help"] if command == "trainlaunch" else meta["help"]
-            kwargs: dict[str, Any] = {"help": text, "default": default_value, "show_default": True,
-                                      "cls": Option, "section": section_of(f.name)}
-            if meta["metavar"]:
-                kwargs["metavar"] = meta["metavar"]
-            if f.type == "bool":
-                decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
-            elif f.name == "gpu_ids":
-                decls, kwargs["multiple"], kwargs["type"] = [flag(f.name)], True, GpuIds()
-                kwargs["show_default"] = False
-            else:
-                decls = [flag(f.name)]
-                kwargs["type"] = click.Choice(meta["choices"]) if meta["choices"] else _CLICK_TYPES[f.type]
-            func = click.option(*decls, f.name, **kwargs)(func)
+            text = f.metadata["launch_help"] if command == "trainlaunch" else f.metadata["help"]
+            func = field_option(f, default_value, text, section_of(f.name))(func)
         return click.option("--config", "config_file", metavar="FILE", type=click.STRING, cls=Option,
                             help="YAML or JSON file of option defaults (as --print-config writes); flags "
                             "override it.")(func)
 
     return decorate
+
+
+def dataclass_options(cls: type) -> Callable[[Callable], Callable]:
+    """One click option per field of an options dataclass; a field whose default is None is required."""
+
+    def decorate(func: Callable) -> Callable:
+        for f in reversed(dataclasses.fields(cls)):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            required = default is None and not f.type.endswith("None")
+            func = field_option(f, default, f.metadata["help"], GENERAL, required)(func)
+        return func
+
+    return decorate
+
+
+def build_options(cls: type, values: dict[str, Any]) -> Any:
+    """The options dataclass from click's values (comma lists flattened)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return cls(**{name: tuple(v for vs in value for v in vs) if fields[name].type.startswith("tuple[") else value
+                  for name, value in values.items() if name in fields})
 
 
 def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
@@ -103,7 +135,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     for name in FIELDS:
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             value = values[name]
-            merged[name] = tuple(i for ids in value for i in ids) if name == "gpu_ids" else value
+            merged[name] = tuple(v for values in value for v in values) if FIELDS[name].type.startswith("tuple[") \
+                else value
     return config_mod.from_mapping(merged, source="--config")
 
 

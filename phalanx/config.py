@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from .errors import PhalanxError
 
 DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
+AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
 SCHEMA_VERSION = 1
 
 
@@ -57,12 +59,50 @@ class RunConfig:
     synthetic_samples: int = option(4096, "With --dataset synthetic: random RGB images in memory (for "
                                     "benchmarks: the data pipeline costs nothing).", metavar="N")
     val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.")
-    image_size: int = option(0, "Resize images to N x N (0: the dataset's own size; 32 for folders).",
+    image_size: int = option(0, "Train and evaluate on N x N images (0: the dataset's own size; 32 for "
+                             "folders). Images are resized by their shorter side and cropped, never squashed.",
                              metavar="N")
-    num_workers: int = option(0, "DataLoader worker processes per training process.", identity=False)
+    augment: str = option("auto", "Training augmentation: basic = random crop (pad-and-crop up to 64 px, random "
+                          "resized crop above) + horizontal flip; the policies add torchvision's. auto: basic for "
+                          "folders and CIFAR-10, none for the rest.", choices=AUGMENTS)
+    hflip: bool = option(True, "Random horizontal flips in augmentation (--no-hflip where a flip changes the "
+                         "label: digits, text).")
+    crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
+                               metavar="FRACTION")
+    random_erasing: float = option(0.0, "Probability of erasing a random rectangle of a training image.",
+                                   metavar="P")
+    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A")
+    cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
+                                 "--mixup-alpha, one of the two per batch).", metavar="A")
+    val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
+                                 "crop_pct; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
+    normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
+                            "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
+                            "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
+    mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406).",
+                                     metavar="M[,M...]")
+    std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with.", metavar="S[,S...]")
+    num_workers: str = option("auto", "DataLoader worker processes per training process (auto: the cores per "
+                              "local process that training leaves free).", identity=False, metavar="N|auto")
+    skip_broken: bool = option(False, "Skip unreadable images (named and counted) instead of refusing to start.")
+    fast_decode: bool = option(True, "Decode JPEGs at reduced scale when the target is much smaller (within "
+                               "the README's tolerance of a full decode); --no-fast-decode for the full "
+                               "decode.", identity=False)
     # --- model
     model: str = option("smallcnn", "'smallcnn', a torchvision classification model (resnet18, ...), "
                         "or 'package.module:function' returning an nn.Module.", metavar="NAME")
+    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data).", metavar="N")
+    weights: str | None = option(None, "Start from these weights: a state dict or phalanx checkpoint file, or a "
+                                 "torchvision weights name (ResNet18_Weights.IMAGENET1K_V1) found in torch's hub "
+                                 "cache. A classifier head of another size starts anew.", identity=False,
+                                 metavar="PATH|NAME")
+    freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
+                                   "BatchNorm statistics stay as loaded.")
+    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M")
+    channels_last: bool = option(False, "Channels-last memory format for the model and its inputs.",
+                                 identity=False)
+    compile: bool = option(False, "torch.compile the model (slow first steps; see the README's measurements).",
+                           identity=False)
     # --- optimisation
     epochs: int = option(5, "Number of epochs to train for (in total, counting resumed ones).",
                          identity=False)
@@ -82,6 +122,9 @@ class RunConfig:
                            "(linear scaling rule).", choices=("none", "linear"),
                            launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
     grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N")
+    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E")
+    ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
+                              "evaluated beside the model; 0: off.", metavar="D")
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a "
                             "GradScaler on CUDA).", choices=("fp32", "bf16", "fp16"))
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
@@ -118,7 +161,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # JSON and YAML give lists (or "0,1", or a lone 0); click gives tuples. Normalise first.
-        object.__setattr__(self, "gpu_ids", parse_gpu_ids(self.gpu_ids))
+        object.__setattr__(self, "gpu_ids", parse_list(self.gpu_ids, int, "--gpu-ids"))
+        object.__setattr__(self, "mean", parse_list(self.mean, float, "--mean"))
+        object.__setattr__(self, "std", parse_list(self.std, float, "--std"))
+        if isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool):
+            object.__setattr__(self, "num_workers", str(self.num_workers))
         if self.dataset is None:
             object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
         _validate(self)
@@ -173,19 +220,22 @@ def section_of(name: str) -> str:
     raise KeyError(name)
 
 
-def parse_gpu_ids(value: Any) -> tuple[int, ...]:
+def parse_list(value: Any, kind: type, option: str) -> tuple:
     """``(0, 1)``, ``[0, 1]``, ``"0,1"``, ``0`` or a mix (``("0,1", "2")``) -> ``(0, 1, 2)``."""
     items = value if isinstance(value, (list, tuple)) else [value]
-    ids: list[int] = []
+    parsed: list = []
     try:
         for item in items:
-            if isinstance(item, bool):
+            if isinstance(item, bool) or (kind is int and isinstance(item, float)):
                 raise ValueError
             parts = item.split(",") if isinstance(item, str) else [item]
-            ids += [int(part) for part in parts]
+            parsed += [kind(part) for part in parts if not isinstance(part, str) or part.strip()]
     except (TypeError, ValueError):
-        raise PhalanxError(f"expected integers (0,1 or repeated flags), got {value!r}", "--gpu-ids") from None
-    return tuple(ids)
+        raise PhalanxError(f"expected {kind.__name__}s (a comma-separated list, or repeated flags), got {value!r}",
+                           option) from None
+    if kind is float and not all(math.isfinite(v) for v in parsed):
+        raise PhalanxError(f"expected finite numbers, got {value!r}", option)
+    return tuple(parsed)
 
 
 def flag(name: str) -> str:
@@ -258,8 +308,24 @@ def _validate(cfg: RunConfig) -> None:
         raise bad("dist_timeout", f"must be positive (got {cfg.dist_timeout})")
     if not cfg.lr > 0:
         raise bad("lr", f"must be positive (got {cfg.lr})")
-    for name in ("num_workers", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs",
-                 "snapshot_every"):
+    if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
+        raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
+    for name, inside, where in (("crop_scale", 0 < cfg.crop_scale <= 1, "in (0, 1]"),
+                                ("random_erasing", 0 <= cfg.random_erasing <= 1, "in [0, 1]"),
+                                ("val_crop_pct", 0 <= cfg.val_crop_pct <= 1, "in (0, 1], or 0 for auto"),
+                                ("label_smoothing", 0 <= cfg.label_smoothing < 1, "in [0, 1)"),
+                                ("ema_decay", 0 <= cfg.ema_decay < 1, "in [0, 1)")):
+        if not inside:
+            raise bad(name, f"must be {where} (got {getattr(cfg, name)})")
+    if len(cfg.mean) != len(cfg.std):
+        raise bad("mean" if cfg.mean else "std", f"--mean has {len(cfg.mean)} values, --std {len(cfg.std)}; give both, "
+                  "one per channel")
+    if any(s <= 0 for s in cfg.std):
+        raise bad("std", f"must be positive (got {cfg.std})")
+    if cfg.freeze_backbone and cfg.head_lr_mult == 0:
+        raise bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
+    for name in ("num_classes", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs",
+                 "snapshot_every", "mixup_alpha", "cutmix_alpha", "head_lr_mult"):
         if getattr(cfg, name) < 0:
             raise bad(name, f"must not be negative (got {getattr(cfg, name)})")
     if not 0 < cfg.val_fraction < 1:

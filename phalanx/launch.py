@@ -100,13 +100,16 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
     devices = ["cpu" if cfg.uses_cpu else f"cuda:{cfg.gpu_ids[r]}" for r in range(plan.nproc_per_node)]
     world = plan.nnodes[1] * plan.nproc_per_node
     backend = cfg.backend or ("gloo" if cfg.uses_cpu else "nccl")
+    from .cluster import launcher_name
+
     lines = [f"torchrun {shlex.join(plan.torchrun_argv)}",
              f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {plan.nnodes[0]}"
              f"{'' if plan.nnodes[0] == plan.nnodes[1] else '..' + str(plan.nnodes[1])}), backend {backend}"]
     lines += [f"local rank {r}: {d}" for r, d in enumerate(devices)]
     lines += [f"batch size: {cfg.batch_size} per process, {cfg.batch_size * cfg.grad_accum * world} effective "
               f"(x{cfg.grad_accum} accumulation x{world} processes)",
-              f"learning rate: {effective_lr(cfg, world):g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr})"]
+              f"learning rate: {effective_lr(cfg, world):g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr})",
+              f"this node's launcher: {launcher_name(os.environ)}; its workers get torchrun's variables"]
     return lines
 
 

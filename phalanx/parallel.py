@@ -1,7 +1,8 @@
 """Devices and parallel modes: one small object per mode with the same methods.
 
-This is the only module that reads RANK / LOCAL_RANK / WORLD_SIZE, and ``Strategy.is_main`` is the
-one predicate that says "I am global rank 0": every write in phalanx is guarded by it.
+Where a process sits in a process group is read from the launcher's variables by ``cluster`` (its
+only other reader is torchrun itself), and ``Strategy.is_main`` is the one predicate that says "I am
+global rank 0": every write in phalanx is guarded by it.
 """
 
 from __future__ import annotations
@@ -10,47 +11,20 @@ import contextlib
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator
 
 import torch
 from torch import nn
 
+from .cluster import Placement, detect
 from .config import RunConfig
 from .errors import PhalanxError
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    """Where this process sits in a process group started by torchrun, SLURM or Kubernetes."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-
-
-def dist_env_from_environ(environ: dict[str, str] | None = None) -> DistEnv | None:
-    """The process group this process was started into, or None when it runs alone."""
-    env = os.environ if environ is None else environ
-    if "WORLD_SIZE" not in env or "RANK" not in env:
-        return None
-    try:
-        world = int(env["WORLD_SIZE"])
-        rank = int(env["RANK"])
-        # A Kubernetes pod or a machine per rank sets no LOCAL_*: it is the only local worker.
-        local_rank = int(env.get("LOCAL_RANK", 0))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", 1))
-    except ValueError:
-        raise PhalanxError("RANK, WORLD_SIZE, LOCAL_RANK must be integers", "environment") from None
-    for var in ("MASTER_ADDR", "MASTER_PORT"):
-        if var not in env:
-            raise PhalanxError(f"RANK and WORLD_SIZE are set but {var} is not; a launcher that starts "
-                               "workers sets MASTER_ADDR and MASTER_PORT too", "environment")
-    if not 0 <= rank < world:
-        raise PhalanxError(f"RANK={rank} is outside WORLD_SIZE={world}", "environment")
-    return DistEnv(rank, local_rank, world, local_world)
+def placement() -> Placement | None:
+    """This process's place in a process group started by torchrun, srun, mpirun or an operator."""
+    return detect(os.environ)
 
 
 def elastic_restart_count(environ: dict[str, str] | None = None) -> int:
@@ -106,7 +80,7 @@ def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
         raise PhalanxError(missing, "--gpu-ids")
 
 
-def worker_device(cfg: RunConfig, env: DistEnv) -> torch.device:
+def worker_device(cfg: RunConfig, env: Placement) -> torch.device:
     """Local rank r trains on ``cuda:gpu_ids[r]`` (CUDA_VISIBLE_DEVICES is left alone), or the CPU."""
     if cfg.uses_cpu:
         return torch.device("cpu")
@@ -129,10 +103,16 @@ class Strategy:
     rank = 0
     local_rank = 0
     world_size = 1
+    local_world_size = 1
     is_main = True
 
     def __init__(self, device: torch.device):
         self.device = device
+
+    @property
+    def training_threads(self) -> int:
+        """Cores the training computation itself keeps busy (loader workers get the rest)."""
+        return torch.get_num_threads() if self.device.type == "cpu" else 1
 
     @property
     def num_devices(self) -> int:
@@ -143,8 +123,15 @@ class Strategy:
         return model.to(self.device)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The bare module, for saving and evaluation: no ``module.`` prefixes in checkpoints."""
-        return model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else model
+        """The bare module, for saving and evaluation: no ``module.`` (DataParallel, DDP) or
+        ``_orig_mod.`` (torch.compile) prefixes in checkpoints."""
+        while True:
+            if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+                model = model.module
+            elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+                model = model._orig_mod
+            else:
+                return model
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module to evaluate with: DataParallel still splits the batch over its GPUs."""
@@ -192,8 +179,9 @@ class DataParallelStrategy(Strategy):
 class DDPStrategy(Strategy):
     """One DistributedDataParallel worker: device ``cuda:gpu_ids[local_rank]``, or the CPU."""
 
-    def __init__(self, cfg: RunConfig, env: DistEnv):
+    def __init__(self, cfg: RunConfig, env: Placement):
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
+        self.local_world_size = env.local_world_size
         self.is_main = env.rank == 0
         self.sync_bn = cfg.sync_bn
         device = worker_device(cfg, env)
@@ -207,6 +195,10 @@ class DDPStrategy(Strategy):
         from torch.distributed.rendezvous import rendezvous
 
         timeout = timedelta(seconds=cfg.dist_timeout)
+        if env.launcher in ("slurm", "mpi"):  # torch's env:// rendezvous reads these
+            os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                              LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
+                              MASTER_PORT=str(env.master_port))
         store, rank, world = next(rendezvous("env://", timeout=timeout))
         # torchrun keeps one store across elastic restarts; without a prefix per attempt the
         # restarted workers read the dead workers' addresses and fail to connect.
@@ -267,7 +259,7 @@ class DDPStrategy(Strategy):
         return f"DDP rank {self.rank}/{self.world_size} on {self.device}{threads}"
 
 
-def make_strategy(cfg: RunConfig, env: DistEnv | None) -> Strategy:
+def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
     check_gpu_ids(cfg.gpu_ids)
     if cfg.uses_cpu:
         tune_cpu_allocator()
@@ -300,7 +292,7 @@ def exit_process(code: int) -> None:
 
 
 @contextlib.contextmanager
-def strategy_for(cfg: RunConfig, env: DistEnv | None) -> Iterator[Strategy]:
+def strategy_for(cfg: RunConfig, env: Placement | None) -> Iterator[Strategy]:
     """The strategy for this process, torn down (process group destroyed) however the run ends."""
     global _joined_process_group
     strategy = make_strategy(cfg, env)

@@ -6,6 +6,7 @@ Shared by ``phalanx train`` and by every DDP worker that ``phalanx trainlaunch``
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from typing import Any, Callable, Iterator
 
@@ -13,21 +14,24 @@ import torch
 from torch import nn
 
 from . import checkpoint, rundir
+from .cluster import launcher_name
 from .config import RunConfig
 from .data import DataBundle, build_datasets
 from .errors import PhalanxError, RunFailed
+from .finetune import Backbone, load_weights
 from .failures import hold_stop_signals, summarize, write_traceback
 from .models import build_model, required_channels
 from .optim import effective_lr
 from .outputs import RunOutputs, new_run_id
-from .parallel import DistEnv, Strategy, dist_env_from_environ, elastic_restart_count, missing_gpus, strategy_for
+from .parallel import Placement, Strategy, placement, elastic_restart_count, missing_gpus, strategy_for
 from .preempt import StopRequest
+from .recipe import Recipe
 from .sampling import steps_per_epoch
 from .trainer import Trainer
 
 
 def train_run(cfg: RunConfig) -> dict[str, Any]:
-    env = dist_env_from_environ()
+    env = placement()
     cfg = restart_config(cfg, elastic_restart_count())
     # Failures are reported inside the strategy too, before its process group is torn down: the
     # teardown gives torchrun time to kill this worker before it has said why it failed.
@@ -38,7 +42,7 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def one_line_failures(cfg: RunConfig, env: DistEnv | None) -> Iterator[None]:
+def one_line_failures(cfg: RunConfig, env: Placement | None) -> Iterator[None]:
     """A lost peer, a timeout, a bug: one line for the console, the traceback in a file."""
     try:
         yield
@@ -67,11 +71,9 @@ def describe_run(cfg: RunConfig) -> list[str]:
     """``train --dry-run``: what this process would do, checked as a run checks it, nothing written.
     GPUs that are not on this machine are warned about, not refused: a plan is most useful on a
     login node, before the job reaches its GPUs."""
-    env = dist_env_from_environ()
-    lines = []
+    env = placement()
+    lines = [f"launcher: {launcher_name(os.environ)}"]
     if env is not None:
-        lines.append(f"process group: rank {env.rank} of {env.world_size} (local rank {env.local_rank}), from "
-                     "the launcher's RANK/WORLD_SIZE/MASTER_ADDR")
         device = "cpu" if cfg.uses_cpu else f"cuda:{cfg.gpu_ids[env.local_rank % len(cfg.gpu_ids)]}"
         devices, world = f"DDP on {device}", env.world_size
     elif cfg.uses_cpu:
@@ -84,7 +86,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
                    f"{cfg.gpu_ids[0]}; each batch of {cfg.batch_size} split between them)")
     devices_sharing = world if env else 1 if cfg.uses_cpu else len(cfg.gpu_ids)
     data = build_datasets(cfg, required_channels(cfg.model))
-    model = build_model(cfg.model, data.num_classes, data.in_channels)
+    model = build_model(cfg.model, num_classes(cfg, data), data.in_channels)
     effective = cfg.batch_size * cfg.grad_accum * world
     lines += [f"devices: {devices}",
               f"batch size: {cfg.batch_size} per process, {effective} effective (x{cfg.grad_accum} accumulation x"
@@ -117,12 +119,17 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         if strategy.is_main:
             print(line, flush=True)
 
-    # Every check first (run directory, data, model): bad input writes nothing.
+    # Every check first (run directory, data, model, weights): bad input writes nothing.
     resume = rundir.plan(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     data = build_datasets(cfg, required_channels(cfg.model))
-    model = build_model(cfg.model, data.num_classes, data.in_channels)
+    model = build_model(cfg.model, num_classes(cfg, data), data.in_channels)
+    notes = [load_weights(model, cfg.weights)] if cfg.weights and resume is None else []
+    backbone = Backbone(model) if cfg.freeze_backbone else None
+    if backbone is not None:
+        notes.append(f"phalanx: {backbone.description}")
+    recipe = Recipe(cfg, num_classes(cfg, data), backbone)
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
     strategy.barrier()
@@ -131,15 +138,24 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         rundir.create(cfg, resume)
     try:
         outputs.start(run_id)
-        return _fit(cfg, strategy, data, model, outputs, run_id, resume, say)
+        for line in notes:
+            say(line)
+        return _fit(cfg, strategy, data, model, recipe, outputs, run_id, resume, say)
     finally:
         outputs.close()  # the last snapshot, and every upload sent or reported
 
 
-def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, outputs: RunOutputs,
-         run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
+def num_classes(cfg: RunConfig, data: DataBundle) -> int:
+    if cfg.num_classes and cfg.num_classes < data.num_classes:
+        raise PhalanxError(f"{cfg.num_classes} is fewer than the {data.num_classes} classes in the data",
+                           "--num-classes")
+    return cfg.num_classes or data.num_classes
+
+
+def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, recipe: Recipe,
+         outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
-        trainer = Trainer(cfg, strategy, data, model, outputs, run_id, say, stop)
+        trainer = Trainer(cfg, strategy, data, model, recipe, outputs, run_id, say, stop)
         say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
             f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
         if cfg.precision == "fp16" and strategy.device.type == "cpu":

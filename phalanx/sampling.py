@@ -101,3 +101,17 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
 
     def __len__(self) -> int:
         return len(self.plan)
+
+
+class ShardSampler(Sampler[int]):
+    """Exact validation shards: index i goes to rank i % world, so every sample is counted once
+    (DistributedSampler would pad with duplicates to even out the ranks)."""
+
+    def __init__(self, length: int, rank: int, world_size: int):
+        self.indices = range(rank, length, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)

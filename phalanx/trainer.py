@@ -14,35 +14,23 @@ import random
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .config import RunConfig
-from .data import DataBundle, EpochKeyed
+from .data import DataBundle, loader_workers
+from .finetune import param_groups
 from .optim import build_optimizer, effective_lr, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
 from .preempt import Preempted, StopRequest
 from .progress import ProgressBar
-from .sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch
-
-
-class ShardSampler(Sampler[int]):
-    """Exact validation shards: index i goes to rank i % world, so every sample is counted once
-    (DistributedSampler would pad with duplicates to even out the ranks)."""
-
-    def __init__(self, length: int, rank: int, world_size: int):
-        self.indices = range(rank, length, world_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
+from .recipe import Recipe
+from .sampling import EpochBatches, MicroBatch, ShardSampler, derive_seed, epoch_order, plan_epoch
 
 
 def seed_streams(seed: int) -> None:
@@ -54,26 +42,31 @@ def seed_streams(seed: int) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module,
+    def __init__(self, cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, recipe: Recipe,
                  outputs: RunOutputs, run_id: str, say: Callable[[str], None], stop: StopRequest | None = None):
         self.cfg, self.strategy, self.outputs, self.say = cfg, strategy, outputs, say
-        self.run_id = run_id
+        self.run_id, self.recipe = run_id, recipe
         self.stop = stop or StopRequest()
         self.device = strategy.device
         self.world_size, self.rank = strategy.world_size, strategy.rank
-        self.model = strategy.wrap(model)
+        groups = param_groups(model, cfg.head_lr_mult)  # before compilation renames the parameters' owner
+        self.model = strategy.wrap(recipe.prepare(model))
         pin = self.device.type == "cuda"
-        workers = {"num_workers": cfg.num_workers, "pin_memory": pin, "persistent_workers": cfg.num_workers > 0}
+        self.num_workers = loader_workers(cfg, strategy.local_world_size, strategy.training_threads)
+        workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0}
         self.num_train = len(data.train)
+        # What the data resolved to (classes, image size, normalisation): inference needs it.
+        self.data_info = {"classes": data.classes, "channels": data.in_channels, "size": data.pipeline.size,
+                          "crop_pct": data.pipeline.crop_pct, "mean": list(data.pipeline.mean),
+                          "std": list(data.pipeline.std)}
         self.batches = EpochBatches()
-        self.train_loader = DataLoader(EpochKeyed(data.train), batch_sampler=self.batches, **workers)
+        self.train_loader = DataLoader(data.train, batch_sampler=self.batches, **workers)
         self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
                                      sampler=ShardSampler(len(data.val), self.rank, self.world_size))
         self.base_lr = effective_lr(cfg, strategy.num_devices)
-        self.optimizer = build_optimizer(cfg, self.model.parameters(), self.base_lr)
+        self.optimizer = build_optimizer(cfg, groups, self.base_lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16" and pin)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        self.loss_fn = nn.CrossEntropyLoss(reduction="none")
         self.epoch = 0  # completed epochs
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
@@ -92,13 +85,16 @@ class Trainer:
                 "effective_batch": self.effective_batch, "best_val_acc": self.best_acc, "run_id": self.run_id,
                 "model": self.strategy.unwrap(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                "config": self.cfg.to_dict()}
+                "ema": self.recipe.ema.module.state_dict() if self.recipe.ema else None,
+                "config": self.cfg.to_dict(), "data": self.data_info}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.strategy.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        if self.recipe.ema is not None:  # a checkpoint from before --ema-decay starts the average at its weights
+            self.recipe.ema.module.load_state_dict(state.get("ema") or state["model"])
         self.epoch, self.step, self.best_acc = state["epoch"], state["step"], state["best_val_acc"]
         self.position = state["position"]
         self.epoch_sums = list(state["epoch_sums"])
@@ -122,13 +118,17 @@ class Trainer:
             started = time.perf_counter()
             train_loss, rate = self._train_epoch(epoch)
             val_loss, val_acc = self.evaluate()
+            extra, shown = {}, ""
+            if self.recipe.ema is not None:
+                extra["ema_loss"], extra["ema_acc"] = self.evaluate(self.recipe.ema.module)
+                shown = f"  ema_acc {100 * extra['ema_acc']:.2f}%"
             self.epoch = epoch
             self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
                                  "samples": self.val_samples, "world_size": self.world_size,
-                                 "train_loss": train_loss}, flush=True)
+                                 "train_loss": train_loss, **extra}, flush=True)
             self._save(val_acc)
             self.say(f"epoch {epoch}/{self.cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
-                     f"val_acc {100 * val_acc:.2f}%  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
+                     f"val_acc {100 * val_acc:.2f}%{shown}  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
                      f"{time.perf_counter() - started:.1f}s")
             summary = {"epochs": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc}
             if epoch < self.cfg.epochs and self._agreed_stop(self.stop.signum):
@@ -153,7 +153,7 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> tuple[float, float]:
         """The rest of one epoch from ``self.position``; returns the train loss (all ranks, the
         whole epoch) and the samples/s of this process's part."""
-        self.model.train()
+        self.recipe.train_mode(self.model)
         total = self.num_train
         plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.batch_size,
                           self.world_size, self.rank, self.cfg.grad_accum)
@@ -166,11 +166,13 @@ class Trainer:
         for micro, (inputs, targets) in zip(plan, self.train_loader):
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            # Dropout and the like draw from a stream that is a function of the position alone.
+            # Dropout, batch mixing and the like draw from a stream that is a function of the
+            # position alone.
             seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start))
+            inputs, targets = self.recipe.batch(inputs, targets)
             with contextlib.nullcontext() if micro.ends_step else self.strategy.no_sync(self.model):
                 with self._autocast():
-                    summed = self.loss_fn(self.model(inputs), targets).sum()
+                    summed = self.recipe.loss(self.model(inputs), targets).sum()
                 if not micro.real:
                     summed = summed * 0.0  # a padding sample: in the all-reduce, weighing nothing
                 self.scaler.scale(summed * micro.loss_scale(self.world_size)).backward()
@@ -201,6 +203,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        self.recipe.after_step(self.strategy.unwrap(self.model))
         self.step += 1
         self.position = micro.end
         if self.first_step_pending:  # startup latency, for users and benchmarks: once a process
@@ -236,13 +239,13 @@ class Trainer:
         return now, stops > 0
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
+    def evaluate(self, model: nn.Module | None = None) -> tuple[float, float]:
         """Validation loss and top-1 accuracy over the whole validation set, every sample once."""
-        model = self.strategy.eval_model(self.model)
+        model = self.strategy.eval_model(self.model) if model is None else model
         model.eval()
         sums = torch.zeros(3, device=self.device)  # loss sum, correct, count
         for inputs, targets in self.val_loader:
-            inputs = inputs.to(self.device, non_blocking=True)
+            inputs = self.recipe.eval_inputs(inputs.to(self.device, non_blocking=True))
             targets = targets.to(self.device, non_blocking=True)
             with self._autocast():
                 logits = model(inputs)

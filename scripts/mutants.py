@@ -3,6 +3,7 @@
     .venv/bin/python scripts/mutants.py                 # every mutant, about 20 minutes on 2 cores
     .venv/bin/python scripts/mutants.py --only rank     # those whose name contains "rank"
     .venv/bin/python scripts/mutants.py --list
+    .venv/bin/python scripts/mutants.py --ref HEAD      # a commit, not the working tree (keep editing)
 
 Each mutant changes one line of phalanx/ in a throwaway copy of the repository and runs the named
 tests there (every process they start imports the copy). A mutant that passes its tests survived:
@@ -67,7 +68,7 @@ MUTANTS = [
     Mutant("every rank draws rank 0's stream", "phalanx/trainer.py",
            'derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start)',
            'derive_seed(self.cfg.seed, "train", 0, epoch, micro.start)', (f"{RELIABILITY} -k one_worker",)),
-    Mutant("validation shards overlap", "phalanx/trainer.py", "self.indices = range(rank, length, world_size)",
+    Mutant("validation shards overlap", "phalanx/sampling.py", "self.indices = range(rank, length, world_size)",
            "self.indices = range(0, length, world_size)", (f"{LAUNCH} -k as_written",)),
     Mutant("a stop request is not agreed between ranks", "phalanx/trainer.py",
            "loss_sum, count, stops = self.strategy", "loss_sum, count, _ = self.strategy",
@@ -91,7 +92,7 @@ MUTANTS = [
            '"sealed": False,', ("tests/test_snapshots.py -k sealed_segments",)),
     Mutant("readers mix generations", "phalanx/snapshots.py",
            "by_index = {s[\"segment\"]: s for s in segments if s[\"generation\"] == newest}",
-           "by_index = {s[\"segment\"]: s for s in segments}", ("tests/test_snapshots.py -k new_generation",)),
+           "by_index = {s[\"segment\"]: s for s in segments}", ("tests/test_snapshots.py -k incomplete_generation",)),
     Mutant("no budget on nested data", "phalanx/snapshots.py", "        budget -= 1\n", "\n",
            ("tests/test_snapshots.py -k bomb",)),
     # --- launch
@@ -105,12 +106,22 @@ MUTANTS = [
 ]
 
 
-def run_mutant(mutant: Mutant, python: str) -> tuple[bool, float, str]:
+def copy_repository(copy: Path, ref: str | None) -> None:
+    """The working tree (or commit ``ref``) without environments, caches and results."""
+    if ref is None:
+        shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv*", ".git", "checkpoints", "__pycache__",
+                                                                   "results", ".pytest_cache"))
+        return
+    copy.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+
+
+def run_mutant(mutant: Mutant, python: str, ref: str | None) -> tuple[bool, float, str]:
     """(caught, seconds, the last lines of pytest's output)."""
     with tempfile.TemporaryDirectory(prefix="phalanx-mutant-") as tmp:
         copy = Path(tmp) / "repo"
-        shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv*", ".git", "checkpoints", "__pycache__",
-                                                                   "results", ".pytest_cache"))
+        copy_repository(copy, ref)
         target = copy / mutant.path
         text = target.read_text()
         if text.count(mutant.before) != 1:
@@ -137,6 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="run the mutants whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
+    parser.add_argument("--ref", help="mutate this commit (git archive) instead of the working tree")
     opts = parser.parse_args()
     chosen = [m for m in MUTANTS if not opts.only or opts.only in m.name]
     if opts.list:
@@ -145,7 +157,7 @@ def main() -> int:
         return 0
     survived = []
     for index, mutant in enumerate(chosen, start=1):
-        caught, seconds, output = run_mutant(mutant, sys.executable)
+        caught, seconds, output = run_mutant(mutant, sys.executable, opts.ref)
         print(f"[{index}/{len(chosen)}] {'caught  ' if caught else 'SURVIVED'} {mutant.name} ({seconds:.0f} s)",
               flush=True)
         if not caught:

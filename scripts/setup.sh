@@ -22,13 +22,19 @@ if [ "${1:-}" = "--test" ]; then
   say "installing phalanx, torch, torchvision, visdom, boto3 and the test tools (pytest, moto, playwright," \
       "hypothesis) from PyPI (about 2 minutes the first time; torch is the largest download)"
   pip_install -e ".[test]"
-  # The browser test drives Debian's Chromium (never a downloaded browser build).
-  if ! command -v chromium >/dev/null; then
+  # Real parts the tests drive: Debian's Chromium (the page test; never a downloaded browser
+  # build), SLURM with munge and Open MPI (the scheduler tests).
+  missing=()
+  for tool in chromium:chromium slurmctld:slurm-wlm munged:munge mpirun:openmpi-bin; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
-      say "installing Debian's chromium for the browser test (about a minute)"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      say "installing Debian's ${missing[*]} for the browser and scheduler tests (about a minute)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        "${missing[@]}" >/dev/null
     else
-      say "chromium is missing: sudo apt-get install chromium (the browser test needs it)" >&2
+      say "missing for some tests: sudo apt-get install ${missing[*]}" >&2
     fi
   fi
 else

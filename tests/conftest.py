@@ -17,6 +17,14 @@ USER_MODELS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support"), s
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def phalanx_cache(tmp_path_factory):
+    """Folder manifests go to a cache of the test session's own, not the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("phalanx-cache")
+    os.environ["PHALANX_CACHE"] = str(folder)
+    yield folder
+
+
 @dataclass
 class Result:
     code: int

@@ -34,9 +34,13 @@ def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: floa
 
 
 def train(model: nn.Module, dataset, *, epochs: int, global_batch: int, lr: float, momentum: float = 0.9,
-          weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine") -> dict[str, torch.Tensor]:
-    """Mean cross-entropy over each global batch of the documented order, plain SGD."""
+          weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine", ema_decay: float = 0.0,
+          ema: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Mean cross-entropy over each global batch of the documented order, plain SGD. With
+    ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if ema is not None:
+        ema.update({k: v.detach().clone() for k, v in model.state_dict().items()})
     n = len(dataset)
     images = torch.stack([dataset[i][0] for i in range(n)])
     labels = torch.tensor([int(dataset[i][1]) for i in range(n)])
@@ -52,6 +56,9 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int, lr: floa
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
             optimizer.step()
+            if ema is not None:
+                for key, value in model.state_dict().items():
+                    ema[key] = ema_decay * ema[key] + (1 - ema_decay) * value.detach()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -33,6 +33,13 @@ def world(tmp_path_factory):
         b"cos\nsystem\n(S'touch " + str(root / "pwned").encode() + b"'\ntR.")
     result = run_phalanx("train", "--epochs", 1, "--checkpoints-dir", root / "ck", "--name", "done")
     assert result.code == 0, result.err
+    done = root / "ck" / "done" / "latest.pt"
+    (root / "truncated.pt").write_bytes(done.read_bytes()[:5000])
+    torch.save({"weights": torch.ones(2)}, root / "foreign.pt")
+    state = torch.load(done)
+    state["config"]["model"] = "resnet18"  # a checkpoint whose weights do not fit its model
+    torch.save(state, root / "mismatched.pt")
+    (root / "images").mkdir()
     return root
 
 
@@ -93,6 +100,28 @@ CASES += [("trainlaunch", *case) for case in [
     ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
     ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),
 ]]
+INFERENCE = [
+    ("checkpoint-missing", ["--checkpoint", "{w}/nope.pt"], "--checkpoint", "does not exist"),
+    ("checkpoint-truncated", ["--checkpoint", "{w}/truncated.pt"], "--checkpoint", "unreadable or corrupt"),
+    ("checkpoint-foreign", ["--checkpoint", "{w}/foreign.pt"], "--checkpoint", "not a phalanx checkpoint"),
+    ("checkpoint-other-model", ["--checkpoint", "{w}/mismatched.pt"], "--checkpoint", "does not fit model"),
+    ("no-ema", ["--checkpoint", "{w}/ck/done/latest.pt", "--ema"], "--ema", "without --ema-decay"),
+]
+CASES += [("evaluate", *case) for case in INFERENCE + [
+    ("no-checkpoint", [], "--checkpoint", "Missing option"),
+    ("eval-dataroot-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"], "--dataroot",
+     "not a directory"),
+]]
+CASES += [("predict", case[0], case[1] + ["{w}/empty", "--output", "{w}/p.csv"], *case[2:]) for case in INFERENCE] + [
+    ("predict", "predict-no-images", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.csv"],
+     "IMAGES", "no image files"),
+    ("predict", "predict-bad-output", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.txt"],
+     "--output", ".csv or .jsonl"),
+]
+CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for case in INFERENCE] + [
+    ("export", "export-bad-format", ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "onnx", "--output", "{w}/m"],
+     "--format", "onnx"),
+]
 CASES += [("visualize", *case) for case in [
     ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
     ("pickle-dir-garbage", ["--pickle-dir", "{w}/garbage_pickles", "--once"], "--pickle-dir", "no complete snapshot"),
@@ -108,7 +137,7 @@ CASES += [("visualize", *case) for case in [
 @pytest.mark.parametrize("command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES])
 def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args, option, words):
     before = snapshot_tree(world)
-    extra = ["--checkpoints-dir", world / "ck"] if command != "visualize" else []
+    extra = ["--checkpoints-dir", world / "ck"] if command in ("train", "trainlaunch") else []
     result = phalanx(command, *extra, *[a.format(w=world) for a in args])
     lines = result.err.strip().splitlines()
     assert result.code == 2, result.err
@@ -122,7 +151,8 @@ def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args,
 
 
 def test_at_least_thirty_bad_invocations_across_three_commands():
-    assert len(CASES) >= 30 and {c[0] for c in CASES} == {"train", "trainlaunch", "visualize"}
+    assert len(CASES) >= 30 and {c[0] for c in CASES} == {"train", "trainlaunch", "visualize", "evaluate", "predict",
+                                                          "export"}
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(world):

@@ -19,7 +19,8 @@ import reference
 FLOAT32_TOLERANCE = 1e-5
 
 
-def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0):
+def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0,
+                      ema_decay=0.0, ema=None):
     import phalanx_testmodels  # noqa: F401  (tests/support, on sys.path through conftest)
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
@@ -31,7 +32,7 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
     if next(model.parameters()).dtype == torch.float64:
         train = [(x.double(), y) for x, y in (train[i] for i in range(len(train)))]
     return reference.train(model, train, epochs=epochs, global_batch=global_batch, lr=lr, momentum=momentum,
-                           schedule=schedule, seed=seed)
+                           schedule=schedule, seed=seed, ema_decay=ema_decay, ema=ema)
 
 
 def weights(path):
@@ -42,16 +43,21 @@ def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp
     import phalanx_testmodels
 
     # Two epochs (a reshuffle between them), the default cosine schedule, momentum, weight decay,
-    # a short last batch; DDP with --scale-lr linear must give the single process's learning rate.
-    common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
+    # a short last batch; DDP with --scale-lr linear must give the single process's learning rate;
+    # the weights' moving average (--ema-decay) is the same on every rank.
+    common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--ema-decay", 0.9, "--checkpoints-dir", tmp_path,
+              "--no-progress"]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, "--lr", 0.05, "--scale-lr", "linear",
                       *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 32, *common)
     assert single.code == 0, single.err
-    expected = reference_weights(phalanx_testmodels.double, epochs=2, global_batch=32, lr=0.1)
-    assert reference.max_difference(weights(tmp_path / "single/latest.pt"), expected) < 1e-12
-    assert reference.max_difference(weights(tmp_path / "ddp/latest.pt"), expected) < 1e-12
+    ema = {}
+    expected = reference_weights(phalanx_testmodels.double, epochs=2, global_batch=32, lr=0.1, ema_decay=0.9, ema=ema)
+    for run in ("single", "ddp"):
+        state = torch.load(tmp_path / run / "latest.pt")
+        assert reference.max_difference(state["model"], expected) < 1e-12
+        assert reference.max_difference(state["ema"], ema) < 1e-12
     assert [r["lr"] for r in records(tmp_path / "ddp", "train")] == \
         [r["lr"] for r in records(tmp_path / "single", "train")]
 

@@ -17,7 +17,8 @@ from phalanx.config import RunConfig
 from phalanx.data import build_datasets
 from phalanx.launch import describe, plan_launch
 from phalanx.models import SmallCNN
-from phalanx.parallel import DistEnv, cpu_threads_per_worker, worker_device
+from phalanx.cluster import Placement
+from phalanx.parallel import cpu_threads_per_worker, worker_device
 from phalanx.rundir import read_metrics
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
@@ -195,7 +196,7 @@ def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
 def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
     # Pure mapping, no CUDA needed: --gpu-ids 2 --gpu-ids 3 puts local rank 0 on GPU 2, rank 1 on 3.
     cfg = RunConfig(gpu_ids=(2, 3))
-    assert [worker_device(cfg, DistEnv(r, r, 2, 2)) for r in (0, 1)] == [torch.device("cuda", 2),
+    assert [worker_device(cfg, Placement("torchrun", r, r, 2, 2, "127.0.0.1", 29500)) for r in (0, 1)] == [torch.device("cuda", 2),
                                                                         torch.device("cuda", 3)]
     plan = plan_launch(cfg, "--nproc_per_node 2")
     report = describe(cfg, plan)

@@ -1,0 +1,263 @@
+"""The input pipeline: decode throughput, time to first step and loader memory (run by hand).
+
+    .venv/bin/python benchmarks/loader.py                      # everything, about 25 minutes on 2 cores
+    .venv/bin/python benchmarks/loader.py --only throughput --repeats 7
+
+Throughput: the same generated JPEG folders (small: 160x160 to 32 px; large: 600x500 to 224 px),
+the same random 1,500 images, decode + resize + centre crop + normalise, batch 64, with 1 and 2
+loader workers: phalanx's folder data set; torchvision's ImageFolder with v2 transforms (the PIL
+path every peer ships); torchvision's decode_jpeg with v2 transforms; and phalanx's training
+view with each augmentation recipe. Contenders are interleaved and repeated; medians with min-max.
+
+Startup: ``phalanx train --num-workers 2`` on folders of 10,000 and 100,000 small files, from process
+start to the first optimizer step, and the private memory (USS) of each loader worker after 50
+batches, for this phalanx and for the one before the input-pipeline work (``--before REV``).
+Results: benchmarks/results/loader.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DATA = HERE / ".data"
+PYTHON = sys.executable
+SETS = {"small": (160, 160, 32), "large": (600, 500, 224)}
+IMAGES_PER_CLASS, CLASSES, SAMPLE = 300, 10, 1500
+
+
+def photo(width: int, height: int, seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    image = np.stack([128 + 100 * np.sin(x / (11 + 3 * c) + seed) * np.cos(y / (17 - 2 * c) - c) for c in range(3)], -1)
+    image += rng.normal(0, 12, image.shape)
+    buffer = io.BytesIO()
+    Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def jpeg_folder(name: str) -> Path:
+    width, height, _ = SETS[name]
+    root = DATA / f"jpeg-{name}"
+    if not (root / "done").exists():
+        for c in range(CLASSES):
+            folder = root / "train" / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(IMAGES_PER_CLASS):
+                (folder / f"{i:05d}.jpg").write_bytes(photo(width, height, c * IMAGES_PER_CLASS + i))
+        (root / "done").write_text("")
+    return root
+
+
+def small_files_folder(count: int) -> Path:
+    """``count`` tiny PNGs in 100 classes (the per-file costs, not the decoding, are measured)."""
+    from PIL import Image
+
+    root = DATA / f"files-{count}"
+    if not (root / "done").exists():
+        image = Image.new("RGB", (8, 8), (90, 120, 150))
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG")
+        for i in range(count):
+            folder = root / "train" / f"class{i % 100:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:07d}.png").write_bytes(buffer.getvalue())
+        (root / "done").write_text("")
+    return root
+
+
+# --- throughput: each contender in a fresh process -----------------------------------------------
+
+CONTENDER = r'''
+import sys, time, torch, json
+from torch.utils.data import DataLoader
+name, root, size, workers, sample = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(1)
+mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+if name.startswith("phalanx"):
+    from phalanx.config import RunConfig
+    from phalanx.data import build_datasets
+    augment = name.split(" ", 1)[1] if " " in name else "none"
+    data = build_datasets(RunConfig(dataroot=root, image_size=size, augment=augment, normalize="imagenet",
+                                    val_fraction=0.01, fast_decode=True), 3)
+    dataset = data.train
+    keyed = augment != "none"
+else:
+    from torchvision.transforms import v2
+    prepare = [v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True),
+               v2.Normalize(mean, std)]
+    if name == "torchvision ImageFolder":
+        from torchvision.datasets import ImageFolder
+        dataset = ImageFolder(root + "/train", transform=v2.Compose([v2.PILToTensor(), *prepare]))
+    else:  # decode_jpeg
+        from torchvision.datasets import ImageFolder
+        from torchvision.io import decode_jpeg, read_file
+        files = ImageFolder(root + "/train").samples
+        class Jpeg(torch.utils.data.Dataset):
+            transform = v2.Compose(prepare)
+            def __len__(self): return len(files)
+            def __getitem__(self, i): return self.transform(decode_jpeg(read_file(files[i][0]))), files[i][1]
+        dataset = Jpeg()
+    keyed = False
+order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:sample].tolist()
+indices = [(1, i) for i in order] if keyed else order
+loader = DataLoader(dataset, batch_size=64, sampler=indices, num_workers=workers)
+started = time.perf_counter()
+count = sum(len(labels) for _, labels in loader)
+print(json.dumps({"images_per_s": count / (time.perf_counter() - started)}))
+'''
+
+
+def throughput(repeats: int) -> dict:
+    names = ["phalanx", "torchvision ImageFolder", "torchvision decode_jpeg", "phalanx basic", "phalanx trivialaugment",
+             "phalanx randaugment", "phalanx autoaugment"]
+    raw: dict = {}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PHALANX_CACHE": str(DATA / "cache")}
+    for data_set, (_, _, size) in SETS.items():
+        root = jpeg_folder(data_set)
+        for workers in (1, 2):
+            for rep in range(repeats):  # interleaved: each contender once, then again
+                for name in names:
+                    if name.startswith("phalanx ") and workers == 2:
+                        continue  # recipes: images/s per worker
+                    done = subprocess.run([PYTHON, "-c", CONTENDER, name, str(root), str(size), str(workers), str(SAMPLE)],
+                                          env=env, capture_output=True, text=True, check=True)
+                    value = json.loads(done.stdout.strip().splitlines()[-1])["images_per_s"]
+                    raw.setdefault(f"{data_set}|{workers}|{name}", []).append(value)
+                    print(f"[{data_set} {workers} worker(s) {rep + 1}/{repeats}] {name}: {value:.0f} images/s", flush=True)
+    return raw
+
+
+# --- startup: time to first step, and loader workers' private memory ------------------------------
+
+def uss_mb(pid: int) -> float:
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1])
+    return total / 1024
+
+
+def first_step(pythonpath: Path, root: Path, cache: Path) -> dict:
+    """Seconds from process start to the first optimizer step, then the loader workers' USS after
+    50 more batches (the sampler touches 3,200 random samples of the list)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = Path(tmp) / "ck" / "bench" / "metrics.jsonl"
+        env = {**os.environ, "PYTHONPATH": str(pythonpath), "PHALANX_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+        argv = [PYTHON, "-m", "phalanx.cli", "train", "--dataroot", str(root), "--num-workers", "2", "--epochs", "1",
+                "--batch-size", "64", "--image-size", "8", "--checkpoints-dir", str(Path(tmp) / "ck"), "--name",
+                "bench", "--log-every", "1", "--no-progress", "--val-fraction", "0.01"]
+        started = time.time()
+        proc = subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            first = None
+            while first is None or _steps(metrics) < 50:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"phalanx exited {proc.returncode}: {proc.stderr.read()[-500:]}")
+                if first is None and metrics.exists():
+                    first = next((r["time"] for r in _records(metrics) if r["kind"] == "first_step"), None)
+                time.sleep(0.05)
+            children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+            workers = [uss_mb(pid) for pid in children]
+            return {"first_step_s": first - started, "worker_uss_mb": max(workers), "main_uss_mb": uss_mb(proc.pid)}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+def _records(metrics: Path) -> list[dict]:
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip().endswith("}")]
+
+
+def _steps(metrics: Path) -> int:
+    return sum(r["kind"] == "train" for r in _records(metrics)) if metrics.exists() else 0
+
+
+def startup(repeats: int, before: str) -> dict:
+    old = DATA / f"phalanx-{before}"
+    if not old.exists():
+        old.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", before], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    raw: dict = {}
+    for count in (10_000, 100_000):
+        root = small_files_folder(count)
+        for rep in range(repeats):
+            for label, path in (("before", old), ("after", REPO)):
+                # A fresh manifest cache each time: the first run of a new folder, the worst case.
+                with tempfile.TemporaryDirectory() as cache:
+                    result = first_step(path, root, Path(cache))
+                raw.setdefault(f"{count}|{label}", []).append(result)
+                print(f"[{count} files {rep + 1}/{repeats}] {label}: first step {result['first_step_s']:.1f} s, "
+                      f"worker USS {result['worker_uss_mb']:.0f} MB", flush=True)
+            with tempfile.TemporaryDirectory() as cache:  # after, with the manifest already built
+                first_step(REPO, root, Path(cache))
+                result = first_step(REPO, root, Path(cache))
+            raw.setdefault(f"{count}|after, manifest cached", []).append(result)
+    return raw
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def markdown(results: dict) -> str:
+    def cell(s: dict, fmt: str) -> str:
+        return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+    lines = [f"{results['date']}, {results['machine']}"]
+    if "throughput" in results:
+        lines += ["", "| images | workers | contender | images/s |", "| --- | --- | --- | --- |"]
+        for key, stat in results["throughput"].items():
+            data_set, workers, name = key.split("|")
+            width, height, size = SETS[data_set]
+            lines.append(f"| {width}x{height} -> {size} | {workers} | {name} | {cell(stat, '.0f')} |")
+    if "startup" in results:
+        lines += ["", "| files | phalanx | first step (s) | loader worker USS (MB) |", "| --- | --- | --- | --- |"]
+        for key, stats in results["startup"].items():
+            count, label = key.split("|")
+            lines.append(f"| {int(count):,} | {label} | {cell(stats['first_step_s'], '.1f')} | "
+                         f"{cell(stats['worker_uss_mb'], '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("throughput", "startup"))
+    parser.add_argument("--before", default="0224ace", help="the phalanx to compare startup with")
+    opts = parser.parse_args()
+    import platform
+
+    results: dict = {"date": time.strftime("%Y-%m-%d"),
+                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
+    if opts.only in (None, "throughput"):
+        results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats).items()}
+    if opts.only in (None, "startup"):
+        raw = startup(max(1, opts.repeats // 2), opts.before)
+        results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    suffix = f"-{opts.only}" if opts.only else ""
+    (out / f"loader{suffix}.json").write_text(json.dumps(results, indent=2))
+    (out / f"loader{suffix}.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Training data: sources (``sources``), image decoding (``images``), the folder manifest
+(``manifest``) and what happens to each image (``transforms``), put together for a run.
+
+``build_datasets`` checks everything about the data before a run directory exists. The training
+split it returns is indexed two ways: by an int (the image without augmentation: statistics,
+tests, inference) and by an ``(epoch, index)`` key (what training sees, see ``sampling``): a
+sample's augmentation is seeded by the run's seed, the epoch and the sample, so it is the same in
+any loader worker, on any rank, at any world size, and after a resume.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from ..config import RunConfig
+from ..sampling import derive_seed
+from . import transforms
+from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
+from .transforms import Pipeline
+
+
+@dataclass
+class DataBundle:
+    train: Dataset
+    val: Dataset
+    classes: list[str]
+    in_channels: int
+    description: str
+    pipeline: Pipeline
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+class TrainView(Dataset):
+    """``view[i]``: image i without augmentation; ``view[(epoch, i)]``: as training sees it."""
+
+    def __init__(self, plain: Dataset, raw: Dataset, augment: Callable | None, seed: int):
+        self.plain, self.raw, self.augment, self.seed = plain, raw, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.plain)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            return self.plain[key]
+        epoch, index = key
+        if self.augment is None:
+            return self.plain[index]
+        image, label = self.raw[index]
+        # torch's CPU generator only (augmentation runs on the CPU): a loader worker's stream,
+        # or the training process's, reseeded for this sample.
+        torch.default_generator.manual_seed(derive_seed(self.seed, "augment", epoch, index))
+        return self.augment(image), label
+
+
+class Mapped(Dataset):
+    """A data set with a transform applied to each image."""
+
+    def __init__(self, base: Dataset, transform: Callable):
+        self.base, self.transform = base, transform
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, label = self.base[index]
+        return self.transform(image), label
+
+
+def build_datasets(cfg: RunConfig, channels: int | None) -> DataBundle:
+    """``channels``: what the model insists on (3 for torchvision models), or None for any."""
+    source = load(cfg, channels)
+    size, augment, crop_pct = transforms.resolve(cfg, source.native_size, source.channels, cfg.dataset)
+    stats = transforms.normalisation(cfg, source.channels)
+    if stats is None:  # --normalize dataset: the training split's own, resized but not augmented
+        bare = Pipeline(size, "none", 1.0, (0.0,) * source.channels, (1.0,) * source.channels)
+        resized = transforms.build(bare, cfg, train=False)
+        stats = transforms.dataset_statistics(lambda i: resized(source.train[i][0]), len(source.train), cfg.seed)
+    pipeline = Pipeline(size, augment, crop_pct, *stats)
+    for split in (source.train, source.val):
+        files = image_files(split)
+        if files is not None:
+            files.min_side = pipeline.min_decoded_side(cfg.crop_scale)
+    plain = transforms.build(Pipeline(size, "none", 1.0, pipeline.mean, pipeline.std), cfg, train=False)
+    evaluate = transforms.build(pipeline, cfg, train=False)
+    augmented = transforms.build(pipeline, cfg, train=True) if pipeline.random else None
+    if source.in_memory is not None:  # deterministic transforms on whole tensors, once
+        train_images, val_images = source.in_memory
+        from .sources import Tensors
+
+        plain_train = Tensors(plain(train_images), source.train.labels)
+        val: Dataset = Tensors(evaluate(val_images), source.val.labels)
+    else:
+        plain_train, val = Mapped(source.train, plain), Mapped(source.val, evaluate)
+    train = TrainView(plain_train, source.train, augmented, cfg.seed)
+    description = source.description
+    if pipeline.random:
+        description += f", augment {augment}"
+    return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
+
+
+def loader_workers(cfg: RunConfig, local_processes: int, training_threads: int) -> int:
+    """``--num-workers``: a number, or auto: the cores per local process that training leaves free
+    (none on a CPU run, whose compute threads take the cores already)."""
+    if cfg.num_workers != "auto":
+        return int(cfg.num_workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, cores // max(1, local_processes) - training_threads)

@@ -1,0 +1,202 @@
+"""Where samples come from: the built-in digits, ImageFolder trees, torchvision's MNIST /
+FashionMNIST / CIFAR-10, and synthetic data. A source gives raw images (uint8 tensors from files,
+[0, 1] floats from memory) and labels; ``transforms`` decides what the model sees.
+
+Every problem with the data is found here, before a run directory is created, and reported as one
+line that names the option and the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset
+
+from ..config import RunConfig
+from ..errors import PhalanxError
+from . import manifest
+from .images import ImageFiles, PathTable
+
+DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
+FOLDER_SIZE = 32  # --image-size for folders when none is given
+
+
+@dataclass
+class Source:
+    train: Dataset
+    val: Dataset
+    classes: list[str]
+    channels: int
+    native_size: int
+    description: str
+    in_memory: tuple[torch.Tensor, torch.Tensor] | None = None  # (train, val) images when they fit a tensor
+    skipped: dict[str, str] = field(default_factory=dict)  # unreadable files left out (--skip-broken)
+    val_from: str = ""
+
+
+def load(cfg: RunConfig, channels: int | None) -> Source:
+    """``channels``: what the model insists on (3 for torchvision models), or None for any."""
+    if cfg.dataset == "digits":
+        return _digits(cfg, channels)
+    if cfg.dataset == "folder":
+        return _image_folder(cfg, channels)
+    if cfg.dataset == "synthetic":
+        return _synthetic(cfg, channels)
+    return _torchvision_dataset(cfg, channels)
+
+
+def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
+    """A seeded split, identical on every rank and every resume."""
+    train, val = holdout_indices(len(dataset), fraction, seed)
+    return Subset(dataset, train), Subset(dataset, val)
+
+
+def holdout_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    n_val = max(1, round(n * fraction))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+class Tensors(Dataset):
+    """Images and labels already in memory."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+def _in_memory(images: torch.Tensor, labels: torch.Tensor, cfg: RunConfig, classes: list[str], what: str) -> Source:
+    train_idx, val_idx = holdout_indices(len(labels), cfg.val_fraction, cfg.seed)
+    train, val = images[train_idx], images[val_idx]
+    size = images.shape[-1]
+    return Source(Tensors(train, labels[train_idx]), Tensors(val, labels[val_idx]), classes, images.shape[1], size,
+                  f"{what} ({len(train_idx)} train / {len(val_idx)} val, {size}x{size})", in_memory=(train, val))
+
+
+# --- built-in digits --------------------------------------------------------------------------
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1,797 8x8 handwritten digits (UCI, as shipped by scikit-learn): pixels in [0, 1]."""
+    with gzip.open(DIGITS_FILE, "rt") as fh:
+        rows = [[int(v) for v in line.split(",")] for line in fh if line.strip()]
+    table = torch.tensor(rows, dtype=torch.float32)
+    images = (table[:, :64] / 16.0).reshape(-1, 1, 8, 8)
+    return images, table[:, 64].long()
+
+
+def _digits(cfg: RunConfig, channels: int | None) -> Source:
+    images, labels = load_digits()
+    if cfg.image_size and cfg.image_size != 8:
+        images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear",
+                                                 align_corners=False).clamp(0, 1)
+    if channels and channels != 1:
+        images = images.expand(-1, channels, -1, -1).contiguous()
+    return _in_memory(images, labels, cfg, [str(d) for d in range(10)], "built-in digits")
+
+
+def _synthetic(cfg: RunConfig, channels: int | None) -> Source:
+    """Seeded random images and labels, already in memory: benchmarks measure training, not I/O."""
+    size, chans = cfg.image_size or 32, channels or 3
+    generator = torch.Generator().manual_seed(cfg.seed)
+    images = torch.rand(cfg.synthetic_samples, chans, size, size, generator=generator)
+    labels = torch.randint(0, 10, (cfg.synthetic_samples,), generator=generator)
+    return _in_memory(images, labels, cfg, [str(i) for i in range(10)], "synthetic")
+
+
+# --- ImageFolder trees ------------------------------------------------------------------------
+
+def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig) -> tuple[list[str], ImageFiles, dict]:
+    found = manifest.checked(split_dir, classes)
+    if found.broken and not cfg.skip_broken:
+        path, why = next(iter(found.broken.items()))
+        more = f" (and {len(found.broken) - 1} more)" if len(found.broken) > 1 else ""
+        raise PhalanxError(f"cannot read image {split_dir / path} ({why}){more}; --skip-broken leaves "
+                           "unreadable images out", "--dataroot")
+    if not found.paths:
+        raise PhalanxError(f"no readable image in {split_dir}", "--dataroot")
+    files = ImageFiles(split_dir, PathTable(found.paths), np.asarray(found.labels, dtype=np.int64), mode,
+                       fast=cfg.fast_decode)
+    return found.classes, files, {str(split_dir / p): why for p, why in found.broken.items()}
+
+
+def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
+    root = Path(cfg.dataroot)
+    if not root.is_dir():
+        raise PhalanxError(f"{root} is not a directory", "--dataroot")
+    if not (root / "train").is_dir():
+        raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/<class>/<images>", "--dataroot")
+    mode = "L" if channels == 1 else "RGB" if channels in (None, 3) else None
+    if mode is None:
+        raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
+    classes, train, skipped = _files(root / "train", None, mode, cfg)
+    if (root / "val").is_dir():
+        _, val, val_skipped = _files(root / "val", classes, mode, cfg)
+        skipped.update(val_skipped)
+        how: str = "val/"
+        train_set, val_set = train, val
+    else:
+        train_set, val_set = holdout_split(train, cfg.val_fraction, cfg.seed)
+        how = f"{cfg.val_fraction:g} hold-out"
+    size = cfg.image_size or FOLDER_SIZE
+    gone = f"; {len(skipped)} unreadable image(s) left out" if skipped else ""
+    return Source(train_set, val_set, classes, 1 if mode == "L" else 3, size,
+                  f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, {len(classes)} classes, "
+                  f"{size}x{size}{gone})", skipped=skipped)
+
+
+def image_files(dataset: Dataset) -> ImageFiles | None:
+    """The ImageFiles under a split (for the decoder's size hint), if the data set is one."""
+    base = dataset.dataset if isinstance(dataset, Subset) else dataset
+    return base if isinstance(base, ImageFiles) else None
+
+
+# --- torchvision datasets ---------------------------------------------------------------------
+
+class Channels(Dataset):
+    """A torchvision data set's images as uint8 tensors with the channels the model takes."""
+
+    def __init__(self, base: Dataset, channels: int):
+        self.base, self.channels = base, channels
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from torchvision.transforms.v2.functional import pil_to_tensor, rgb_to_grayscale
+
+        image, label = self.base[index]
+        image = pil_to_tensor(image)
+        if image.shape[0] == 1 and self.channels == 3:
+            image = image.expand(3, -1, -1)
+        elif image.shape[0] == 3 and self.channels == 1:
+            image = rgb_to_grayscale(image)
+        return image, int(label)
+
+
+def _torchvision_dataset(cfg: RunConfig, channels: int | None) -> Source:
+    import torchvision.datasets as tvd
+
+    spec = {"mnist": (tvd.MNIST, 1, 28), "fashionmnist": (tvd.FashionMNIST, 1, 28),
+            "cifar10": (tvd.CIFAR10, 3, 32)}
+    cls, native_channels, native_size = spec[cfg.dataset]
+    out_channels = channels or native_channels
+    try:
+        train = cls(cfg.dataroot, train=True, download=cfg.download)
+        val = cls(cfg.dataroot, train=False, download=cfg.download)
+    except RuntimeError as exc:  # torchvision: "Dataset not found. You can use download=True ..."
+        raise PhalanxError(f"no {cls.__name__} files under {cfg.dataroot} ({str(exc).splitlines()[0]}); "
+                           "add --download where there is internet", "--dataroot") from None
+    except OSError as exc:
+        raise PhalanxError(f"cannot read {cls.__name__} under {cfg.dataroot} ({exc})", "--dataroot") from None
+    size = cfg.image_size or native_size
+    return Source(Channels(train, out_channels), Channels(val, out_channels), list(train.classes), out_channels,
+                  native_size, f"{cls.__name__} ({len(train)} train / {len(val)} val, {size}x{size})")

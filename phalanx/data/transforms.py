@@ -1,0 +1,151 @@
+"""What happens to an image between its source and the model: resize and crop (never a squash),
+augmentation recipes, normalisation.
+
+A source gives an image as a uint8 tensor (files) or a float tensor in [0, 1] (the digits, synthetic
+data), at any size. Training applies the recipe of ``--augment``, built from torchvision's v2
+transforms; evaluation (and training without augmentation) resizes the shorter side to
+``image_size / crop_pct`` and takes the centre crop, as timm's ``crop_pct`` does, with torch alone:
+importing torchvision costs a process seconds, and runs without augmentation never need it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..config import RunConfig
+
+SMALL = 64  # up to this size, "basic" pads and crops (CIFAR's recipe); above, a random resized crop
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD = (0.449,), (0.226,)  # the RGB statistics' mean, as timm uses
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The image pipeline of a run, resolved from the options and the data."""
+
+    size: int
+    augment: str  # none, basic, trivialaugment, randaugment, autoaugment
+    crop_pct: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def random(self) -> bool:
+        return self.augment != "none"
+
+    def min_decoded_side(self, crop_scale: float) -> int:
+        """The shorter side a decoder may reduce an image to without losing what the pipeline uses:
+        a random resized crop can take ``sqrt(crop_scale)`` of the side and enlarge it to ``size``."""
+        if self.augment != "none" and self.size > SMALL:
+            return math.ceil(self.size / math.sqrt(crop_scale))
+        return math.ceil(self.size / min(self.crop_pct, 1.0))
+
+
+def resolve(cfg: RunConfig, native_size: int, channels: int, dataset: str) -> tuple[int, str, float]:
+    """(image size, augmentation, evaluation crop fraction) for this run."""
+    size = cfg.image_size or native_size
+    augment = cfg.augment
+    if augment == "auto":
+        augment = "basic" if dataset in ("folder", "cifar10") else "none"
+    crop_pct = cfg.val_crop_pct or (1.0 if size <= SMALL else 0.875)
+    return size, augment, crop_pct
+
+
+def normalisation(cfg: RunConfig, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Mean and std from the options, or None when the data set's own must be computed."""
+    if cfg.mean:
+        if len(cfg.mean) != channels:
+            from ..errors import PhalanxError
+
+            raise PhalanxError(f"has {len(cfg.mean)} values for {channels}-channel images", "--mean")
+        return cfg.mean, cfg.std
+    kind = cfg.normalize
+    if kind == "auto":
+        kind = "imagenet" if cfg.weights else "half"
+    if kind == "imagenet":
+        return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD)
+    if kind == "none":
+        return (0.0,) * channels, (1.0,) * channels
+    if kind == "half":  # [0, 1] -> [-1, 1]
+        return (0.5,) * channels, (0.5,) * channels
+    return None  # "dataset"
+
+
+class Prepare:
+    """Resize the shorter side (antialiased bilinear, as torchvision's Resize), take the centre
+    crop, scale to [0, 1] and normalise; one image (C, H, W) or a batch (N, C, H, W)."""
+
+    def __init__(self, resize: int, crop: int, mean: tuple[float, ...], std: tuple[float, ...]):
+        self.resize, self.crop = resize, crop
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        x = image if image.dim() == 4 else image[None]
+        h, w = x.shape[-2:]
+        if min(h, w) != self.resize:
+            # torchvision's rule: the shorter side becomes `resize`, the longer one is truncated.
+            long = int(self.resize * max(h, w) / min(h, w))
+            size = (self.resize, long) if h <= w else (long, self.resize)
+            x = torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+            h, w = size
+        top, left = int(round((h - self.crop) / 2.0)), int(round((w - self.crop) / 2.0))
+        x = x[..., top:top + self.crop, left:left + self.crop]
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        x = (x - self.mean) / self.std
+        return x if image.dim() == 4 else x[0]
+
+
+def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
+    from torchvision.transforms import v2
+
+    size = pipeline.size
+    if size <= SMALL:
+        steps = [v2.Resize(size, antialias=True), v2.CenterCrop(size),
+                 v2.RandomCrop(size, padding=max(1, size // 8))]
+    else:
+        steps = [v2.RandomResizedCrop(size, scale=(cfg.crop_scale, 1.0), antialias=True)]
+    if cfg.hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    policy = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment,
+              "autoaugment": v2.AutoAugment}.get(pipeline.augment)
+    if policy is not None:
+        steps.append(policy())
+    return steps
+
+
+def build(pipeline: Pipeline, cfg: RunConfig, train: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The transform of one image: uint8 or [0, 1] float in, normalised float32 out."""
+    if not train or not pipeline.random:
+        crop_pct = pipeline.crop_pct if not train else 1.0
+        return Prepare(round(pipeline.size / crop_pct), pipeline.size, pipeline.mean, pipeline.std)
+    from torchvision.transforms import v2
+
+    steps = _geometry(pipeline, cfg)
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pipeline.mean), list(pipeline.std))]
+    if cfg.random_erasing > 0:
+        steps.append(v2.RandomErasing(p=cfg.random_erasing))
+    return v2.Compose(steps)
+
+
+def dataset_statistics(images: Callable[[int], torch.Tensor], count: int, seed: int,
+                       limit: int = 10_000) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of the training images (resized, not augmented), over every image
+    or a seeded sample of ``limit``: the same numbers on every rank and every resume."""
+    indices = range(count) if count <= limit else \
+        torch.randperm(count, generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    total = squares = None
+    pixels = 0
+    for index in indices:
+        image = images(index).double()
+        flat = image.reshape(image.shape[0], -1)
+        total = flat.sum(1) if total is None else total + flat.sum(1)
+        squares = (flat ** 2).sum(1) if squares is None else squares + (flat ** 2).sum(1)
+        pixels += flat.shape[1]
+    mean = total / pixels
+    std = (squares / pixels - mean ** 2).clamp(min=1e-12).sqrt()
+    return tuple(round(v, 6) for v in mean.tolist()), tuple(round(v, 6) for v in std.tolist())

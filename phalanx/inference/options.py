@@ -1,0 +1,45 @@
+"""The options of ``evaluate``, ``predict`` and ``export``, each declared once (as ``RunConfig``'s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import DATASETS, option
+
+CHECKPOINT_HELP = "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt); it is all these commands need."
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
+    dataroot: str | None = option(None, "Evaluate on this data instead of the run's validation split: a folder of "
+                                  "class folders (DIR/val/ if there is one), or torchvision's files for --dataset.",
+                                  metavar="DIR")
+    dataset: str | None = option(None, "With --dataroot: the data set kind (default: folder).", choices=DATASETS)
+    output: str | None = option(None, "Also write the results as JSON to this file.", metavar="FILE")
+    batch_size: int = option(0, "Batch size (0: the run's).", metavar="N")
+    gpu_ids: tuple[int, ...] = option((), "GPU to evaluate on (-1 or none: CPU).", metavar="ID")
+    num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
+    ema: bool = option(False, "Evaluate the moving average of the weights (a run with --ema-decay).")
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
+    output: str = option(None, "Where to write the predictions: .csv or .jsonl.", metavar="FILE")
+    top_k: int = option(5, "How many of the most likely classes to list per image.", metavar="K")
+    batch_size: int = option(64, "Images per batch.", metavar="N")
+    gpu_ids: tuple[int, ...] = option((), "GPU to predict on (-1 or none: CPU).", metavar="ID")
+    num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
+    ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
+    progress: bool = option(True, "Show a progress bar on stderr.")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
+    format: str = option("torchscript", "torchscript: loads with torch.jit.load; exported-program: loads with "
+                         "torch.export.load.", choices=("torchscript", "exported-program"))
+    output: str = option(None, "The file to write; class names and preprocessing go beside it, in FILE.json.",
+                         metavar="FILE")
+    ema: bool = option(False, "Export the moving average of the weights (a run with --ema-decay).")

@@ -1,0 +1,112 @@
+"""evaluate, predict and export from real checkpoints of short CPU trainings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import records, run_phalanx, write_digit_pngs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-epoch run on the built-in digits, with an EMA of its weights."""
+    from phalanx.cli import main
+
+    root = tmp_path_factory.mktemp("trained")
+    assert main(["train", "--epochs", "2", "--ema-decay", "0.9", "--checkpoints-dir", str(root), "--no-progress"]) == 0
+    return root / "experiment"
+
+
+def test_evaluate_reproduces_the_validation_accuracy_training_recorded(trained, phalanx, tmp_path):
+    result = phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "r.json")
+    assert result.code == 0, result.err
+    saved = json.loads((tmp_path / "r.json").read_text())
+    val = records(trained, "val")[-1]
+    assert saved["top1"] == val["acc"] and saved["images"] == val["samples"] == 359
+    assert saved["loss"] == pytest.approx(val["loss"], rel=1e-6)
+    matrix = torch.tensor(saved["confusion_matrix"])
+    assert matrix.sum() == 359 and matrix.trace().item() / 359 == saved["top1"]
+    assert [row["images"] for row in saved["per_class"].values()] == matrix.sum(1).tolist()
+    assert saved["top1"] <= saved["top5"] <= 1
+    assert f"top-1 {100 * val['acc']:.2f}%" in result.out and "confusion (rows: true class" in result.out
+    ema = phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--ema", "--output", tmp_path / "e.json")
+    assert ema.code == 0 and json.loads((tmp_path / "e.json").read_text())["top1"] == val["ema_acc"]
+
+
+def test_ddp_evaluate_counts_every_image_once_and_equals_one_process(trained, tmp_path):
+    single = run_phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "one.json")
+    assert single.code == 0, single.err
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "phalanx.cli",
+                          "evaluate", "--checkpoint", str(trained / "latest.pt"), "--output", str(tmp_path / "two.json")],
+                         capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ddp.returncode == 0, ddp.stderr
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["images"] == one["images"] == 359
+    assert two["confusion_matrix"] == one["confusion_matrix"] and two["top1"] == one["top1"]
+    assert ddp.stdout.count("top-1") == 1  # rank 0 reports
+
+
+def test_evaluate_on_a_folder_maps_classes_by_name(phalanx, tmp_path):
+    data = write_digit_pngs(tmp_path / "data", per_class=15)
+    assert phalanx("train", "--dataroot", data, "--image-size", 16, "--augment", "none", "--epochs", 4,
+                   "--checkpoints-dir", tmp_path / "ck", "--no-progress").code == 0
+    test = tmp_path / "test"
+    for digit in (3, 7):  # a test folder with two of the ten classes
+        (test / f"digit{digit}").mkdir(parents=True)
+        for image in sorted((data / "train" / f"digit{digit}").iterdir())[:5]:
+            (test / f"digit{digit}" / image.name).write_bytes(image.read_bytes())
+    result = phalanx("evaluate", "--checkpoint", tmp_path / "ck/experiment/latest.pt", "--dataroot", test,
+                     "--output", tmp_path / "r.json")
+    assert result.code == 0, result.err
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["images"] == 10
+    assert saved["per_class"]["digit3"]["images"] == 5 and saved["per_class"]["digit0"]["images"] == 0
+
+
+def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, phalanx, tmp_path):
+    folder = write_digit_pngs(tmp_path / "images", per_class=3) / "train"
+    (folder / "digit3" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    result = phalanx("predict", "--checkpoint", trained / "latest.pt", folder, "--output", tmp_path / "p.jsonl",
+                     "--top-k", 3, "--batch-size", 8)
+    assert result.code == 0, result.err
+    assert "broken.png" in result.err and "skipped" in result.err and "30 image(s) predicted, 1 skipped" in result.out
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and all(len(r["top_k"]) == 3 and r["class"] == r["top_k"][0]["class"] for r in rows)
+    right = sum(r["class"] == r["path"].split("/")[-2].removeprefix("digit") for r in rows)
+    assert right >= 24  # 16x16 PNGs of the digits, prepared as validation prepares 8x8 ones
+    csv = phalanx("predict", "--checkpoint", trained / "latest.pt", folder / "digit1", "--output", tmp_path / "p.csv")
+    assert csv.code == 0 and (tmp_path / "p.csv").read_text().startswith("path,class,probability,top_k\n")
+
+
+@pytest.mark.parametrize("kind, suffix, loader", [
+    ("torchscript", "ts", "torch.jit.load(sys.argv[1])"),
+    ("exported-program", "pt2", "torch.export.load(sys.argv[1]).module()"),
+])
+def test_export_loads_without_phalanx_and_gives_the_checkpoints_logits(trained, phalanx, tmp_path, kind, suffix, loader):
+    output = tmp_path / f"model.{suffix}"
+    result = phalanx("export", "--checkpoint", trained / "latest.pt", "--format", kind, "--output", output)
+    assert result.code == 0, result.err
+    side = json.loads((tmp_path / f"model.{suffix}.json").read_text())
+    assert side["classes"] == [str(d) for d in range(10)] and side["mean"] == [0.5] and side["image_size"] == 8
+    images = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    torch.save(images, tmp_path / "images.pt")
+    script = ("import sys, torch\n"
+              f"model = {loader}\n"
+              "torch.save(model(torch.load(sys.argv[2])), sys.argv[3])\n"
+              "print('phalanx' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(output), str(tmp_path / "images.pt"),
+                           str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # no phalanx needed to run it
+    from phalanx.inference.model import load_trained
+
+    with torch.no_grad():
+        expected = load_trained(str(trained / "latest.pt")).model(images)
+    assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, atol=1e-5)

@@ -1,0 +1,113 @@
+"""The input pipeline: fast decoding within the stated tolerance of the reference path, a folder
+manifest that checks each file once, broken files named among thousands, flat sample arrays."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from phalanx.config import RunConfig
+from phalanx.data import build_datasets, loader_workers
+from phalanx.data import manifest
+from phalanx.data.images import PathTable, decode
+from phalanx.data.transforms import Prepare
+from phalanx.errors import PhalanxError
+
+# Stated in the README ("Input pipeline"): a reduced-scale JPEG decode differs from a full decode
+# plus antialiased resize by at most this much, in [0, 1] units, after the pipeline's resize.
+# Measured: mean 1.5/255, largest 12/255 (README, "Input pipeline").
+MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
+
+
+def photo(width: int, height: int, seed: int) -> bytes:
+    """A JPEG with smooth colour fields and sensor-like noise (photographs' content, not flat colour)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    image = np.stack([128 + 100 * np.sin(x / (11 + 3 * c) + seed) * np.cos(y / (17 - 2 * c) - c) for c in range(3)], -1)
+    image += rng.normal(0, 12, image.shape)
+    buffer = io.BytesIO()
+    Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224)])
+def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, height, size):
+    prepare = Prepare(size, size, (0.0,) * 3, (1.0,) * 3)
+    worst_mean = worst_max = 0.0
+    for seed in range(8):
+        data = photo(width, height, seed)
+        reference = prepare(decode(data, "RGB", None, fast=False))  # PIL, full decode
+        fast = prepare(decode(data, "RGB", size, fast=True))
+        difference = (reference - fast).abs()
+        worst_mean, worst_max = max(worst_mean, difference.mean().item()), max(worst_max, difference.max().item())
+    assert worst_mean <= MEAN_TOLERANCE and worst_max <= MAX_TOLERANCE
+    if min(width, height) < 2 * size:  # no reduced scale here: torchvision's decode_jpeg, the same pixels
+        assert worst_max == 0.0
+
+
+def test_grayscale_and_png_go_through_pil():
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (20, 10), (10, 200, 30)).save(buffer, "PNG")
+    assert decode(buffer.getvalue(), "L", 8, fast=True).shape == (1, 10, 20)
+    assert decode(photo(64, 48, 0), "L", None, fast=True).shape == (1, 48, 64)
+
+
+def make_folder(root, files_per_class: int, classes: int = 3):
+    from PIL import Image
+
+    image = Image.new("L", (6, 6), 128)
+    for c in range(classes):
+        folder = root / "train" / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(files_per_class):
+            image.save(folder / f"{i:05d}.png")
+    return root
+
+
+def test_the_manifest_checks_each_file_once_and_rechecks_only_what_changed(tmp_path, monkeypatch):
+    root = make_folder(tmp_path / "data", files_per_class=40)
+    calls = []
+    original = manifest.check_file
+    monkeypatch.setattr(manifest, "check_file", lambda path: calls.append(path) or original(path))
+    monkeypatch.setattr(manifest, "PARALLEL_FROM", 10**9)  # in this process, so the calls are counted
+    first = manifest.checked(root / "train")
+    assert len(calls) == 120 and len(first.paths) == 120 and not first.broken
+    calls.clear()
+    assert manifest.checked(root / "train").paths == first.paths and calls == []
+    broken = root / "train/class1/00007.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not an image any more")
+    third = manifest.checked(root / "train")
+    assert calls == [str(broken.resolve())]
+    assert third.broken == {"class1/00007.png": "UnidentifiedImageError"} and len(third.paths) == 119
+
+
+def test_a_broken_file_among_thousands_is_named_or_skipped_and_counted(tmp_path, phalanx):
+    root = make_folder(tmp_path / "data", files_per_class=1000)  # checked in parallel processes
+    (root / "train/class2/00500.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with pytest.raises(PhalanxError, match=r"class2/00500.png \(\w+Error\); --skip-broken"):
+        build_datasets(RunConfig(dataroot=str(root)), None)
+    data = build_datasets(RunConfig(dataroot=str(root), skip_broken=True), None)
+    assert len(data.train) + len(data.val) == 2999 and "1 unreadable image(s) left out" in data.description
+    assert list(data.skipped) == [str(root / "train/class2/00500.png")]
+
+
+def test_samples_are_held_in_flat_arrays():
+    table = PathTable([f"class{i % 7}/{i:07d}.jpg" for i in range(10_000)] + ["é/ü.png"])
+    assert len(table) == 10_001 and table[1234] == "class2/0001234.jpg" and table[10_000] == "é/ü.png"
+    assert isinstance(table.blob, np.ndarray) and isinstance(table.offsets, np.ndarray)  # two objects, not 10,001
+
+
+def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free():
+    cores = len(os.sched_getaffinity(0))
+    assert loader_workers(RunConfig(), local_processes=1, training_threads=cores) == 0  # CPU training: none
+    assert loader_workers(RunConfig(), local_processes=1, training_threads=1) == cores - 1  # one GPU
+    assert loader_workers(RunConfig(num_workers="3"), local_processes=8, training_threads=1) == 3
+    assert torch.get_num_threads() >= 1

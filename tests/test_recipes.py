@@ -1,0 +1,183 @@
+"""Training recipes on real images: augmentation, normalisation, starting from weights, EMA, speed
+options. Real training on CPU; exactness where it is promised."""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import USER_MODELS, records, run_phalanx, start_phalanx, wait_until, write_digit_pngs
+from phalanx.config import RunConfig
+from phalanx.data import build_datasets
+
+AUGMENTED = ["--augment", "basic", "--no-hflip", "--image-size", 16]
+
+
+def recorded(folder: Path) -> dict[str, list[list[str]]]:
+    """Per recording file: the ids of the (augmented) training inputs, one list per epoch part."""
+    from test_resume import recorded_segments
+
+    return recorded_segments(folder)
+
+
+def test_augmentation_is_seeded_per_sample_the_same_on_any_rank_and_new_each_epoch(tmp_path, phalanx, monkeypatch):
+    common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
+              "--no-progress"]
+    for name in ("a", "b"):
+        monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / f"rec-{name}"))
+        assert phalanx("train", "--name", name, *common).code == 0
+    ddp = run_phalanx("trainlaunch", "--name", "ddp", *common, "--batch-size", 16, "--use-torchrun", "--nproc_per_node 2",
+                      env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-ddp")})
+    assert ddp.code == 0, ddp.err
+    (a,), (b,) = recorded(tmp_path / "rec-a").values(), recorded(tmp_path / "rec-b").values()
+    assert a == b  # bitwise reproducible
+    plain = set(_plain_ids())
+    assert len(plain & set(a[0])) < 0.1 * len(a[0])  # augmented (1 in 25 pad-and-crop positions is no shift)
+    assert len(set(a[0]) & set(a[1])) < 0.05 * len(a[0])  # a new augmentation each epoch
+    ranks = list(recorded(tmp_path / "rec-ddp").values())
+    assert not set(ranks[0][0]) & set(ranks[1][0])  # the ranks augment different samples
+    for epoch in (0, 1):  # and together exactly what one process does: per-sample seeds
+        assert Counter(ranks[0][epoch]) + Counter(ranks[1][epoch]) == Counter(a[epoch])
+
+
+def _plain_ids():
+    from phalanx_testmodels import sample_id
+
+    train = build_datasets(RunConfig(image_size=16, augment="none"), None).train
+    return [sample_id(train[i][0]) for i in range(len(train))]
+
+
+def test_a_mid_epoch_resume_continues_the_same_augmented_stream(tmp_path, phalanx, monkeypatch):
+    common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
+              "--no-progress", "--log-every", 1, "--mixup-alpha", 0.4, "--random-erasing", 0.5]
+    cut = start_phalanx("train", "--name", "cut", *common,
+                        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), "PHALANX_TEST_DELAY": "0.03"})
+    try:
+        wait_until(lambda: (tmp_path / "cut/metrics.jsonl").exists() and any(
+            r["epoch_progress"] > 0.3 for r in records(tmp_path / "cut", "train")), 120, "part of epoch 1")
+        cut.send_signal(signal.SIGTERM)
+        assert cut.wait(timeout=60) == 143
+    finally:
+        cut.kill()
+    monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "rec-straight"))
+    assert phalanx("train", "--name", "straight", *common).code == 0
+    monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "rec-cut"))
+    assert phalanx("train", "--name", "cut", "--resume", "auto", *common).code == 0
+    straight = next(iter(recorded(tmp_path / "rec-straight").values()))
+    files = sorted((tmp_path / "rec-cut").iterdir(), key=lambda p: p.stat().st_mtime_ns)  # the cut process first
+    first, second = (recorded(tmp_path / "rec-cut")[f.name] for f in files)
+    assert first[0] + second[0] == straight[0] and second[1] == straight[1]
+    w1, w2 = (torch.load(tmp_path / n / "latest.pt")["model"] for n in ("straight", "cut"))
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_dataset_normalisation_is_computed_once_saved_and_correct(phalanx, tmp_path):
+    result = phalanx("train", "--normalize", "dataset", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    from phalanx.data.sources import holdout_indices, load_digits
+
+    images, _ = load_digits()
+    train = images[holdout_indices(len(images), 0.2, 0)[0]]
+    saved = torch.load(tmp_path / "experiment/latest.pt")["data"]  # what training resolved, for inference
+    assert saved["mean"] == pytest.approx([train.mean().item()], abs=1e-5)
+    assert saved["std"] == pytest.approx([train.std(unbiased=False).item()], abs=1e-5)
+    plain = build_datasets(RunConfig(normalize="dataset"), None).train
+    stacked = torch.stack([plain[i][0] for i in range(len(plain))])
+    assert abs(stacked.mean().item()) < 1e-4 and abs(stacked.std().item() - 1) < 1e-3
+    resumed = phalanx("train", "--normalize", "dataset", "--epochs", 2, "--resume", "auto", "--checkpoints-dir",
+                      tmp_path, "--no-progress")
+    assert resumed.code == 0, resumed.err
+
+
+def test_evaluation_crops_the_centre_and_never_squashes(tmp_path):
+    from PIL import Image
+
+    from phalanx.data import build_datasets
+
+    folder = tmp_path / "data" / "train" / "bands"
+    folder.mkdir(parents=True)
+    for i in range(4):  # 40 x 20: red, green (the middle 20 columns), blue
+        image = Image.new("RGB", (40, 20), (255, 0, 0))
+        image.paste((0, 255, 0), (10, 0, 30, 20))
+        image.paste((0, 0, 255), (30, 0, 40, 20))
+        image.save(folder / f"{i}.png")
+    (tmp_path / "data/train/other").mkdir()
+    Image.new("RGB", (20, 20)).save(tmp_path / "data/train/other/0.png")
+    data = build_datasets(RunConfig(dataroot=str(tmp_path / "data"), image_size=16, normalize="none",
+                                    val_fraction=0.4), None)
+    image = data.train[0][0] if data.train[0][1] == 0 else data.train[1][0]
+    assert image.shape == (3, 16, 16)
+    # All green (a squash would keep red and blue bands at the sides; antialiasing blurs the edge a little).
+    assert image[1].min() > 0.9 and image[0].max() < 0.1 and image[2].max() < 0.1
+
+
+def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bit(phalanx, tmp_path):
+    digits = write_digit_pngs(tmp_path / "ten", per_class=40)  # RGB PNGs of the ten digits
+    common = ["--image-size", 16, "--augment", "none", "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--dataroot", digits, "--epochs", 4, "--name", "pretrained", *common).code == 0
+    pretrained = torch.load(tmp_path / "pretrained/latest.pt")["model"]
+    three = tmp_path / "three" / "train"  # new classes: the digits 0-2 under other names
+    for digit in (0, 1, 2):
+        (three / f"class{digit}").mkdir(parents=True)
+        for image in sorted((digits / "train" / f"digit{digit}").iterdir()):
+            (three / f"class{digit}" / image.name).write_bytes(image.read_bytes())
+    result = phalanx("train", "--dataroot", three.parent, "--weights", tmp_path / "pretrained/latest.pt",
+                     "--freeze-backbone", "--head-lr-mult", 3, "--epochs", 3, "--name", "tuned", *common)
+    assert result.code == 0, result.err
+    assert "6 tensors loaded, 2 replaced (another shape, trained anew: classifier.3.weight 10x128 -> 3x128" in result.out
+    assert "backbone frozen, training classifier.3 only" in result.out
+    tuned = torch.load(tmp_path / "tuned/latest.pt")
+    for key, value in tuned["model"].items():
+        if key.startswith("classifier.3"):
+            assert value.shape[0] == 3
+        else:
+            assert torch.equal(value, pretrained[key]), key  # frozen: bit for bit
+    groups = tuned["optimizer"]["param_groups"]
+    # 96 training images, 3 steps an epoch: the last step starts at progress 2 + 64/96 of 3 epochs.
+    head_lr = 3 * 0.1 * 0.5 * (1 + math.cos(math.pi * (2 + 64 / 96) / 3))
+    assert [g["lr_mult"] for g in groups] == [3] and groups[0]["lr"] == pytest.approx(head_lr)
+    assert records(tmp_path / "tuned", "val")[-1]["acc"] > 0.8
+
+
+def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx, tmp_path, monkeypatch):
+    import torchvision
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    missing = phalanx("train", "--model", "resnet18", "--weights", "ResNet18_Weights.IMAGENET1K_V1",
+                      "--checkpoints-dir", tmp_path)
+    assert missing.code == 2 and len(missing.err.strip().splitlines()) == 1
+    cached = tmp_path / "torch-home/hub/checkpoints/resnet18-f37072fd.pth"
+    assert f"put https://download.pytorch.org/models/resnet18-f37072fd.pth at {cached}" in missing.err
+    cached.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18(num_classes=1000).state_dict(), cached)  # stands in for the download
+    result = phalanx("train", "--model", "resnet18", "--weights", "ResNet18_Weights.IMAGENET1K_V1", "--epochs", 1,
+                     "--batch-size", 128, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    assert "120 tensors loaded, 2 replaced (another shape, trained anew: fc.weight 1000x512 -> 10x512" in result.out
+    assert torch.load(tmp_path / "experiment/latest.pt")["data"]["mean"] == [0.485, 0.456, 0.406]  # auto: imagenet
+
+
+def test_mixing_smoothing_erasing_and_channels_last_train(phalanx, tmp_path):
+    result = phalanx("train", "--mixup-alpha", 0.2, "--cutmix-alpha", 1.0, "--label-smoothing", 0.1,
+                     "--random-erasing", 0.25, "--augment", "trivialaugment", "--no-hflip", "--channels-last",
+                     "--image-size", 16, "--epochs", 3, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    assert "augment trivialaugment" in result.out
+    assert records(tmp_path / "experiment", "val")[-1]["acc"] > 0.4  # chance is 0.1; all of it in 3 short epochs
+
+
+def test_ema_is_evaluated_checkpointed_and_resumed_exactly(phalanx, tmp_path):
+    common = ["--ema-decay", 0.9, "--lr-schedule", "step", "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--name", "straight", "--epochs", 2, *common).code == 0
+    assert phalanx("train", "--name", "split", "--epochs", 1, *common).code == 0
+    assert phalanx("train", "--name", "split", "--epochs", 2, "--resume", "auto", *common).code == 0
+    a, b = (torch.load(tmp_path / n / "latest.pt") for n in ("straight", "split"))
+    assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+    assert not torch.equal(a["ema"]["classifier.3.weight"], a["model"]["classifier.3.weight"])
+    val = records(tmp_path / "straight", "val")
+    assert all(0.5 < r["ema_acc"] <= 1 for r in val)
