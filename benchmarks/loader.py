@@ -31,23 +31,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests" / "support"))
+from phalanx_testdata import photo  # noqa: E402  (the same generated JPEGs as the tests)
 DATA = HERE / ".data"
 PYTHON = sys.executable
 SETS = {"small": (160, 160, 32), "large": (600, 500, 224)}
 IMAGES_PER_CLASS, CLASSES, SAMPLE = 300, 10, 1500
-
-
-def photo(width: int, height: int, seed: int) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    image = np.stack([128 + 100 * np.sin(x / (11 + 3 * c) + seed) * np.cos(y / (17 - 2 * c) - c) for c in range(3)], -1)
-    image += rng.normal(0, 12, image.shape)
-    buffer = io.BytesIO()
-    Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def jpeg_folder(name: str) -> Path:

@@ -74,6 +74,7 @@ def summary(values: list[float]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--only", choices=("recipes", "finetune"))
     opts = parser.parse_args()
     results: dict = {"date": time.strftime("%Y-%m-%d"),
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -81,18 +82,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         raw: dict = {}
-        for seed in range(opts.seeds):  # interleaved: every recipe once per seed
+        for seed in range(opts.seeds if opts.only != "finetune" else 0):  # interleaved: each recipe once per seed
             for name, args in RECIPES.items():
                 run = train(["--image-size", "32", "--val-fraction", "0.8", "--seed", str(seed), *args], work,
                             f"r{seed}-{len(raw.get(name, []))}-{abs(hash(name))}")
                 raw.setdefault(name, []).append(run["acc"])
                 print(f"[seed {seed}] {name}: {100 * run['acc']:.2f}%", flush=True)
         results["recipes"] = {name: summary(values) for name, values in raw.items()}
+        if opts.only == "recipes":
+            opts.seeds = 0
         low, high = digit_folders(work / "folders")
         basic = ["--image-size", "32", "--augment", "basic", "--no-hflip"]
         train(["--dataroot", str(low), "--val-fraction", "0.1", *basic], work, "pretrained")
         weights = str(work / "ck" / "pretrained" / "latest.pt")
         ways = {"from scratch": [], "from the 0-4 weights": ["--weights", weights],
+                "from the 0-4 weights, --lr 0.01": ["--weights", weights, "--lr", "0.01"],
                 "from the 0-4 weights, backbone frozen": ["--weights", weights, "--freeze-backbone"]}
         raw = {}
         for seed in range(opts.seeds):
@@ -104,6 +108,10 @@ def main() -> int:
         results["finetune"] = {name: summary(values) for name, values in raw.items()}
     out = HERE / "results"
     out.mkdir(exist_ok=True)
+    if opts.only and (out / "recipes.json").exists():  # keep the other part's results
+        previous = json.loads((out / "recipes.json").read_text())
+        kept = "finetune" if opts.only == "recipes" else "recipes"
+        results[kept] = previous.get(kept, {})
     (out / "recipes.json").write_text(json.dumps(results, indent=2))
     lines = [f"{results['date']}, {results['machine']}", "", "| recipe | validation accuracy, mean (min-max) |",
              "| --- | --- |"]

@@ -103,28 +103,33 @@ def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, pri
 
 VISUALIZE_EXAMPLES = """\b
 Examples:
-  phalanx visualize --pickle_dir checkpoints/experiment/pickle      # then open http://localhost:8097
+  phalanx visualize --pickle_dir checkpoints/experiment/pickle      # prints the page's URL
+  phalanx visualize --pickle-dir checkpoints                        # every run in there, compared
+  phalanx visualize --pickle-dir runs/a/pickle --pickle-dir runs/b/pickle   # two runs, compared
   phalanx visualize --pickle-dir s3://bucket/runs/experiment/pickle --s3-endpoint-url http://minio:9000
   phalanx visualize --pickle_dir DIR --server http://visdom-host --port 8097 --once   # replay, exit
 """
 
 
 @cli.command(cls=Command, epilog=VISUALIZE_EXAMPLES)
-@click.option("--pickle-dir", "pickle_dir", required=True, metavar="DIR|s3://BUCKET/PREFIX",
-              help="The snapshots of one run (<checkpoints-dir>/<name>/pickle), local or on S3.")
+@click.option("--pickle-dir", "pickle_dir", required=True, multiple=True, metavar="DIR|s3://BUCKET/PREFIX",
+              help="The snapshots of a run (<checkpoints-dir>/<name>/pickle), local or on S3; or a folder of "
+                   "runs (<checkpoints-dir>). Repeat to compare runs.")
 @click.option("--server", default="http://localhost", show_default=True,
               help="Visdom server; on this machine one is started (and stopped) if none answers.")
 @click.option("--port", default=8097, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.05),
               help="Seconds between looks for new snapshots.")
 @click.option("--once", is_flag=True, help="Plot everything there is into a running server, then exit.")
-@click.option("--env", default=None, help="Visdom environment (default: phalanx-<name>-<run id>).")
+@click.option("--env", default=None, help="Visdom environment of a single run (default: phalanx-<name>-<run id>).")
 @click.option("--s3-endpoint-url", default=None, metavar="URL", help="S3-compatible endpoint for s3:// dirs.")
 @click.option("--listen-all", is_flag=True, help="Let a visdom server started here listen on every "
               "interface (default: 127.0.0.1 only; visdom has no login by default).")
 @click.option("--visdom-log", default=None, metavar="FILE", help="Log of a visdom server started here.")
 def visualize(**values: Any) -> None:
-    """Plot a run's losses live in visdom, from its pickled snapshots (any machine that reads them).
+    """Watch runs live in visdom, from their pickled snapshots (on any machine that reads them):
+    status, losses, accuracy, learning rate, throughput, confusion matrix, per-class accuracy and
+    validation images with predictions; several runs compared.
 
     Never imports torch and never runs code from a snapshot: only plain data is unpickled.
     """

@@ -3,6 +3,7 @@ snapshots, and the copies of every written file sent to remote storage."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,19 @@ class RunOutputs:
             self.snapshots.add(record)
             if flush:
                 self.snapshots.flush()
+
+    def snapshot_only(self, record: dict[str, Any]) -> None:
+        """A record for the dashboard that the metrics log (JSON) does not keep: image bytes."""
+        if self.snapshots is not None:
+            self.snapshots.add(record)
+
+    def status(self, state: str, **details: Any) -> None:
+        """The run's state for the dashboard (running, restarted, preempted, failed); best effort: a
+        failing run's last words must not hide why it failed."""
+        try:
+            self.record({"kind": "status", "state": state, "time": time.time(), **details}, flush=True)
+        except Exception:
+            pass
 
     def files_written(self, paths: list[Path]) -> None:
         for path in paths:

@@ -77,35 +77,45 @@ class Uploader:
     """A queue of files and one thread that sends them, retrying with exponential backoff.
 
     A path queued again before it was sent is sent once, in its newest version: the files are
-    replaced atomically, so what is read is always a complete file.
+    replaced atomically, so what is read is always a complete file. At the end of a run, what is
+    still queued gets ``close_timeout`` seconds: storage that is down does not hold the run up for
+    the whole backoff; what did not make it is listed.
     """
 
     def __init__(self, senders: list[Send], attempts: int = 5, backoff: float = 0.5,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, close_timeout: float = 15.0):
         self.senders, self.attempts, self.backoff = senders, attempts, backoff
+        self.close_timeout = close_timeout
         self.warn = warn or (lambda line: print(f"phalanx: warning: {line}", file=sys.stderr, flush=True))
-        self.failures: list[Failure] = []
-        self.sent = 0
+        self.failed: dict[str, str] = {}  # file (key) -> why its newest copy did not make it
+        self.keys: set[str] = set()  # every file submitted
         self._outage = False  # said "uploads failing" and not yet "resumed"
+        self._deadline: float | None = None  # set by close()
         self._queue: queue.Queue[tuple[Path, str] | None] = queue.Queue()
         self._pending: set[tuple[Path, str]] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="phalanx-uploader", daemon=True)
         self._thread.start()
 
+    @property
+    def failures(self) -> list[Failure]:
+        return [Failure(key, error) for key, error in sorted(self.failed.items())]
+
     def submit(self, path: Path, key: str) -> None:
         with self._lock:
+            self.keys.add(key)
             if (path, key) in self._pending:
                 return
             self._pending.add((path, key))
         self._queue.put((path, key))
 
     def close(self) -> list[Failure]:
-        """Send what is queued (each with its retries), stop the thread, return the failures."""
+        """Send what is queued (within ``close_timeout``), stop the thread, report what failed."""
+        self._deadline = time.monotonic() + self.close_timeout
         self._queue.put(None)
         self._thread.join()
-        if self.failures:
-            self.warn(f"{len(self.failures)} upload(s) failed, {self.sent} succeeded: "
+        if self.failed:
+            self.warn(f"{len(self.failed)} of {len(self.keys)} file(s) not uploaded: "
                       + "; ".join(f"{f.key} ({f.error})" for f in self.failures[:5]))
         return self.failures
 
@@ -117,26 +127,34 @@ class Uploader:
             for send in self.senders:
                 self._send_with_retries(send, path, key)
 
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
     def _send_with_retries(self, send: Send, path: Path, key: str) -> None:
         for attempt in range(1, self.attempts + 1):
+            if attempt > 1 and self._past_deadline():
+                self.failed[key] = f"not sent before the run ended ({self.failed.get(key, 'storage down')})"
+                return
             try:
                 send(path, key)
-                self.sent += 1
-                self.failures = [f for f in self.failures if f.key != key]  # a newer copy made it
+                self.failed.pop(key, None)  # a newer copy made it
                 if self._outage:
                     self._outage = False
                     self.warn(f"uploads resumed ({key} sent)")
                 return
             except Exception as exc:  # network, credentials, the user's function: never fatal
                 error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+                self.failed[key] = error
                 if not self._outage:  # say it at once, not only when the retries run out
                     self._outage = True
                     self.warn(f"uploads failing ({key}: {error}); retrying with backoff, training goes on")
                 if attempt == self.attempts:
                     self.warn(f"upload of {key} failed after {attempt} attempts: {error}")
-                    self.failures.append(Failure(key, error))
                     return
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), 30.0))
+                pause = min(self.backoff * 2 ** (attempt - 1), 30.0)
+                if self._deadline is not None:
+                    pause = max(0.0, min(pause, self._deadline - time.monotonic()))
+                time.sleep(pause)
 
 
 def make_uploader(remote_transfer: str | None, remote_transfer_cmd: str | None,

@@ -24,7 +24,7 @@ from .models import build_model, required_channels
 from .optim import effective_lr
 from .outputs import RunOutputs, new_run_id
 from .parallel import Placement, Strategy, placement, elastic_restart_count, missing_gpus, strategy_for
-from .preempt import StopRequest
+from .preempt import Preempted, StopRequest
 from .recipe import Recipe
 from .sampling import steps_per_epoch
 from .trainer import Trainer
@@ -141,6 +141,12 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         for line in notes:
             say(line)
         return _fit(cfg, strategy, data, model, recipe, outputs, run_id, resume, say)
+    except Preempted:
+        outputs.status("preempted")
+        raise
+    except BaseException:
+        outputs.status("failed")
+        raise
     finally:
         outputs.close()  # the last snapshot, and every upload sent or reported
 
@@ -165,10 +171,14 @@ def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module,
             trainer.restore(resume.state)
             for line in resume_notes(cfg, resume, trainer):
                 say(line)
+        outputs.status("restarted" if elastic_restart_count() else "running", epoch=trainer.epoch,
+                       step=trainer.step, world_size=strategy.world_size, devices=strategy.describe(),
+                       samples_per_epoch=trainer.num_train, epochs=cfg.epochs)
         summary = trainer.fit()
     if "val_acc" in summary:
+        left_out = f"; {len(data.skipped)} unreadable image(s) were left out (--skip-broken)" if data.skipped else ""
         say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
-            f"checkpoints in {cfg.run_dir}")
+            f"checkpoints in {cfg.run_dir}{left_out}")
     else:
         say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
     return summary

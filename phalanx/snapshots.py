@@ -10,8 +10,13 @@ Each process start (a fresh run, a resume, an elastic restart) writes a new ``ge
 rewrites the history it continues from (a resumed run drops the points after its checkpoint).
 Readers use the newest generation alone, and only once its segments 1..k are all present.
 
-Loading admits plain data only (dict, list, tuple, str, int, float, bool, None): the unpickler
-refuses every global, so a hostile pickle cannot import or call anything. No torch here.
+Loading admits plain data only (dict, list, tuple, str, bytes, int, float, bool, None): the
+unpickler refuses every global, so a hostile pickle cannot import or call anything, and the values
+are counted against a budget, so a small file cannot unfold into a huge structure. No torch here.
+
+Schema 2 adds the records of the dashboard: ``status`` (running, finished, preempted, failed),
+``confusion`` (each epoch's confusion matrix over the whole validation set) and ``images`` (a fixed
+sample of validation images as PNG bytes, with true and predicted labels). Schema 1 still loads.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 SEGMENT_RECORDS = 5000
 SEGMENT_NAME = re.compile(r"^segment_(\d{6})\.pkl$")
-PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
+PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
 
 
 class UnsafeSnapshot(pickle.UnpicklingError):
@@ -76,15 +82,18 @@ def dumps(segment: dict[str, Any]) -> bytes:
 # What a reader may rely on in each kind of record (others are passed through unread).
 NUMBER = (int, float)
 RECORD_FIELDS = {"train": {"epoch": int, "step": int, "epoch_progress": NUMBER, "loss": NUMBER, "lr": NUMBER},
-                 "val": {"epoch": int, "loss": NUMBER, "acc": NUMBER}}
+                 "val": {"epoch": int, "loss": NUMBER, "acc": NUMBER},
+                 "status": {"state": str, "time": NUMBER},
+                 "confusion": {"epoch": int, "matrix": list, "classes": list},
+                 "images": {"epoch": int, "items": list}}
 
 
 def loads(data: bytes) -> dict[str, Any]:
     """Load one segment; raises UnsafeSnapshot or pickle/EOF/Value errors for bad data."""
     segment = _PlainDataUnpickler(io.BytesIO(data)).load()
     _check_plain(segment)
-    if not isinstance(segment, dict) or segment.get("schema") != SCHEMA:
-        raise ValueError(f"not a phalanx snapshot of schema {SCHEMA}")
+    if not isinstance(segment, dict) or segment.get("schema") not in READABLE_SCHEMAS:
+        raise ValueError(f"not a phalanx snapshot (schema {' or '.join(map(str, READABLE_SCHEMAS))})")
     for key, kind in (("run_id", str), ("generation", int), ("segment", int), ("sealed", bool),
                       ("records", list), ("options", dict)):
         if not isinstance(segment.get(key, {} if key == "options" else None), kind):
@@ -100,7 +109,16 @@ def _check_record(index: int, record: Any) -> None:
     for key, kind in RECORD_FIELDS.get(record["kind"], {}).items():
         value = record.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"record {index} ({record['kind']}) has no numeric {key!r}")
+            raise ValueError(f"record {index} ({record['kind']}) has no {key!r} of the right type")
+    if record["kind"] == "confusion":
+        classes, matrix = record["classes"], record["matrix"]
+        if len(matrix) != len(classes) or not all(isinstance(row, list) and len(row) == len(classes) and
+                                                   all(type(v) is int for v in row) for row in matrix):
+            raise ValueError(f"record {index} (confusion) is not a square matrix of counts")
+    elif record["kind"] == "images":
+        if not all(isinstance(item, dict) and isinstance(item.get("png"), bytes) and isinstance(item.get("label"), str)
+                   and isinstance(item.get("predicted"), str) for item in record["items"]):
+            raise ValueError(f"record {index} (images) has an item without png bytes and labels")
 
 
 @dataclass

@@ -31,6 +31,9 @@ from .preempt import Preempted, StopRequest
 from .progress import ProgressBar
 from .recipe import Recipe
 from .sampling import EpochBatches, MicroBatch, ShardSampler, derive_seed, epoch_order, plan_epoch
+from .watch import ValidationSample
+
+MAX_CONFUSION_CLASSES = 100
 
 
 def seed_streams(seed: int) -> None:
@@ -59,6 +62,10 @@ class Trainer:
         self.data_info = {"classes": data.classes, "channels": data.in_channels, "size": data.pipeline.size,
                           "crop_pct": data.pipeline.crop_pct, "mean": list(data.pipeline.mean),
                           "std": list(data.pipeline.std)}
+        self.classes = data.classes
+        # Rank 0 shows a fixed sample of validation images with their predictions each epoch.
+        self.sample = ValidationSample(data.val, data.classes, data.pipeline.mean, data.pipeline.std) \
+            if strategy.is_main else None
         self.batches = EpochBatches()
         self.train_loader = DataLoader(data.train, batch_sampler=self.batches, **workers)
         self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
@@ -117,12 +124,13 @@ class Trainer:
         for epoch in range(self.epoch + 1, self.cfg.epochs + 1):
             started = time.perf_counter()
             train_loss, rate = self._train_epoch(epoch)
-            val_loss, val_acc = self.evaluate()
-            extra, shown = {}, ""
+            val_loss, val_acc, confusion = self.evaluate()
+            extra, shown = self._peak_memory(), ""
             if self.recipe.ema is not None:
-                extra["ema_loss"], extra["ema_acc"] = self.evaluate(self.recipe.ema.module)
+                extra["ema_loss"], extra["ema_acc"], _ = self.evaluate(self.recipe.ema.module)
                 shown = f"  ema_acc {100 * extra['ema_acc']:.2f}%"
             self.epoch = epoch
+            self._record_epoch(epoch, confusion)
             self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
                                  "samples": self.val_samples, "world_size": self.world_size,
                                  "train_loss": train_loss, **extra}, flush=True)
@@ -141,6 +149,25 @@ class Trainer:
         self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **summary}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
+
+    def _record_epoch(self, epoch: int, confusion: torch.Tensor) -> None:
+        """For the dashboard: the confusion matrix (up to 100 classes; larger ones would swell the
+        metrics log), and the sample of validation images with their predictions (snapshots only)."""
+        if len(self.classes) <= MAX_CONFUSION_CLASSES:
+            self.outputs.record({"kind": "confusion", "epoch": epoch, "classes": self.classes,
+                                 "matrix": confusion.tolist()})
+        if self.sample is not None:
+            model = self.strategy.unwrap(self.model)
+            with self._autocast():
+                self.outputs.snapshot_only(self.sample.record(model, epoch, self.device, self.recipe.eval_inputs))
+
+    def _peak_memory(self) -> dict[str, Any]:
+        """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
+        if self.device.type != "cuda":
+            return {}
+        peaks = torch.zeros(self.world_size, device=self.device, dtype=torch.float64)
+        peaks[self.rank] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return {"memory_gib": self.strategy.all_reduce_sum(peaks).tolist()}
 
     def _lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -239,19 +266,24 @@ class Trainer:
         return now, stops > 0
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module | None = None) -> tuple[float, float]:
-        """Validation loss and top-1 accuracy over the whole validation set, every sample once."""
+    def evaluate(self, model: nn.Module | None = None) -> tuple[float, float, torch.Tensor]:
+        """Validation loss, top-1 accuracy and the confusion matrix (true x predicted) over the
+        whole validation set, every sample once."""
         model = self.strategy.eval_model(self.model) if model is None else model
         model.eval()
         sums = torch.zeros(3, device=self.device)  # loss sum, correct, count
+        classes = len(self.classes)
+        confusion = torch.zeros(classes * classes, device=self.device, dtype=torch.int64)
         for inputs, targets in self.val_loader:
             inputs = self.recipe.eval_inputs(inputs.to(self.device, non_blocking=True))
             targets = targets.to(self.device, non_blocking=True)
             with self._autocast():
                 logits = model(inputs)
+            predicted = logits.argmax(1)
             sums[0] += nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-            sums[1] += (logits.argmax(1) == targets).sum()
+            sums[1] += (predicted == targets).sum()
             sums[2] += targets.size(0)
+            confusion += torch.bincount(targets * classes + predicted.clamp(max=classes - 1), minlength=classes ** 2)
         loss_sum, correct, count = self.strategy.all_reduce_sum(sums).tolist()
         self.val_samples = int(count)
-        return loss_sum / count, correct / count
+        return loss_sum / count, correct / count, self.strategy.all_reduce_sum(confusion).view(classes, classes)

@@ -9,6 +9,7 @@ visdom's static folder and marks it built, so visdom never reaches for a CDN.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import tarfile
@@ -42,7 +43,13 @@ ASSETS: list[tuple[str, str, str, str]] = [
        f"fonts/glyphicons-halflings-regular.{ext}{suffix}") for ext, suffix in BOOTSTRAP_FONTS],
     *[("mathjax", "2.7.5", path, f"js/mathjax/2.7.5/{path}") for path in MATHJAX_FILES],
 ]
-FIX = f"{Path(sys.executable).name} -m phalanx.visdom_assets"
+NPM_TIMEOUT = 300  # seconds for all of npm pack; npm alone retried an unreachable registry for 20+ minutes
+
+
+def fix_command() -> str:
+    """The command that installs the assets, with the interpreter that has phalanx (a bare
+    ``python3`` outside the virtual environment would not find it)."""
+    return f"{sys.executable} -m phalanx.visdom_assets"
 
 
 def visdom_dir() -> Path:
@@ -74,8 +81,17 @@ def install(root: Path | None = None, log=print) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         specs = [f"{name}@{version}" for name, version in packages]
         log(f"visdom assets: npm pack {len(specs)} packages")
-        subprocess.run(["npm", "pack", "--silent", "--pack-destination", tmp, *specs], check=True,
-                       stdout=subprocess.DEVNULL)
+        # Bounded: two retries of a request at most, and a deadline for the whole download.
+        env = {**os.environ, "npm_config_fetch_retries": "2", "npm_config_fetch_retry_maxtimeout": "20000",
+               "npm_config_fetch_timeout": "60000"}
+        try:
+            subprocess.run(["npm", "pack", "--silent", "--pack-destination", tmp, *specs], check=True, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=NPM_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"npm did not finish in {NPM_TIMEOUT} s; is the npm registry reachable?") from None
+        except subprocess.CalledProcessError as exc:
+            why = (exc.stderr or "").strip().splitlines()
+            raise RuntimeError(f"npm pack failed: {why[-1] if why else exc}") from None
         for name, version, member, dest in ASSETS:
             tarball = Path(tmp) / f"{name.replace('/', '-')}-{version}.tgz"
             with tarfile.open(tarball) as archive:
@@ -89,7 +105,12 @@ def install(root: Path | None = None, log=print) -> None:
     log(f"visdom assets: {len(ASSETS)} files in {static}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m phalanx.visdom_assets", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
     missing = missing_assets()
     if not missing:
         print(f"visdom assets: complete in {visdom_dir() / 'static'}")
@@ -97,8 +118,7 @@ def main() -> int:
     try:
         install()
     except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
-        print(f"phalanx: cannot install visdom's assets ({exc}); npm must reach the npm registry",
-              file=sys.stderr)
+        print(f"phalanx: cannot install visdom's page assets: {exc}", file=sys.stderr)
         return 1
     return 0 if not missing_assets() else 1
 

@@ -103,6 +103,29 @@ MUTANTS = [
            'return cfg.replace(resume="auto")', (f"{LAUNCH} -k worker_killed",)),
     Mutant("workers outlive a killed launcher", "phalanx/worker.py", "    die_with_parent(os.getppid())",
            "    pass", (f"{LAUNCH} -k sigkill",)),
+    # --- schedulers
+    Mutant("a batch script taken for an srun task", "phalanx/cluster.py",
+           'if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:', 'if "SLURM_PROCID" in env:',
+           ("tests/test_cluster.py -k wins",)),
+    Mutant("mpirun loses to SLURM's inherited variables", "phalanx/cluster.py", '    if "OMPI_COMM_WORLD_RANK" in env:',
+           "    if False:", ("tests/test_cluster.py -k wins",)),
+    # --- data and recipes
+    Mutant("the manifest checks every file again", "phalanx/data/manifest.py",
+           "if isinstance(entry, list) and len(entry) == 3 and entry[:2] == [size, mtime]:", "if False:",
+           ("tests/test_loader.py -k manifest",)),
+    Mutant("the same augmentation every epoch", "phalanx/data/__init__.py",
+           'derive_seed(self.seed, "augment", epoch, index)', 'derive_seed(self.seed, "augment", 1, index)',
+           ("tests/test_recipes.py -k seeded_per_sample",)),
+    Mutant("frozen BatchNorm statistics still move", "phalanx/finetune.py", "            norm.eval()",
+           "            pass", ("tests/test_recipes.py -k fine_tuning",)),
+    Mutant("the EMA starts over at resume", "phalanx/trainer.py",
+           'self.recipe.ema.module.load_state_dict(state.get("ema") or state["model"])',
+           'self.recipe.ema.module.load_state_dict(state["model"])', ("tests/test_recipes.py -k ema",)),
+    # --- visualize
+    Mutant("a symlink out of the pickle dir is followed", "phalanx/visualize/sources.py",
+           "        if not real.is_relative_to(self.root):", "        if False:", ("tests/test_visualize.py -k hostile",)),
+    Mutant("a FIFO is read", "phalanx/visualize/sources.py", "            if not stat.S_ISREG(info.st_mode):",
+           "            if False:", ("tests/test_visualize.py -k hostile",)),
 ]
 
 

@@ -16,24 +16,12 @@ from phalanx.data import manifest
 from phalanx.data.images import PathTable, decode
 from phalanx.data.transforms import Prepare
 from phalanx.errors import PhalanxError
+from phalanx_testdata import photo
 
 # Stated in the README ("Input pipeline"): a reduced-scale JPEG decode differs from a full decode
 # plus antialiased resize by at most this much, in [0, 1] units, after the pipeline's resize.
 # Measured: mean 1.5/255, largest 12/255 (README, "Input pipeline").
 MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
-
-
-def photo(width: int, height: int, seed: int) -> bytes:
-    """A JPEG with smooth colour fields and sensor-like noise (photographs' content, not flat colour)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    image = np.stack([128 + 100 * np.sin(x / (11 + 3 * c) + seed) * np.cos(y / (17 - 2 * c) - c) for c in range(3)], -1)
-    image += rng.normal(0, 12, image.shape)
-    buffer = io.BytesIO()
-    Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224)])

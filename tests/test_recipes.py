@@ -118,7 +118,9 @@ def test_evaluation_crops_the_centre_and_never_squashes(tmp_path):
 
 def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bit(phalanx, tmp_path):
     digits = write_digit_pngs(tmp_path / "ten", per_class=40)  # RGB PNGs of the ten digits
-    common = ["--image-size", 16, "--augment", "none", "--checkpoints-dir", tmp_path, "--no-progress"]
+    # A model with BatchNorm: a frozen backbone keeps its running statistics too.
+    common = ["--model", "phalanx_testmodels:batchnorm", "--image-size", 16, "--augment", "none", "--checkpoints-dir",
+              tmp_path, "--no-progress"]
     assert phalanx("train", "--dataroot", digits, "--epochs", 4, "--name", "pretrained", *common).code == 0
     pretrained = torch.load(tmp_path / "pretrained/latest.pt")["model"]
     three = tmp_path / "three" / "train"  # new classes: the digits 0-2 under other names
@@ -129,11 +131,12 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
     result = phalanx("train", "--dataroot", three.parent, "--weights", tmp_path / "pretrained/latest.pt",
                      "--freeze-backbone", "--head-lr-mult", 3, "--epochs", 3, "--name", "tuned", *common)
     assert result.code == 0, result.err
-    assert "6 tensors loaded, 2 replaced (another shape, trained anew: classifier.3.weight 10x128 -> 3x128" in result.out
-    assert "backbone frozen, training classifier.3 only" in result.out
+    assert "7 tensors loaded, 2 replaced (another shape, trained anew: net.5.weight 10x32 -> 3x32" in result.out
+    assert "backbone frozen, training net.5 only" in result.out
     tuned = torch.load(tmp_path / "tuned/latest.pt")
+    assert any("running_mean" in key for key in tuned["model"])
     for key, value in tuned["model"].items():
-        if key.startswith("classifier.3"):
+        if key.startswith("net.5"):
             assert value.shape[0] == 3
         else:
             assert torch.equal(value, pretrained[key]), key  # frozen: bit for bit
@@ -141,7 +144,7 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
     # 96 training images, 3 steps an epoch: the last step starts at progress 2 + 64/96 of 3 epochs.
     head_lr = 3 * 0.1 * 0.5 * (1 + math.cos(math.pi * (2 + 64 / 96) / 3))
     assert [g["lr_mult"] for g in groups] == [3] and groups[0]["lr"] == pytest.approx(head_lr)
-    assert records(tmp_path / "tuned", "val")[-1]["acc"] > 0.8
+    assert records(tmp_path / "tuned", "val")[-1]["acc"] > 0.45  # above chance (1/3) with the head alone
 
 
 def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx, tmp_path, monkeypatch):

@@ -109,15 +109,20 @@ def _visualize_owning_a_server(pickle_dir: Path, *extra: str):
 
 
 def test_an_owned_visdom_server_listens_on_loopback_only_unless_asked(tmp_path):
+    import tempfile
+
     (tmp_path / "pickle").mkdir()
+    before = set(Path(tempfile.gettempdir()).glob("phalanx-visdom-*"))
     proc, port = _visualize_owning_a_server(tmp_path / "pickle")
     try:
         assert _listening_address(port) == "127.0.0.1"
+        assert len(set(Path(tempfile.gettempdir()).glob("phalanx-visdom-*")) - before) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and "visualize stopped" in out
+    assert proc.returncode == 143 and "visualize stopped by SIGTERM" in err
     wait_until(lambda: _listening_address(port) is None, 30, "the server to stop with visualize")
+    assert set(Path(tempfile.gettempdir()).glob("phalanx-visdom-*")) == before  # its folder went with it
 
     proc, port = _visualize_owning_a_server(tmp_path / "pickle", "--listen-all")
     try:

@@ -336,3 +336,41 @@ def test_sync_bn_on_two_gpus_equals_one_process_with_the_whole_batch(tmp_path, p
     assert phalanx("train", "--name", "single", "--batch-size", 32, "--gpu-ids", 0, *common).code == 0
     a, b = torch.load(tmp_path / "ddp/latest.pt")["model"], torch.load(tmp_path / "single/latest.pt")["model"]
     assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-4) for k in a)
+
+
+def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_once(tmp_path):
+    # --nnodes 1:2: when a node is lost, torchrun restarts the group on the nodes that are left,
+    # and the run resumes at the new world size as any resume does.
+    port = free_port()
+
+    def node():
+        return start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 4, "--name", "elastic",
+                             "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1, "--use-torchrun",
+                             f"--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=8",
+                             env={"PHALANX_TEST_DELAY": "0.03"})
+
+    nodes = [node()]  # the first node hosts the rendezvous store: it must be the one that stays
+    wait_until(lambda: _listening(port), 60, "the rendezvous store")
+    nodes.append(node())
+    run = tmp_path / "elastic"
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and any(r["epoch"] == 2 for r in records(run, "train")),
+                   180, "epoch 2 on two nodes")
+        nodes[1].kill()  # the second node goes away (its worker dies with it); the first hosts the rendezvous
+        out, err = nodes[0].communicate(timeout=240)
+    finally:
+        for node in nodes:
+            node.kill()
+    assert nodes[0].returncode == 0, err
+    assert "(elastic restart 1)" in out and "world size changed (2 -> 1 processes)" in out
+    val = records(run, "val")
+    assert [r["epoch"] for r in val] == [1, 2, 3, 4] and val[0]["world_size"] == 2 and val[-1]["world_size"] == 1
+    for epoch in (1, 2, 3, 4):  # every sample once, across the change of world size
+        assert sum(r["samples"] for r in records(run, "train") if r["epoch"] == epoch) == 1438
+
+
+def _listening(port: int) -> bool:
+    """A socket listens on ``port`` (IPv4 or IPv6), read from /proc: no traffic sent."""
+    lines = [line for table in ("tcp", "tcp6") for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
+    return any(int(line.split()[1].rsplit(":", 1)[1], 16) == port and line.split()[3] == "0A" for line in lines)

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,15 +38,17 @@ def visdom_equals_history(port: int, env: str, history) -> bool:
 
 
 def assert_visdom_equals_history(port: int, env: str, history) -> None:
+    """Every line window holds exactly the snapshots' points."""
     viz = client(port)
     train = [r for r in history.records if r["kind"] == "train"]
     val = [r for r in history.records if r["kind"] == "val"]
-    assert window_points(viz, "train_loss", env) == {"loss": ([r["epoch_progress"] for r in train],
-                                                               [r["loss"] for r in train])}
-    assert window_points(viz, "lr", env) == {"lr": ([r["epoch_progress"] for r in train], [r["lr"] for r in train])}
-    assert window_points(viz, "val", env) == {
-        "val loss": ([r["epoch"] for r in val], [r["loss"] for r in val]),
-        "val accuracy": ([r["epoch"] for r in val], [r["acc"] for r in val])}
+    progress = [r["epoch_progress"] for r in train]
+    assert window_points(viz, "train_loss", env) == {"loss": (progress, [r["loss"] for r in train])}
+    assert window_points(viz, "lr", env) == {"lr": (progress, [r["lr"] for r in train])}
+    assert window_points(viz, "throughput", env) == {"samples/s": (progress, [r["samples_per_s"] for r in train])}
+    epochs = [r["epoch"] for r in val]
+    assert window_points(viz, "val_loss", env) == {"val loss": (epochs, [r["loss"] for r in val])}
+    assert window_points(viz, "val_acc", env) == {"val accuracy": (epochs, [100 * r["acc"] for r in val])}
 
 
 def test_visdom_holds_every_point_including_those_written_while_visualize_was_down(tmp_path, visdom_server):
@@ -74,12 +77,13 @@ def test_visdom_holds_every_point_including_those_written_while_visualize_was_do
                     return False
 
             wait_until(plotted, 60, "visualize to plot")
+            wait_until(lambda: f"localhost:{visdom_server}/env/phalanx-experiment-" in log.read_text(), 30, "the URL")
             follower.send_signal(signal.SIGTERM)  # visualize goes away while training goes on
             _, err = follower.communicate(timeout=30)
         out = log.read_text()
-        assert follower.returncode == 0, err
+        assert follower.returncode == 143, err  # SIGTERM, as the README's exit codes say
         assert train.poll() is None, "training should still be running"
-        assert "new point(s) in visdom env" in out and "visualize stopped" in out
+        assert "visualize stopped by SIGTERM" in err and f"localhost:{visdom_server}/env/phalanx-experiment-" in out
         assert train.wait(timeout=180) == 0
     finally:
         train.kill()
@@ -114,50 +118,165 @@ def test_visualize_refuses_what_it_cannot_read(tmp_path, phalanx):
     assert len(result.err.strip().splitlines()) == 1
 
 
-def test_visualize_does_not_import_torch(tmp_path):
+def test_visualize_does_not_import_torch(tmp_path, visdom_server, phalanx):
+    # visdom itself would import torch if it could: a plot of a real run must not load it.
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     code = ("import sys; from phalanx.cli import main; "
-            f"main(['visualize', '--pickle_dir', {str(tmp_path)!r}, '--once']); "
-            "print('torch' in sys.modules)")
+            f"code = main(['visualize', '--pickle_dir', {str(tmp_path / 'experiment/pickle')!r}, '--once', "
+            f"'--port', '{visdom_server}']); print(code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
-    assert out.strip() == "False"
+    assert out.strip().splitlines()[-1] == "0 False"
 
 
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def launch_chromium(pw):
+    return pw.chromium.launch(executable_path=_chromium(), headless=True, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"])
+
+
+PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+    title: (el.layout.title && (el.layout.title.text || el.layout.title)) || '',
+    xtitle: el.layout.xaxis && el.layout.xaxis.title && (el.layout.xaxis.title.text || el.layout.xaxis.title) || '',
+    ytitle: el.layout.yaxis && el.layout.yaxis.title && (el.layout.yaxis.title.text || el.layout.yaxis.title) || '',
+    traces: el.data.map(t => ({name: t.name, type: t.type, points: (t.x || t.z || []).length}))}))"""
+
+
 @pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
-def test_the_page_in_a_real_browser_shows_the_loss_plot_with_every_point(tmp_path, visdom_server, phalanx):
+def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_path, visdom_server, phalanx):
     from playwright.sync_api import sync_playwright
 
-    assert phalanx("train", "--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    assert phalanx("train", "--epochs", 2, "--ema-decay", 0.9, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     pickle_dir = tmp_path / "experiment" / "pickle"
-    assert run_phalanx("visualize", "--pickle_dir", pickle_dir, "--port", visdom_server, "--once").code == 0
+    shown = run_phalanx("visualize", "--pickle_dir", pickle_dir, "--port", visdom_server, "--once")
+    assert shown.code == 0, shown.err
     history = snapshot_history(pickle_dir)
-    train_points = sum(r["kind"] == "train" for r in history.records)
-    url = f"http://127.0.0.1:{visdom_server}/env/phalanx-experiment-{history.run_id}"
+    url = f"http://localhost:{visdom_server}/env/phalanx-experiment-{history.run_id}"
+    assert f"phalanx: experiment: {url}" in shown.out  # the exact page of the run
+    train = sum(r["kind"] == "train" for r in history.records)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=_chromium(), headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = launch_chromium(pw)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            page = browser.new_page(viewport={"width": 1700, "height": 1500})
             page.goto(url)
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=30000)
-            plots = page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
-                title: (el.layout.title && (el.layout.title.text || el.layout.title)) || '',
-                traces: el.data.map(t => ({name: t.name, points: t.x.length}))}))""")
-            page.screenshot(path=str(tmp_path / "visdom.png"))
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7 && "
+                                   "document.querySelector('.phalanx-status') && "
+                                   "document.querySelectorAll('.phalanx-images img').length == 16", timeout=30000)
+            plots = {p["title"]: p for p in page.evaluate(PLOTS)}
+            status = page.inner_text(".phalanx-status")
+            captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
+            page.screenshot(path=str(tmp_path / "visdom.png"), full_page=True)
         finally:
             browser.close()
-    loss = [p for p in plots if "train loss" in str(p["title"])]
-    assert len(loss) == 1, plots
-    assert loss[0]["traces"] == [{"name": "loss", "points": train_points}]
-    val = [p for p in plots if "validation" in str(p["title"])][0]
-    assert {t["name"]: t["points"] for t in val["traces"]} == {"val loss": 2, "val accuracy": 2}
-    assert (tmp_path / "visdom.png").stat().st_size > 10_000
+    if os.environ.get("PHALANX_SCREENSHOT"):  # the README's picture: PHALANX_SCREENSHOT=docs/visualize.png
+        shutil.copy(tmp_path / "visdom.png", os.environ["PHALANX_SCREENSHOT"])
+    assert plots["train loss (mean over ranks)"]["traces"] == [{"name": "loss", "type": "scatter", "points": train}]
+    assert plots["train loss (mean over ranks)"]["ytitle"] == "cross-entropy loss"
+    assert {t["name"]: t["points"] for t in plots["validation accuracy (top-1)"]["traces"]} == \
+        {"val accuracy": 2, "EMA val accuracy": 2}
+    assert plots["validation accuracy (top-1)"]["ytitle"] == "accuracy (%)"  # not the loss's axis
+    assert {t["name"] for t in plots["validation loss"]["traces"]} == {"val loss", "EMA val loss"}
+    assert plots["learning rate"]["traces"][0]["points"] == train
+    assert plots["throughput (all ranks)"]["ytitle"] == "samples / s"
+    assert plots["confusion matrix, epoch 2"]["traces"][0]["type"] == "heatmap"
+    assert plots["confusion matrix, epoch 2"]["traces"][0]["points"] == 10  # 10 x 10 classes
+    assert plots["accuracy per class, epoch 2"]["traces"][0]["type"] == "bar"
+    assert "finished" in status and "best validation accuracy" in status and "world size" in status
+    expected = [r for r in history.records if r["kind"] == "images"][-1]["items"]
+    assert captions == [f"{item['label']} \u2192 {item['predicted']}" for item in expected]
+    assert (tmp_path / "visdom.png").stat().st_size > 20_000
     assert all(SEGMENT_NAME.match(p.name) for p in pickle_dir.iterdir())
+
+
+def test_hostile_files_are_refused_within_seconds_in_bounded_memory_and_the_good_points_still_plot(
+        tmp_path, visdom_server, phalanx):
+    import pickle
+
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    pickle_dir = tmp_path / "experiment" / "pickle"
+    good = (pickle_dir / "segment_000001.pkl").read_bytes()
+    nested = [1]
+    for _ in range(6):
+        nested = [nested] * 100  # 10^12 leaves in 2 KB
+    hostile = {
+        "segment_000002.pkl": lambda p: p.write_bytes(pickle.dumps({"schema": 2, "records": nested}, protocol=4)),
+        "segment_000003.pkl": lambda p: p.symlink_to("/dev/zero"),
+        "segment_000004.pkl": lambda p: p.write_bytes(good[: len(good) // 2]),  # truncated
+        "segment_000005.pkl": lambda p: os.mkfifo(p),
+        "segment_000006.pkl": lambda p: p.symlink_to("/etc/hostname"),  # a link out of the pickle dir
+        "segment_000007.pkl": lambda p: _sparse(p, 65 * 2**20),  # too large
+    }
+    for name, make in hostile.items():
+        make(pickle_dir / name)
+    started = time.monotonic()
+    # VmHWM: the peak resident memory of this program's own address space (ru_maxrss would count
+    # the pages of pytest that the fork shared before exec).
+    peak = ("import atexit, sys; atexit.register(lambda: print(next(line for line in open('/proc/self/status') "
+            "if line.startswith('VmHWM')), file=sys.stderr)); from phalanx.cli import main; sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", peak, "visualize", "--pickle-dir", str(pickle_dir), "--port",
+                           str(visdom_server), "--once", "--env", "hostile"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    peak_mb = int(done.stderr.rsplit("VmHWM:", 1)[1].split()[0]) / 1024
+    assert time.monotonic() - started < 30 and peak_mb < 400, peak_mb  # /dev/zero read whole: until memory ran out
+    for name in hostile:  # each refused file warned about once
+        assert done.stderr.count(f"ignoring snapshot {name}") == 1, (name, done.stderr)
+    assert "more than 2,000,000 values" in done.stderr and "not a regular file" in done.stderr
+    assert "a link out of the pickle directory" in done.stderr and "more than 67,108,864" in done.stderr
+    assert_visdom_equals_history(visdom_server, "hostile", snapshot_history(pickle_dir))
+
+
+def test_runs_side_by_side_and_a_run_that_appears_later(tmp_path, visdom_server, phalanx):
+    common = ["--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--name", "plain", *common).code == 0
+    assert phalanx("train", "--name", "smoothed", "--label-smoothing", 0.1, *common).code == 0
+    log = tmp_path / "visualize.out"
+    with open(log, "w") as out:
+        follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle-dir", str(tmp_path),
+                                     "--port", str(visdom_server), "--interval", "0.2"], stdout=out, text=True)
+        try:
+            wait_until(lambda: set(_traces(visdom_server, "compare_val_acc")) == {"plain", "smoothed"}, 60,
+                       "two runs compared")
+            assert phalanx("train", "--name", "later", "--lr", 0.05, *common).code == 0  # a third run, later
+            expected = {}
+            for name in ("plain", "smoothed", "later"):
+                val = [r for r in snapshot_history(tmp_path / name / "pickle").records if r["kind"] == "val"]
+                expected[name] = ([1, 2], [100 * r["acc"] for r in val])
+            wait_until(lambda: _traces(visdom_server, "compare_val_acc") == expected, 60, "every run's every point")
+        finally:
+            follower.send_signal(signal.SIGINT)
+            follower.wait(timeout=30)
+    assert follower.returncode == 130
+    assert expected["plain"] != expected["smoothed"] != expected["later"]
+    assert f"runs compared: http://localhost:{visdom_server}/env/phalanx-compare" in log.read_text()
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+
+
+def _traces(port: int, win: str) -> dict:
+    try:
+        return window_points(client(port), win, "phalanx-compare")
+    except Exception:  # not drawn yet
+        return {}
+
+
+def test_a_schema_1_snapshot_still_plots(tmp_path, visdom_server):
+    import pickle
+
+    records = [{"kind": "train", "epoch": 1, "step": s, "epoch_progress": s / 4, "loss": 2.0 / s, "lr": 0.1,
+                "samples_per_s": 100.0} for s in range(1, 5)] + [{"kind": "val", "epoch": 1, "loss": 0.5, "acc": 0.9}]
+    segment = {"schema": 1, "run_id": "old", "generation": 1, "segment": 1, "sealed": False, "written_at": 0.0,
+               "options": {"name": "old"}, "records": records}
+    (tmp_path / "segment_000001.pkl").write_bytes(pickle.dumps(segment))
+    shown = run_phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
+    assert shown.code == 0, shown.err
+    assert_visdom_equals_history(visdom_server, "phalanx-old-old", snapshot_history(tmp_path))
 
 
 def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_server, phalanx):
@@ -176,4 +295,4 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
         finally:
             follower.send_signal(signal.SIGTERM)
             follower.communicate(timeout=30)
-    assert follower.returncode == 0
+    assert follower.returncode == 143
