@@ -67,6 +67,25 @@ def digit_folders(root: Path, size: int = 32) -> tuple[Path, Path]:
     return root / "low", root / "high"
 
 
+def finetune(work: Path, seeds: int) -> dict:
+    """Digits 5-9 with few images: from scratch, from weights trained on 0-4, with a frozen backbone."""
+    low, high = digit_folders(work / "folders")
+    basic = ["--image-size", "32", "--augment", "basic", "--no-hflip"]
+    train(["--dataroot", str(low), "--val-fraction", "0.1", *basic], work, "pretrained")
+    weights = str(work / "ck" / "pretrained" / "latest.pt")
+    ways = {"from scratch": [], "from the 0-4 weights": ["--weights", weights],
+            "from the 0-4 weights, --lr 0.01": ["--weights", weights, "--lr", "0.01"],
+            "from the 0-4 weights, backbone frozen": ["--weights", weights, "--freeze-backbone"]}
+    raw: dict = {}
+    for seed in range(seeds):  # interleaved: each way once per seed
+        for name, args in ways.items():
+            run = train(["--dataroot", str(high), "--val-fraction", "0.8", "--seed", str(seed), *basic, *args],
+                        work, f"f{seed}-{len(raw.get(name, []))}-{abs(hash(name))}")
+            raw.setdefault(name, []).append(run["acc"])
+            print(f"[seed {seed}] digits 5-9 {name}: {100 * run['acc']:.2f}%", flush=True)
+    return {name: summary(values) for name, values in raw.items()}
+
+
 def summary(values: list[float]) -> dict:
     return {"mean": statistics.mean(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -89,23 +108,8 @@ def main() -> int:
                 raw.setdefault(name, []).append(run["acc"])
                 print(f"[seed {seed}] {name}: {100 * run['acc']:.2f}%", flush=True)
         results["recipes"] = {name: summary(values) for name, values in raw.items()}
-        if opts.only == "recipes":
-            opts.seeds = 0
-        low, high = digit_folders(work / "folders")
-        basic = ["--image-size", "32", "--augment", "basic", "--no-hflip"]
-        train(["--dataroot", str(low), "--val-fraction", "0.1", *basic], work, "pretrained")
-        weights = str(work / "ck" / "pretrained" / "latest.pt")
-        ways = {"from scratch": [], "from the 0-4 weights": ["--weights", weights],
-                "from the 0-4 weights, --lr 0.01": ["--weights", weights, "--lr", "0.01"],
-                "from the 0-4 weights, backbone frozen": ["--weights", weights, "--freeze-backbone"]}
-        raw = {}
-        for seed in range(opts.seeds):
-            for name, args in ways.items():
-                run = train(["--dataroot", str(high), "--val-fraction", "0.8", "--seed", str(seed), *basic, *args],
-                            work, f"f{seed}-{len(raw.get(name, []))}-{abs(hash(name))}")
-                raw.setdefault(name, []).append(run["acc"])
-                print(f"[seed {seed}] digits 5-9 {name}: {100 * run['acc']:.2f}%", flush=True)
-        results["finetune"] = {name: summary(values) for name, values in raw.items()}
+        if opts.only != "recipes":
+            results["finetune"] = finetune(work, opts.seeds)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     if opts.only and (out / "recipes.json").exists():  # keep the other part's results

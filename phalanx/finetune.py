@@ -41,35 +41,45 @@ def weights_file(spec: str) -> Path:
     return cached
 
 
-def _state_of(path: Path) -> dict[str, torch.Tensor]:
+def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
+    """The weights in a file, and the classes they were trained on when a phalanx checkpoint says."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or a pickle with classes in it
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise PhalanxError(f"{path} does not load as weights ({first[:160]})", OPTION) from None
+    classes = None
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
+        classes = (state.get("data") or {}).get("classes")
         state = state["model"]
     elif isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PhalanxError(f"{path} holds no state dict of tensors", OPTION)
-    return {k.removeprefix("module."): v for k, v in state.items()}
+    return {k.removeprefix("module."): v for k, v in state.items()}, classes
 
 
-def load_weights(model: nn.Module, spec: str) -> str:
-    """Load what fits; report what was loaded, replaced (another shape: a new head), left as built."""
+def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
+    """Load what fits; report what was loaded, replaced, left as built. A head trained on other
+    classes starts anew: of another shape, or (a phalanx checkpoint tells) of other class names,
+    whose rows would otherwise mean the wrong classes."""
     path = weights_file(spec)
-    state = _state_of(path)
+    state, trained_on = _state_of(path)
     own = model.state_dict()
-    loaded = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    replaced = [k for k in state if k in own and own[k].shape != state[k].shape]
+    head = f"{head_module(model)[0]}."
+    other_classes = trained_on is not None and list(trained_on) != list(classes)
+    fits = {k for k, v in state.items() if k in own and own[k].shape == v.shape
+            and not (other_classes and k.startswith(head))}
+    loaded = {k: state[k] for k in fits}
+    replaced = [k for k in state if k in own and k not in fits]
     untouched = [k for k in own if k not in loaded and k not in replaced]
     if not loaded:
         raise PhalanxError(f"no tensor in {path} fits this model (is it the --model it was trained with?)", OPTION)
     model.load_state_dict(loaded, strict=False)
     shapes = ", ".join(f"{k} {_shape(state[k])} -> {_shape(own[k])}" for k in replaced[:3])
+    why = "trained on other classes, trained anew" if other_classes else "another shape, trained anew"
     return (f"phalanx: weights {path}: {len(loaded)} tensors loaded, {len(replaced)} replaced"
-            + (f" (another shape, trained anew: {shapes})" if replaced else "")
+            + (f" ({why}: {shapes})" if replaced else "")
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused")
 
 

@@ -125,7 +125,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     data = build_datasets(cfg, required_channels(cfg.model))
     model = build_model(cfg.model, num_classes(cfg, data), data.in_channels)
-    notes = [load_weights(model, cfg.weights)] if cfg.weights and resume is None else []
+    notes = [load_weights(model, cfg.weights, data.classes)] if cfg.weights and resume is None else []
     backbone = Backbone(model) if cfg.freeze_backbone else None
     if backbone is not None:
         notes.append(f"phalanx: {backbone.description}")

@@ -10,6 +10,7 @@ run resumed at another world size continues the same training.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import signal
 import sys
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint
 from .config import RunConfig
 from .data import DataBundle, loader_workers
+from .errors import RunFailed
 from .finetune import param_groups
 from .optim import build_optimizer, effective_lr, lr_factor, set_lr
 from .outputs import RunOutputs
@@ -263,6 +265,10 @@ class Trainer:
                              "samples_per_s": count / max(now - since, 1e-9), "samples": int(count),
                              "seconds": now - since, "time": time.time(), "world_size": self.world_size})
         window.zero_()
+        if not math.isfinite(loss_sum):  # every rank sees the same sum, so every rank stops here
+            kept = f"{checkpoint.LATEST} holds epoch {self.epoch}" if self.epoch else "no checkpoint was saved yet"
+            raise RunFailed(f"the train loss became {loss_sum / max(count, 1)} at step {self.step} (epoch {epoch}): "
+                            f"training diverged, so it stopped; {kept}. Lower --lr or add --warmup-epochs")
         return now, stops > 0
 
     @torch.no_grad()

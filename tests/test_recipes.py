@@ -131,7 +131,7 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
     result = phalanx("train", "--dataroot", three.parent, "--weights", tmp_path / "pretrained/latest.pt",
                      "--freeze-backbone", "--head-lr-mult", 3, "--epochs", 3, "--name", "tuned", *common)
     assert result.code == 0, result.err
-    assert "7 tensors loaded, 2 replaced (another shape, trained anew: net.5.weight 10x32 -> 3x32" in result.out
+    assert "7 tensors loaded, 2 replaced (trained on other classes, trained anew: net.5.weight 10x32 -> 3x32" in result.out
     assert "backbone frozen, training net.5 only" in result.out
     tuned = torch.load(tmp_path / "tuned/latest.pt")
     assert any("running_mean" in key for key in tuned["model"])
@@ -145,6 +145,16 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
     head_lr = 3 * 0.1 * 0.5 * (1 + math.cos(math.pi * (2 + 64 / 96) / 3))
     assert [g["lr_mult"] for g in groups] == [3] and groups[0]["lr"] == pytest.approx(head_lr)
     assert records(tmp_path / "tuned", "val")[-1]["acc"] > 0.45  # above chance (1/3) with the head alone
+
+
+def test_a_head_trained_on_other_classes_of_the_same_number_starts_anew(phalanx, tmp_path):
+    assert phalanx("train", "--epochs", 1, "--name", "digits", "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    folder = write_digit_pngs(tmp_path / "data", per_class=5)  # ten classes too, but named digit0..digit9
+    result = phalanx("train", "--dataroot", folder, "--image-size", 8, "--weights", tmp_path / "digits/latest.pt",
+                     "--epochs", 1, "--name", "tuned", "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    assert "6 tensors loaded, 2 replaced (trained on other classes, trained anew: classifier.3.weight 10x128" \
+        in result.out
 
 
 def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx, tmp_path, monkeypatch):

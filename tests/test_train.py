@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -44,8 +45,10 @@ def test_builtin_digits_reach_95_percent_and_loss_falls(tmp_path):
 def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_val_dir):
     root = write_digit_pngs(tmp_path / "data", val=with_val_dir)
     # The default for folders is basic augmentation; a flipped digit is another digit: --no-hflip.
-    result = phalanx("train", "--dataroot", root, "--checkpoints-dir", tmp_path / "ck", "--epochs", 6,
-                     "--image-size", 16, "--no-hflip", "--no-progress")
+    # With a val/ folder, no augmentation (the faster path: no per-image random transforms).
+    recipe = ["--augment", "none"] if with_val_dir else ["--no-hflip"]
+    result = phalanx("train", "--dataroot", root, "--checkpoints-dir", tmp_path / "ck", "--epochs", 5,
+                     "--image-size", 16, *recipe, "--no-progress")
     assert result.code == 0, result.err
     assert ("from val/" in result.out) == with_val_dir
     val = [r for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"]
@@ -198,3 +201,13 @@ def test_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
     assert "Examples:" in out and "phalanx train --gpu-ids 0,1" in out
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss_in_one_line(phalanx, tmp_path):
+    result = phalanx("train", "--epochs", 3, "--lr", 1000, "--checkpoints-dir", tmp_path, "--log-every", 1,
+                     "--no-progress")  # an absurd LR: the loss becomes inf or nan within steps
+    assert result.code == 1 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "(epoch 1): training diverged, so it stopped; no checkpoint was saved yet. Lower --lr" in result.err
+    assert not (tmp_path / "experiment/latest.pt").exists()  # nothing saved from the broken weights
+    train = [r for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "train"]
+    assert train[-1]["epoch"] == 1 and not math.isfinite(train[-1]["loss"])  # the record that shows it

@@ -134,9 +134,9 @@ def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
     if not (root / "train").is_dir():
         raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/<class>/<images>", "--dataroot")
-    mode = "L" if channels == 1 else "RGB" if channels in (None, 3) else None
-    if mode is None:
+    if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
+    mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
     classes, train, skipped = _files(root / "train", None, mode, cfg)
     if (root / "val").is_dir():
         _, val, val_skipped = _files(root / "val", classes, mode, cfg)
@@ -151,6 +151,30 @@ def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
     return Source(train_set, val_set, classes, 1 if mode == "L" else 3, size,
                   f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, {len(classes)} classes, "
                   f"{size}x{size}{gone})", skipped=skipped)
+
+
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
+
+
+def _grayscale(split_dir: Path, per_class: int = 2, looked_at: int = 16) -> bool:
+    """Whether a folder holds grayscale images (a few of each class, up to ``looked_at``): then a
+    model that takes any number of channels trains on one, not on three copies of it."""
+    from PIL import Image
+
+    seen = 0
+    for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in manifest.IMAGE_SUFFIXES)
+        for path in images[:per_class]:
+            try:
+                with Image.open(path) as img:
+                    if img.mode not in GRAY_MODES:
+                        return False
+                    seen += 1
+            except Exception:  # a broken file: the manifest names it
+                continue
+            if seen >= looked_at:
+                return True
+    return seen > 0
 
 
 def image_files(dataset: Dataset) -> ImageFiles | None:
