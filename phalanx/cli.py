@@ -1,6 +1,7 @@
-"""The ``phalanx`` command line: the only module that imports click.
+"""The ``phalanx`` command line (with ``cliopts``, the only modules that import click).
 
-Each command is thin: it turns flags into a ``RunConfig`` and calls a plain function. ``main``
+Each command is thin: it turns flags into a ``RunConfig`` (or a command's options dataclass) and
+calls a plain function. ``main``
 is the one place where exceptions become exit codes and one-line messages. Heavy modules (torch,
 visdom) are imported inside the commands so ``phalanx --help`` stays instant.
 """
@@ -14,8 +15,9 @@ import click
 
 from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
                       training_options)
-from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
+from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="phalanx", message="phalanx %(version)s")

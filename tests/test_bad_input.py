@@ -15,6 +15,8 @@ from conftest import run_phalanx, snapshot_tree, write_digit_pngs
 def world(tmp_path_factory):
     """A directory with the broken inputs the cases refer to, and one finished run."""
     root = tmp_path_factory.mktemp("world")
+    home = os.environ.get("TORCH_HOME")
+    os.environ["TORCH_HOME"] = str(tmp_path_factory.mktemp("torch-home"))  # an empty hub cache
     (root / "empty").mkdir()
     (root / "noclass/train").mkdir(parents=True)
     write_digit_pngs(root / "emptyclass", per_class=2)
@@ -40,7 +42,11 @@ def world(tmp_path_factory):
     state["config"]["model"] = "resnet18"  # a checkpoint whose weights do not fit its model
     torch.save(state, root / "mismatched.pt")
     (root / "images").mkdir()
-    return root
+    yield root
+    if home is None:
+        os.environ.pop("TORCH_HOME", None)
+    else:
+        os.environ["TORCH_HOME"] = home
 
 
 CASES = [
@@ -82,6 +88,15 @@ CASES = [
     ("transfer-cmd-not-dotted", ["--remote-transfer-cmd", "upload"], "--remote-transfer-cmd", "module.function"),
     ("transfer-not-s3", ["--remote-transfer", "http://bucket/x"], "--remote-transfer", "s3://"),
     ("snapshot-every-negative", ["--snapshot-every", "-1"], "--snapshot-every", "negative"),
+    ("num-classes-too-few", ["--num-classes", "5"], "--num-classes", "fewer than the 10 classes"),
+    ("weights-missing", ["--weights", "{w}/nope.pt"], "--weights", "does not exist"),
+    ("weights-foreign", ["--weights", "{w}/garbage.pt"], "--weights", "does not load as weights"),
+    ("weights-name-not-cached", ["--weights", "ResNet18_Weights.IMAGENET1K_V1", "--model", "resnet18"], "--weights",
+     "phalanx does not download"),
+    ("mean-without-std", ["--mean", "0.5"], "--mean", "--std"),
+    ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
+    ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
+    ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),
 ]
 if not torch.cuda.is_available():
     CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))

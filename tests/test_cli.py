@@ -51,6 +51,7 @@ def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx
     assert "learning rate: 0.1" in result.out and "23 optimizer steps per epoch" in result.out
     assert "data: built-in digits (1438 train / 359 val, 32x32)" in result.out  # not "8x8"
     assert f"run dir: {tmp_path / 'experiment'}: a new run" in result.out
+    assert "launcher: none (one process)" in result.out
     if not torch.cuda.is_available():
         assert "warning: --gpu-ids: GPU 0 asked for, but CUDA is not available here" in result.out
     assert list(tmp_path.iterdir()) == []

@@ -296,3 +296,36 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
             follower.send_signal(signal.SIGTERM)
             follower.communicate(timeout=30)
     assert follower.returncode == 143
+
+
+def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_path, monkeypatch):
+    from conftest import free_port
+    from phalanx import visdom_assets
+    from phalanx.errors import PhalanxError
+    from phalanx.visualize.server import start_server_if_needed
+
+    monkeypatch.setattr(visdom_assets, "missing_assets", lambda: ["js/plotly-plotly.min.js", "version.built"])
+    with pytest.raises(PhalanxError) as refused:
+        start_server_if_needed("http://localhost", free_port(), once=False, listen_all=False, visdom_log=None)
+    assert str(refused.value).startswith("visdom's page assets: are missing (2 files")
+    assert f"{sys.executable} -m phalanx.visdom_assets" in str(refused.value)  # the interpreter that has phalanx
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
+def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registry(tmp_path, monkeypatch):
+    from conftest import free_port
+
+    done = subprocess.run([sys.executable, "-m", "phalanx.visdom_assets", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m phalanx.visdom_assets")
+    from phalanx import visdom_assets
+
+    root = tmp_path / "visdom"
+    (root / "static").mkdir(parents=True)
+    (root / "VERSION").write_text("0.2.4")
+    monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{free_port()}/")  # nobody answers there
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))  # nothing cached to fall back on
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="npm pack failed"):
+        visdom_assets.install(root, log=lambda line: None)
+    assert time.monotonic() - started < 120
