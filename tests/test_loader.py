@@ -13,7 +13,7 @@ import torch
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, loader_workers
 from phalanx.data import manifest
-from phalanx.data.images import PathTable, decode
+from phalanx.data.images import DRAFT_REDUCTION, PathTable, decode, jpeg_size
 from phalanx.data.transforms import Prepare
 from phalanx.errors import PhalanxError
 from phalanx_testdata import photo
@@ -24,7 +24,8 @@ from phalanx_testdata import photo
 MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
 
 
-@pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224)])
+@pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224),
+                                                 (1200, 900, 100)])
 def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, height, size):
     prepare = Prepare(size, size, (0.0,) * 3, (1.0,) * 3)
     worst_mean = worst_max = 0.0
@@ -35,8 +36,28 @@ def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, he
         difference = (reference - fast).abs()
         worst_mean, worst_max = max(worst_mean, difference.mean().item()), max(worst_max, difference.max().item())
     assert worst_mean <= MEAN_TOLERANCE and worst_max <= MAX_TOLERANCE
-    if min(width, height) < 2 * size:  # no reduced scale here: torchvision's decode_jpeg, the same pixels
+    if min(width, height) < DRAFT_REDUCTION * size:  # no reduced scale here: torchvision's decode_jpeg, the same pixels
         assert worst_max == 0.0
+
+
+def test_the_frame_header_reader_agrees_with_pil_and_survives_garbage():
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for width, height in [(1, 1), (17, 300), (640, 480), (4000, 3000)]:
+        pixels = Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+        for options in [{}, {"progressive": True}, {"exif": b"Exif\x00\x00" + bytes(5000)}, {"quality": 20}]:
+            buffer = io.BytesIO()
+            pixels.save(buffer, "JPEG", **options)
+            assert jpeg_size(buffer.getvalue()) == (width, height), options
+        buffer = io.BytesIO()
+        pixels.convert("L").save(buffer, "JPEG")
+        assert jpeg_size(buffer.getvalue()) == (width, height)
+    assert jpeg_size(photo(64, 48, 0)[:40]) is None  # cut before the frame header
+    for _ in range(2000):  # whatever the bytes, an answer or None: no exception, no endless loop
+        junk = b"\xff\xd8" + rng.integers(0, 256, int(rng.integers(0, 64)), dtype=np.uint8).tobytes()
+        size = jpeg_size(junk)
+        assert size is None or (len(size) == 2 and min(size) > 0)
 
 
 def test_grayscale_and_png_go_through_pil():
