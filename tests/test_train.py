@@ -53,6 +53,9 @@ def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_va
     assert ("from val/" in result.out) == with_val_dir
     val = [r for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"]
     assert val[-1]["acc"] >= 0.95
+    weights = torch.load(tmp_path / "ck/experiment/latest.pt")["model"]
+    first_conv = next(v for v in weights.values() if v.dim() == 4)
+    assert first_conv.shape[1] == 1  # grayscale PNGs train in one channel, not three copies of it
 
 
 def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
