@@ -1,6 +1,6 @@
 """The input pipeline: decode throughput, time to first step and loader memory (run by hand).
 
-    .venv/bin/python benchmarks/loader.py                      # everything, about 25 minutes on 2 cores
+    .venv/bin/python benchmarks/loader.py                      # everything, about 30 minutes on 2 cores
     .venv/bin/python benchmarks/loader.py --only throughput --repeats 7
 
 Throughput: the same generated JPEG folders (small: 160x160 to 32 px; large: 600x500 to 224 px),

@@ -1,6 +1,6 @@
 """phalanx side by side with a hand-written PyTorch loop and with PyTorch Lightning.
 
-    .venv/bin/python benchmarks/run.py              # after scripts/setup.sh; ~45 min on 2 cores
+    .venv/bin/python benchmarks/run.py              # after scripts/setup.sh; ~40 min on 2 cores
     .venv/bin/python benchmarks/run.py --repeats 7 --models smallcnn
 
 Every contender trains the same model on the same in-memory synthetic 32x32 RGB data with the same
