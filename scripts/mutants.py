@@ -1,6 +1,6 @@
 """Deliberate bugs, and the test that must catch each one (run by hand, not in CI).
 
-    .venv/bin/python scripts/mutants.py                 # every mutant, about 20 minutes on 2 cores
+    .venv/bin/python scripts/mutants.py                 # every mutant, about 16 minutes on 2 cores
     .venv/bin/python scripts/mutants.py --only rank     # those whose name contains "rank"
     .venv/bin/python scripts/mutants.py --list
     .venv/bin/python scripts/mutants.py --ref HEAD      # a commit, not the working tree (keep editing)
