@@ -1,9 +1,9 @@
 """The ``phalanx`` command line (with ``cliopts``, the only modules that import click).
 
 Each command is thin: it turns flags into a ``RunConfig`` (or a command's options dataclass) and
-calls a plain function. ``main``
-is the one place where exceptions become exit codes and one-line messages. Heavy modules (torch,
-visdom) are imported inside the commands so ``phalanx --help`` stays instant.
+calls a plain function. ``main`` is the one place where exceptions become exit codes and one-line
+messages. Heavy modules (torch, visdom) are imported inside the commands so ``phalanx --help``
+stays instant.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from conftest import run_phalanx, snapshot_tree, write_digit_pngs
 def world(tmp_path_factory):
     """A directory with the broken inputs the cases refer to, and one finished run."""
     root = tmp_path_factory.mktemp("world")
-    home = os.environ.get("TORCH_HOME")
-    os.environ["TORCH_HOME"] = str(tmp_path_factory.mktemp("torch-home"))  # an empty hub cache
+    environment = pytest.MonkeyPatch()
+    environment.setenv("TORCH_HOME", str(tmp_path_factory.mktemp("torch-home")))  # an empty hub cache
     (root / "empty").mkdir()
     (root / "noclass/train").mkdir(parents=True)
     write_digit_pngs(root / "emptyclass", per_class=2)
@@ -43,10 +43,7 @@ def world(tmp_path_factory):
     torch.save(state, root / "mismatched.pt")
     (root / "images").mkdir()
     yield root
-    if home is None:
-        os.environ.pop("TORCH_HOME", None)
-    else:
-        os.environ["TORCH_HOME"] = home
+    environment.undo()
 
 
 CASES = [

@@ -314,12 +314,11 @@ def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_
 @pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
 def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registry(tmp_path, monkeypatch):
     from conftest import free_port
+    from phalanx import visdom_assets
 
     done = subprocess.run([sys.executable, "-m", "phalanx.visdom_assets", "--help"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m phalanx.visdom_assets")
-    from phalanx import visdom_assets
-
     root = tmp_path / "visdom"
     (root / "static").mkdir(parents=True)
     (root / "VERSION").write_text("0.2.4")

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..atomic import atomic_write
 from ..data import loader_workers
-from ..data.images import decode, read_bounded
+from ..data.images import decode, import_decoders, read_bounded
 from ..data.manifest import IMAGE_SUFFIXES
 from ..errors import PhalanxError
 from ..progress import ProgressBar
@@ -49,6 +49,7 @@ class Images(Dataset):
         self.paths, self.mode = paths, "L" if trained.channels == 1 else "RGB"
         self.transform = trained.preprocess()
         self.min_side = trained.pipeline.min_decoded_side(1.0)
+        import_decoders()
 
     def __len__(self) -> int:
         return len(self.paths)
