@@ -7,6 +7,11 @@ The model's state has no DataParallel/DDP ``module.`` prefix: it loads into the 
 Format 2 records progress as a global position (``epoch`` completed, ``position`` samples of the
 next epoch consumed over all ranks) and holds no random state: every stream is re-derived from
 the seed and the position, so the same checkpoint resumes the same way at any world size.
+
+Format 3 holds any task: its name (``task``), each network (``models``), each optimizer and grad
+scaler by name, the moving averages by network, the task's own state (``task_state``) and the best
+validation metric so far (``best``); ``model`` is the task's primary network, as before. Formats 1
+and 2 (classification only) load as format 3.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from .atomic import atomic_write
 from .errors import PhalanxError
 
 FORMAT = "phalanx-checkpoint"
-VERSION = 2
+VERSION = 3
 LATEST, BEST = "latest.pt", "best.pt"
 
 
@@ -45,9 +50,10 @@ def load(path: Path, option: str = "--resume") -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise PhalanxError(f"checkpoint {path} does not exist", option) from None
+    except IsADirectoryError:
+        raise PhalanxError(f"{path} is a directory, not a checkpoint file", option) from None
     except Exception as exc:  # truncated zip, garbage bytes, a pickle with classes in it
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PhalanxError(f"checkpoint {path} is unreadable or corrupt ({first[:160]})", option) from None
+        raise PhalanxError(f"checkpoint {path} is unreadable: {unloadable(path, exc)}", option) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PhalanxError(f"{path} is not a phalanx checkpoint", option)
     if state.get("version", 0) > VERSION:
@@ -55,15 +61,54 @@ def load(path: Path, option: str = "--resume") -> dict[str, Any]:
     return _upgrade(path, state)
 
 
+def unloadable(path: Path, exc: Exception) -> str:
+    """What a file that torch.load refused is, in words (not torch's error number)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    message = str(exc)
+    if not head:
+        return "the file is empty"
+    if "weights_only" in message.lower() or "unsupported global" in message.lower():
+        return ("it holds Python objects other than tensors and plain data (another program's pickle); phalanx "
+                "loads checkpoints with weights_only=True and runs nothing in them")
+    if head.startswith(b"PK\x03\x04"):
+        if "central directory" in message:
+            return "the file is truncated (a torch zip archive without its end: the write was cut short)"
+        return f"a zip archive that is not a torch file ({cause(message)})"
+    if head[:1] == b"\x80":
+        return "a Python pickle, not a torch checkpoint"
+    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        return "a text file, not a torch checkpoint"
+    return "not a torch checkpoint (neither a torch zip archive nor a pickle)"
+
+
+def cause(message: str) -> str:
+    first = (message.strip().splitlines() or ["unknown error"])[0]
+    return first[:160]
+
+
 def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Format 1 (phalanx 0.1) counted batches per rank in a sample order of its own: a mid-epoch
-    checkpoint cannot continue that order, so its epoch starts over (said in a warning)."""
-    if state.get("version", 1) >= 2:
+    """Older formats as format 3. Format 1 (phalanx 0.1) counted batches per rank in a sample order
+    of its own: a mid-epoch checkpoint cannot continue that order, so its epoch starts over (said in
+    a warning). Formats 1 and 2 hold one classifier, its optimizer and scaler."""
+    version = state.get("version", 1)
+    if version >= 3:
         return state
-    if state.get("resume_batch"):
-        print(f"phalanx: warning: {path} was saved mid-epoch by phalanx 0.1; epoch {state['epoch'] + 1} "
-              "starts over", file=sys.stderr, flush=True)
-    return {**state, "position": 0, "epoch_sums": [0.0, 0.0], "version": VERSION}
+    if version < 2:
+        if state.get("resume_batch"):
+            print(f"phalanx: warning: {path} was saved mid-epoch by phalanx 0.1; epoch {state['epoch'] + 1} "
+                  "starts over", file=sys.stderr, flush=True)
+        state = {**state, "position": 0, "epoch_sums": [0.0, 0.0]}
+    loss_sum, samples = state.get("epoch_sums") or [0.0, 0.0]
+    best = state.get("best_val_acc")
+    return {**state, "version": VERSION, "task": "classify", "models": {"model": state["model"]},
+            "optimizers": {"model": state["optimizer"]}, "scalers": {"model": state.get("scaler")},
+            "ema": {"model": state["ema"]} if state.get("ema") else None, "task_state": {},
+            "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},
+            "epoch_sums": {"losses": {"loss": loss_sum}, "samples": samples}}
 
 
 def candidates(run_dir: Path) -> list[Path]:

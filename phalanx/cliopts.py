@@ -13,8 +13,10 @@ import click
 from click.core import ParameterSource
 
 from . import config as config_mod
-from .config import FIELDS, RunConfig, flag, section_of
+from . import tasks
+from .config import FIELDS, RunConfig, section_of
 from .errors import PhalanxError
+from .fields import flag, parse_list
 
 _CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
 GENERAL = "General"
@@ -64,14 +66,14 @@ class CommaList(click.ParamType):
         if isinstance(value, tuple):
             return value
         try:
-            return config_mod.parse_list(value, self.kind, param.opts[0] if param else "")
+            return parse_list(value, self.kind, param.opts[0] if param else "")
         except PhalanxError:
             self.fail(f"{value!r} is not a {self.kind.__name__} or a comma-separated list of them", param, ctx)
 
 
 def field_option(f: dataclasses.Field, default_value: Any, text: str, section: str,
                  required: bool = False) -> Callable[[Callable], Callable]:
-    """The click option of one dataclass field declared with ``config.option``."""
+    """The click option of one dataclass field declared with ``fields.option``."""
     meta = f.metadata
     kwargs: dict[str, Any] = {"help": text, "show_default": not required, "cls": Option, "section": section,
                               "required": required}
@@ -92,10 +94,17 @@ def field_option(f: dataclasses.Field, default_value: Any, text: str, section: s
 
 
 def training_options(command: str) -> Callable[[Callable], Callable]:
-    """One click option per ``RunConfig`` field, plus ``--config``, with ``command``'s help texts."""
+    """One click option per ``RunConfig`` field and per built-in task option (under the task's
+    heading), ``--task-option`` for a user task's, and ``--config``, with ``command``'s help texts."""
 
     def decorate(func: Callable) -> Callable:
-        for f in reversed(list(FIELDS.values())):
+        func = click.option("--task-option", "task_option", multiple=True, metavar="KEY=VALUE", cls=Option,
+                            section="Run", help="An option of your own task (--task package.module:Class), checked "
+                            "against the options it declares; repeat for several.")(func)
+        for name, (f, default_value, heading) in reversed(list(tasks.option_fields().items())):
+            assert name not in FIELDS, f"task option {name} shadows a general option"
+            func = field_option(f, default_value, f.metadata["help"], heading)(func)
+        for f in reversed([f for f in FIELDS.values() if f.metadata["cli"]]):
             default = RunConfig.__dataclass_fields__[f.name]
             default_value = default.default_factory() if callable(default.default_factory) else default.default
             text = f.metadata["launch_help"] if command == "trainlaunch" else f.metadata["help"]
@@ -128,16 +137,36 @@ def build_options(cls: type, values: dict[str, Any]) -> Any:
 
 
 def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
-    """Defaults < ``--config FILE`` < flags typed on the command line."""
+    """The task's defaults < ``--config FILE`` < flags typed on the command line."""
     merged: dict[str, Any] = {}
-    if values.get("config_file"):
-        merged.update(config_mod.load_config_file(values["config_file"]))
-    for name in FIELDS:
+    file_values = config_mod.load_config_file(values["config_file"]) if values.get("config_file") else None
+    if file_values is not None:
+        merged.update(file_values)
+    typed = set()
+    for name in [*(n for n, f in FIELDS.items() if f.metadata["cli"]), *tasks.option_fields()]:
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             value = values[name]
-            merged[name] = tuple(v for values in value for v in values) if FIELDS[name].type.startswith("tuple[") \
-                else value
-    return config_mod.from_mapping(merged, source="--config")
+            is_list = name in FIELDS and FIELDS[name].type.startswith("tuple[")
+            merged[name] = tuple(v for values in value for v in values) if is_list else value
+            typed.add(name)
+    given = {}
+    for item in values.get("task_option") or ():
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise PhalanxError(f"expected KEY=VALUE, got {item!r}", "--task-option")
+        given[key.strip().replace("-", "_")] = text
+        typed.add(key.strip().replace("-", "_"))
+    if given:
+        merged["task_options"] = {**(merged.get("task_options") or {}), **given}
+    try:
+        return config_mod.from_mapping(merged, source="--config")
+    except PhalanxError as exc:
+        # A bad value from the file: name the file, the line and the key, not only the flag.
+        name = (exc.option or "").removeprefix("--").replace("-", "_")
+        where = file_values.where(name) if file_values is not None and name not in typed else None
+        if where is None:
+            raise
+        raise PhalanxError(f"{name}: {exc.message}", where) from None
 
 
 def echo_config(cfg: RunConfig) -> None:

@@ -2,46 +2,36 @@
 
 ``RunConfig`` is the one object that travels from the command line to the trainer and, as JSON, to
 every DDP worker. ``cli.py`` generates the click options of ``train`` and ``trainlaunch`` from its
-fields, so both commands accept exactly the same training options. Standard library only: this
-module is imported by ``phalanx --help``, which must not pay for torch.
+fields, so both commands accept exactly the same training options. The task's own options
+(``tasks/options.py``) travel inside it, as ``task_options``. Standard library only: this module is
+imported by ``phalanx --help``, which must not pay for torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import tasks
 from .errors import PhalanxError
+from .fields import check_fields, flag, option, parse_list, suggest
 
 DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
 AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
 SCHEMA_VERSION = 1
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
-           identity: bool = True, metavar: str | None = None, launch_help: str | None = None) -> Any:
-    """A config field that is also a command-line option.
-
-    ``identity=False`` marks options that do not change what a run computes (where files go,
-    how much is printed, how many epochs to run for): a run directory may be resumed with a
-    different value. ``launch_help`` replaces ``help`` in ``trainlaunch --help`` where the option
-    means something else per DDP worker.
-    """
-    meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
-            "launch_help": launch_help or help}
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: tuple(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 @dataclass(frozen=True)
 class RunConfig:
     # --- the run and where it lives
+    task: str = option("classify", "What to train: classify (default), or your own task as package.module:Class "
+                       "(see the README's \"Your own task\"). Recorded in checkpoints: evaluate, predict, export and "
+                       "--resume need no --task.", metavar="NAME")
+    task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "
+                                "your own task, or a task: section of --config).", cli=False)
     name: str = option("experiment", "Run name; files go to <checkpoints-dir>/<name>/.", identity=False)
     checkpoints_dir: str = option("./checkpoints", "Directory that holds run directories.",
                                   identity=False, metavar="DIR")
@@ -69,11 +59,6 @@ class RunConfig:
                          "label: digits, text).")
     crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
                                metavar="FRACTION")
-    random_erasing: float = option(0.0, "Probability of erasing a random rectangle of a training image.",
-                                   metavar="P")
-    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A")
-    cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
-                                 "--mixup-alpha, one of the two per batch).", metavar="A")
     val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
                                  "crop_pct; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
@@ -91,14 +76,10 @@ class RunConfig:
     # --- model
     model: str = option("smallcnn", "'smallcnn', a torchvision classification model (resnet18, ...), "
                         "or 'package.module:function' returning an nn.Module.", metavar="NAME")
-    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data).", metavar="N")
     weights: str | None = option(None, "Start from these weights: a state dict or phalanx checkpoint file, or a "
                                  "torchvision weights name (ResNet18_Weights.IMAGENET1K_V1) found in torch's hub "
                                  "cache. A classifier head of another size starts anew.", identity=False,
                                  metavar="PATH|NAME")
-    freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
-                                   "BatchNorm statistics stay as loaded.")
-    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M")
     channels_last: bool = option(False, "Channels-last memory format for the model and its inputs.",
                                  identity=False)
     compile: bool = option(False, "torch.compile the model (slow first steps; see the README's measurements).",
@@ -110,11 +91,15 @@ class RunConfig:
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
                              "--grad-accum x world size.")
     lr: float = option(0.1, "Learning rate (before --scale-lr).")
-    optimizer: str = option("sgd", "Optimizer.", choices=("sgd", "adamw"))
+    optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
     momentum: float = option(0.9, "SGD momentum.")
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
     weight_decay: float = option(5e-4, "Weight decay.")
-    lr_schedule: str = option("cosine", "Learning-rate schedule after warmup.",
-                              choices=("cosine", "step", "constant"))
+    lr_schedule: str = option("cosine", "Learning-rate schedule after warmup (linear: constant, then a linear "
+                              "decay to zero over the last --lr-decay-epochs, as pix2pix).",
+                              choices=("cosine", "step", "constant", "linear"))
+    lr_decay_epochs: float = option(0.0, "With --lr-schedule linear: the epochs of the decay to zero (0: the second "
+                                    "half of --epochs).", metavar="N")
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
                                  metavar="N")
     warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.")
@@ -122,11 +107,13 @@ class RunConfig:
                            "(linear scaling rule).", choices=("none", "linear"),
                            launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
     grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N")
-    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E")
     ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
                               "evaluated beside the model; 0: off.", metavar="D")
-    precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a "
-                            "GradScaler on CUDA).", choices=("fp32", "bf16", "fp16"))
+    best_metric: str | None = option(None, "The validation metric that picks best.pt (default: the task's: "
+                                     "accuracy for classify).", identity=False, metavar="NAME")
+    precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "
+                            "fp64 trains every network and input in float64: slow, for checking that a run is "
+                            "exact).", choices=("fp32", "bf16", "fp16", "fp64"))
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
     # --- devices
     gpu_ids: tuple[int, ...] = option((), "GPU to train on; several for DataParallel (0,1 or --gpu-ids 0 "
@@ -148,7 +135,10 @@ class RunConfig:
                                    "epoch end).", identity=False, metavar="SECONDS")
     log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
                             identity=False, metavar="N")
-    progress: bool = option(True, "Show a progress bar on stderr.", identity=False)
+    progress: bool = option(True, "Show progress on stderr: a bar on a terminal, else a line every "
+                            "--log-interval seconds.", identity=False)
+    log_interval: float = option(30.0, "Without a terminal: a progress line every N seconds of an epoch (0: none).",
+                                 identity=False, metavar="SECONDS")
     # --- remote storage
     remote_transfer: str | None = option(None, "Also upload snapshots and checkpoints to S3 (boto3, the "
                                          "standard AWS credential chain), in the background.",
@@ -164,6 +154,9 @@ class RunConfig:
         object.__setattr__(self, "gpu_ids", parse_list(self.gpu_ids, int, "--gpu-ids"))
         object.__setattr__(self, "mean", parse_list(self.mean, float, "--mean"))
         object.__setattr__(self, "std", parse_list(self.std, float, "--std"))
+        object.__setattr__(self, "betas", parse_list(self.betas, float, "--betas"))
+        if not isinstance(self.task_options, dict):
+            raise PhalanxError(f"expected a mapping of option: value, got {self.task_options!r}", "--task-option")
         if isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool):
             object.__setattr__(self, "num_workers", str(self.num_workers))
         if self.dataset is None:
@@ -186,7 +179,9 @@ class RunConfig:
     # --- plain-data round trip (saved beside the run, handed to workers)
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["gpu_ids"] = list(self.gpu_ids)
+        for name, f in FIELDS.items():
+            if f.type.startswith("tuple["):
+                data[name] = list(data[name])
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -207,7 +202,7 @@ class RunConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 #: Headings of the --help pages: the first field of each group (fields are declared in groups).
-SECTIONS = {"name": "Run", "dataroot": "Data", "model": "Model", "epochs": "Optimisation",
+SECTIONS = {"task": "Run", "dataroot": "Data", "model": "Model", "epochs": "Optimisation",
             "gpu_ids": "Devices and processes", "save_epoch_freq": "Output", "remote_transfer": "Remote storage"}
 
 
@@ -220,57 +215,72 @@ def section_of(name: str) -> str:
     raise KeyError(name)
 
 
-def parse_list(value: Any, kind: type, option: str) -> tuple:
-    """``(0, 1)``, ``[0, 1]``, ``"0,1"``, ``0`` or a mix (``("0,1", "2")``) -> ``(0, 1, 2)``."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    parsed: list = []
-    try:
-        for item in items:
-            if isinstance(item, bool) or (kind is int and isinstance(item, float)):
-                raise ValueError
-            parts = item.split(",") if isinstance(item, str) else [item]
-            parsed += [kind(part) for part in parts if not isinstance(part, str) or part.strip()]
-    except (TypeError, ValueError):
-        raise PhalanxError(f"expected {kind.__name__}s (a comma-separated list, or repeated flags), got {value!r}",
-                           option) from None
-    if kind is float and not all(math.isfinite(v) for v in parsed):
-        raise PhalanxError(f"expected finite numbers, got {value!r}", option)
-    return tuple(parsed)
-
-
-def flag(name: str) -> str:
-    """The command-line spelling of a field: ``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
-
-
-def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
-
-
-def field_names(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """Keys spelled ``batch-size`` or ``batch_size`` -> field names; unknown keys name ``source``."""
-    clean = {}
+def split_keys(values: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keys spelled ``batch-size`` or ``batch_size`` -> (general options, task options). A task's
+    options may be given flat (as their flags are), under ``task_options``, or in a ``task:``
+    mapping with the task's ``name``. Unknown keys name ``source``."""
+    general: dict[str, Any] = {}
+    task_values: dict[str, Any] = {}
+    owners = tasks.option_owners()
     for key, value in values.items():
         name = str(key).replace("-", "_")
-        if name not in FIELDS:
-            raise PhalanxError(f"unknown option '{key}'{_suggest(name, list(FIELDS))}", source)
-        clean[name] = value
-    return clean
+        if name == "task" and isinstance(value, dict):  # task: {name: translate, ngf: 32}
+            section = {str(k).replace("-", "_"): v for k, v in value.items()}
+            if "name" in section:
+                general["task"] = section.pop("name")
+            task_values.update(section)
+        elif name == "task_options":
+            if not isinstance(value, dict):
+                raise PhalanxError("task_options must be a mapping of option: value", source)
+            task_values.update({str(k).replace("-", "_"): v for k, v in value.items()})
+        elif name in FIELDS:
+            general[name] = value
+        elif name in owners:
+            task_values[name] = value
+        else:
+            raise PhalanxError(f"unknown option '{key}'{suggest(name, list(FIELDS) + list(owners))}", source)
+    return general, task_values
 
 
 def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
-    """Build a config from plain data, naming ``source`` in errors about unknown keys."""
-    return RunConfig(**field_names(values, source))
+    """Build a config from plain data, naming ``source`` in errors about unknown keys. Options not
+    given take the task's defaults (``tasks.defaults_of``), then ``RunConfig``'s."""
+    general, task_values = split_keys(values, source)
+    task = general.get("task", tasks.DEFAULT)
+    if not isinstance(task, str):
+        raise PhalanxError(f"expected a task name, got {task!r}", "--task")
+    tasks.check_name(task)
+    defaults = {k: v for k, v in tasks.defaults_of(task).items() if k not in general}
+    return RunConfig(**{**defaults, **general, "task_options": task_values})
 
 
-def load_config_file(path: str) -> dict[str, Any]:
-    """Read ``--config FILE`` (YAML or JSON) into a dict of option values."""
+class ConfigFileValues(dict):
+    """The option values of a ``--config`` file, with the line of each key (for error messages)."""
+
+    def __init__(self, path: str, values: dict[str, Any], lines: dict[str, int]):
+        super().__init__(values)
+        self.path, self.lines = path, lines
+
+    def where(self, name: str) -> str | None:
+        """``--config FILE, line N`` for an option set in this file, else None."""
+        for key, line in self.lines.items():
+            if key.replace("-", "_") == name:
+                return f"--config {self.path}, line {line}"
+        return None
+
+
+def load_config_file(path: str) -> ConfigFileValues:
+    """Read ``--config FILE`` (YAML or JSON) into a dict of option values; a syntax error names its line."""
     where = f"--config {path}"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise PhalanxError(f"cannot read the file ({exc.strerror})", where) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise PhalanxError(f"is larger than {MAX_CONFIG_BYTES // 1024} KiB; a configuration is a few lines", where)
+    text = raw.decode("utf-8", errors="replace")
+    lines: dict[str, int] = {}
     try:
         if path.endswith(".json"):
             data = json.loads(text)
@@ -278,14 +288,29 @@ def load_config_file(path: str) -> dict[str, Any]:
             import yaml  # JSON is YAML too, so any other suffix is read as YAML
 
             data = yaml.safe_load(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PhalanxError(f"does not parse: {first_line}", where) from None
+            node = yaml.compose(text)
+            if isinstance(node, yaml.MappingNode):
+                lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
+    except json.JSONDecodeError as exc:
+        raise PhalanxError(f"line {exc.lineno}: does not parse: {exc.msg}", where) from None
+    except Exception as exc:  # yaml.YAMLError
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        raise PhalanxError(f"{at}does not parse: {problem}", where) from None
     if data is None:
-        return {}
+        return ConfigFileValues(path, {}, {})
     if not isinstance(data, dict):
         raise PhalanxError("must hold a mapping of option: value", where)
-    return field_names(data, where)
+    if path.endswith(".json"):
+        for key in data:
+            at = text.find(f'"{key}"')
+            lines[str(key)] = text.count("\n", 0, at) + 1 if at >= 0 else 0
+    split_keys(data, where)  # unknown keys: named now, with the file
+    return ConfigFileValues(path, data, lines)
+
+
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 def _validate(cfg: RunConfig) -> None:
@@ -301,6 +326,8 @@ def _validate(cfg: RunConfig) -> None:
         choices = FIELDS[name].metadata["choices"]
         if choices and value is not None and value not in choices:
             raise bad(name, f"must be one of {', '.join(choices)} (got {value!r})")
+    tasks.check_name(cfg.task)
+    object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
     for name in ("epochs", "batch_size", "grad_accum", "lr_step_epochs", "log_every"):
         if getattr(cfg, name) <= 0:
             raise bad(name, f"must be a positive integer (got {getattr(cfg, name)})")
@@ -311,9 +338,7 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
         raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
     for name, inside, where in (("crop_scale", 0 < cfg.crop_scale <= 1, "in (0, 1]"),
-                                ("random_erasing", 0 <= cfg.random_erasing <= 1, "in [0, 1]"),
                                 ("val_crop_pct", 0 <= cfg.val_crop_pct <= 1, "in (0, 1], or 0 for auto"),
-                                ("label_smoothing", 0 <= cfg.label_smoothing < 1, "in [0, 1)"),
                                 ("ema_decay", 0 <= cfg.ema_decay < 1, "in [0, 1)")):
         if not inside:
             raise bad(name, f"must be {where} (got {getattr(cfg, name)})")
@@ -322,10 +347,10 @@ def _validate(cfg: RunConfig) -> None:
                   "one per channel")
     if any(s <= 0 for s in cfg.std):
         raise bad("std", f"must be positive (got {cfg.std})")
-    if cfg.freeze_backbone and cfg.head_lr_mult == 0:
-        raise bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
-    for name in ("num_classes", "save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs",
-                 "snapshot_every", "mixup_alpha", "cutmix_alpha", "head_lr_mult"):
+    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
+        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.betas))})")
+    for name in ("save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs", "snapshot_every",
+                 "lr_decay_epochs", "log_interval"):
         if getattr(cfg, name) < 0:
             raise bad(name, f"must not be negative (got {getattr(cfg, name)})")
     if not 0 < cfg.val_fraction < 1:

@@ -46,8 +46,9 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or a pickle with classes in it
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PhalanxError(f"{path} does not load as weights ({first[:160]})", OPTION) from None
+        from .checkpoint import unloadable
+
+        raise PhalanxError(f"{path} does not load as weights: {unloadable(path, exc)}", OPTION) from None
     classes = None
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
         classes = (state.get("data") or {}).get("classes")

@@ -21,9 +21,11 @@ def effective_lr(cfg: RunConfig, num_devices: int) -> float:
     return cfg.lr * num_devices if cfg.scale_lr == "linear" else cfg.lr
 
 
-def build_optimizer(cfg: RunConfig, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def build_optimizer(cfg: RunConfig, params: Iterable, lr: float) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
@@ -37,6 +39,9 @@ def lr_factor(cfg: RunConfig, start: float, end: float) -> float:
         span = cfg.epochs - warmup
         fraction = min(1.0, (start - warmup) / span) if span > 0 else 1.0
         return 0.5 * (1.0 + math.cos(math.pi * fraction))
+    if cfg.lr_schedule == "linear":  # pix2pix: constant, then linearly to zero over the last decay epochs
+        decay = cfg.lr_decay_epochs or cfg.epochs / 2
+        return max(0.0, min(1.0, (cfg.epochs - start) / decay))
     if cfg.lr_schedule == "step":
         # A small epsilon: progress is a sum of fractions, and epoch 3 must not read as 2.9999999.
         return 0.1 ** (int(start + 1e-9) // cfg.lr_step_epochs)

@@ -33,8 +33,9 @@ class RunOutputs:
             uploader.close()
         self.snapshots: SnapshotWriter | None = None
 
-    def start(self, run_id: str) -> None:
-        """Open the snapshot history: the metrics so far (a resumed run's, trimmed) and onwards."""
+    def start(self, run_id: str, panes: list[dict[str, Any]], best: dict[str, Any]) -> None:
+        """Open the snapshot history: the metrics so far (a resumed run's, trimmed) and onwards,
+        with the task's dashboard panes."""
         if not self.enabled:
             return
         self.snapshots = SnapshotWriter(
@@ -42,7 +43,8 @@ class RunOutputs:
             every_seconds=self.cfg.snapshot_every, on_written=lambda p: self._upload(p, f"pickle/{p.name}"),
             write_file=lambda path, data: atomic_write(path, lambda fh: fh.write(data)))
         metrics = self.cfg.run_dir / METRICS
-        self.snapshots.start(read_metrics(metrics) if metrics.exists() else [])
+        history = read_metrics(metrics) if metrics.exists() else []
+        self.snapshots.start([{"kind": "panes", "panes": panes, "best": best}, *history])
 
     def record(self, record: dict[str, Any], flush: bool = False) -> None:
         if not self.enabled:

@@ -11,8 +11,9 @@ import contextlib
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -80,15 +81,60 @@ def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
         raise PhalanxError(missing, "--gpu-ids")
 
 
-def worker_device(cfg: RunConfig, env: Placement) -> torch.device:
+def local_rank_device(cfg: RunConfig, local_rank: int, local_world_size: int) -> torch.device:
     """Local rank r trains on ``cuda:gpu_ids[r]`` (CUDA_VISIBLE_DEVICES is left alone), or the CPU."""
     if cfg.uses_cpu:
         return torch.device("cpu")
-    if env.local_rank >= len(cfg.gpu_ids):
-        raise PhalanxError(f"local rank {env.local_rank} has no GPU id: {len(cfg.gpu_ids)} id(s) for "
-                           f"{env.local_world_size} workers on this node; give one --gpu-ids per worker",
+    if local_rank >= len(cfg.gpu_ids):
+        raise PhalanxError(f"local rank {local_rank} has no GPU id: {len(cfg.gpu_ids)} id(s) for "
+                           f"{local_world_size} workers on this node; give one --gpu-ids per worker",
                            "--gpu-ids")
-    return torch.device("cuda", cfg.gpu_ids[env.local_rank])
+    return torch.device("cuda", cfg.gpu_ids[local_rank])
+
+
+def worker_device(cfg: RunConfig, env: Placement) -> torch.device:
+    return local_rank_device(cfg, env.local_rank, env.local_world_size)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Devices, backend, world size, effective batch and learning rate of one training process:
+    computed once, used by ``--dry-run`` and by the run itself."""
+
+    mode: str  # "single", "dataparallel" or "ddp"
+    device: torch.device  # where the batch and the outputs live
+    devices: tuple[torch.device, ...]  # DataParallel's devices; else (device,)
+    backend: str | None  # DDP's process-group backend
+    world_size: int
+    devices_per_step: int  # devices that share an optimizer step: --scale-lr linear's factor
+    effective_batch: int
+    lr: float
+
+    def describe(self) -> str:
+        if self.mode == "ddp":
+            return f"DDP on {self.device} ({self.backend}, world size {self.world_size})"
+        if self.mode == "dataparallel":
+            names = ", ".join(str(d) for d in self.devices)
+            return f"DataParallel over {names} (output on {self.device}; each batch split between them)"
+        return str(self.device)
+
+
+def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
+    """The plan of this process: a DDP worker of ``env``, DataParallel over several ids, or one device."""
+    from .optim import effective_lr
+
+    if env is not None:
+        device = worker_device(cfg, env)
+        backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
+        mode, devices, world, sharing = "ddp", (device,), env.world_size, env.world_size
+    elif cfg.uses_cpu or len(cfg.gpu_ids) == 1:
+        device = torch.device("cpu") if cfg.uses_cpu else torch.device("cuda", cfg.gpu_ids[0])
+        mode, devices, world, sharing, backend = "single", (device,), 1, 1, None
+    else:
+        devices = tuple(torch.device("cuda", i) for i in cfg.gpu_ids)
+        mode, device, world, sharing, backend = "dataparallel", devices[0], 1, len(devices), None
+    return RunPlan(mode, device, devices, backend, world, sharing, cfg.batch_size * cfg.grad_accum * world,
+                   effective_lr(cfg, sharing))
 
 
 def prepare_model(model: nn.Module, sync_bn: bool) -> nn.Module:
@@ -105,6 +151,7 @@ class Strategy:
     world_size = 1
     local_world_size = 1
     is_main = True
+    plan: RunPlan
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -119,8 +166,20 @@ class Strategy:
         """Devices that share one optimizer step: the factor of ``--scale-lr linear``."""
         return 1
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         return model.to(self.device)
+
+    def forward_only(self, model: nn.Module) -> nn.Module:
+        """A wrapped network for a forward pass whose gradients stay out of the wrapper's
+        bookkeeping (DDP's reducer); DataParallel still splits the batch."""
+        return model
+
+    def all_gather_rows(self, tensor: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
+        """Every rank's first ``rows`` rows, in rank order, and where this rank's begin."""
+        return tensor[:rows], 0
+
+    def all_gather_objects(self, items: list[Any]) -> list[Any]:
+        return list(items)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The bare module, for saving and evaluation: no ``module.`` (DataParallel, DDP) or
@@ -169,7 +228,7 @@ class DataParallelStrategy(Strategy):
     def num_devices(self) -> int:
         return len(self.gpu_ids)
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         return nn.DataParallel(model.to(self.device), device_ids=list(self.gpu_ids), output_device=self.gpu_ids[0])
 
     def describe(self) -> str:
@@ -179,18 +238,18 @@ class DataParallelStrategy(Strategy):
 class DDPStrategy(Strategy):
     """One DistributedDataParallel worker: device ``cuda:gpu_ids[local_rank]``, or the CPU."""
 
-    def __init__(self, cfg: RunConfig, env: Placement):
+    def __init__(self, cfg: RunConfig, env: Placement, plan: RunPlan):
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
         self.local_world_size = env.local_world_size
         self.is_main = env.rank == 0
         self.sync_bn = cfg.sync_bn
-        device = worker_device(cfg, env)
+        device = plan.device
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads_per_worker(env.local_world_size))
         else:
             torch.cuda.set_device(device)
         super().__init__(device)
-        backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
+        backend = plan.backend
         import torch.distributed as dist
         from torch.distributed.rendezvous import rendezvous
 
@@ -211,10 +270,31 @@ class DDPStrategy(Strategy):
     def num_devices(self) -> int:
         return self.world_size
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         model = prepare_model(model, self.sync_bn).to(self.device)
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # nothing to synchronise (a momentum teacher): DDP refuses such a module
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
+
+    def forward_only(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+    def all_gather_rows(self, tensor: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
+        import torch.distributed as dist
+
+        counts = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
+        counts[self.rank] = rows
+        dist.all_reduce(counts)
+        counts_list = counts.tolist()
+        return _GatherRows.apply(tensor, rows, counts_list, self.rank), sum(counts_list[:self.rank])
+
+    def all_gather_objects(self, items: list[Any]) -> list[Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, list(items))
+        return [item for part in gathered for item in part]
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # The bare module: ranks may hold different numbers of validation batches, and DDP's
@@ -255,22 +335,60 @@ class DDPStrategy(Strategy):
             dist.destroy_process_group()
 
     def describe(self) -> str:
-        threads = f" ({torch.get_num_threads()} threads per worker)" if self.device.type == "cpu" else ""
+        count = torch.get_num_threads()
+        threads = f" ({count} thread{'s' if count != 1 else ''} per worker)" if self.device.type == "cpu" else ""
         return f"DDP rank {self.rank}/{self.world_size} on {self.device}{threads}"
+
+
+class _GatherRows(torch.autograd.Function):
+    """all_gather with gradients. Forward: every rank's rows (padded to the largest share for the
+    collective, the padding dropped). Backward: the gradient of every rank's loss with respect to
+    this rank's rows is the sum over ranks, so it is all-reduced before this rank takes its own
+    rows. Without that sum each rank would keep only its own loss's share (the bug of Lightly's
+    GatherLayer, lightly-ai/lightly#1528)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int) -> torch.Tensor:
+        import torch.distributed as dist
+
+        most = max(counts)
+        padded = tensor.new_zeros((most, *tensor.shape[1:]))
+        padded[:rows] = tensor[:rows]
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded)
+        ctx.rows, ctx.counts, ctx.rank, ctx.most, ctx.local_rows = rows, counts, rank, most, tensor.shape[0]
+        return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        import torch.distributed as dist
+
+        padded = grad.new_zeros((len(ctx.counts), ctx.most, *grad.shape[1:]))
+        at = 0
+        for index, count in enumerate(ctx.counts):
+            padded[index, :count] = grad[at:at + count]
+            at += count
+        dist.all_reduce(padded)
+        mine = grad.new_zeros((ctx.local_rows, *grad.shape[1:]))
+        mine[:ctx.rows] = padded[ctx.rank, :ctx.rows]
+        return mine, None, None, None
 
 
 def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
     check_gpu_ids(cfg.gpu_ids)
+    plan = plan_run(cfg, env)
     if cfg.uses_cpu:
         tune_cpu_allocator()
-    if env is not None:
-        return DDPStrategy(cfg, env)
-    if cfg.uses_cpu:
-        return Strategy(torch.device("cpu"))
-    if len(cfg.gpu_ids) == 1:
-        torch.cuda.set_device(cfg.gpu_ids[0])
-        return Strategy(torch.device("cuda", cfg.gpu_ids[0]))
-    return DataParallelStrategy(cfg.gpu_ids)
+    if plan.mode == "ddp":
+        strategy: Strategy = DDPStrategy(cfg, env, plan)
+    elif plan.mode == "dataparallel":
+        strategy = DataParallelStrategy(cfg.gpu_ids)
+    else:
+        if plan.device.type == "cuda":
+            torch.cuda.set_device(plan.device)
+        strategy = Strategy(plan.device)
+    strategy.plan = plan
+    return strategy
 
 
 _joined_process_group = False

@@ -1,7 +1,8 @@
-"""A one-line progress bar on stderr: steps, running loss, throughput.
+"""Progress within an epoch: a one-line bar on a terminal, or a line every few seconds in a log.
 
-Drawn only on a terminal, and redrawn at most five times a second, so reading the loss (a device
-sync) costs nothing measurable; logs and CI output get the per-epoch summary lines instead.
+On a terminal the bar is redrawn at most five times a second, so reading the loss (a device sync)
+costs nothing measurable. Without one (a log file, a batch job's output), a line every
+``--log-interval`` seconds says where the epoch is, timm-style, so a long epoch is not silence.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import time
 from typing import Callable, TextIO
 
 
-class ProgressBar:
-    def __init__(self, total: int, label: str, enabled: bool, stream: TextIO | None = None):
+class ProgressLog:
+    def __init__(self, total: int, label: str, enabled: bool, interval: float = 0.0, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
-        self.enabled = enabled and self.stream.isatty()
+        self.tty = enabled and self.stream.isatty()
+        self.lines = enabled and not self.tty and interval > 0
+        self.interval = interval
         self.total, self.label = total, label
         self.done = self.samples = 0
         self.start = self.last_draw = time.perf_counter()
@@ -23,9 +26,15 @@ class ProgressBar:
         self.done += 1
         self.samples += samples
         now = time.perf_counter()
-        if self.enabled and (now - self.last_draw >= 0.2 or self.done == self.total):
+        if self.tty and (now - self.last_draw >= 0.2 or self.done == self.total):
             self.last_draw = now
             self._draw(loss(), self.samples / max(now - self.start, 1e-9))
+        elif self.lines and now - self.last_draw >= self.interval and self.done < self.total:
+            self.last_draw = now
+            rate = self.samples / max(now - self.start, 1e-9)
+            self.stream.write(f"{self.label}: {self.done}/{self.total} micro-batches ({100 * self.done / self.total:.0f}%)"
+                              f"  loss {loss():.4f}  {rate:,.0f} samples/s  {now - self.start:.0f}s\n")
+            self.stream.flush()
 
     def _draw(self, loss: float, rate: float) -> None:
         width = 24
@@ -35,6 +44,9 @@ class ProgressBar:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.tty:
             self.stream.write("\r\033[K")
             self.stream.flush()
+
+
+ProgressBar = ProgressLog

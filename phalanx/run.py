@@ -16,18 +16,16 @@ from torch import nn
 from . import checkpoint, rundir
 from .cluster import launcher_name
 from .config import RunConfig
-from .data import DataBundle, build_datasets
 from .errors import PhalanxError, RunFailed
-from .finetune import Backbone, load_weights
 from .failures import hold_stop_signals, summarize, write_traceback
-from .models import build_model, required_channels
-from .optim import effective_lr
 from .outputs import RunOutputs, new_run_id
-from .parallel import Placement, Strategy, placement, elastic_restart_count, missing_gpus, strategy_for
+from .parallel import (Placement, Strategy, check_gpu_ids, elastic_restart_count, missing_gpus, placement, plan_run,
+                       strategy_for)
 from .preempt import Preempted, StopRequest
-from .recipe import Recipe
 from .sampling import steps_per_epoch
-from .trainer import Trainer
+from .tasks import task_class
+from .tasks.base import Task, TaskData
+from .trainer import Best, Trainer
 
 
 def train_run(cfg: RunConfig) -> dict[str, Any]:
@@ -67,39 +65,44 @@ def restart_config(cfg: RunConfig, restart: int) -> RunConfig:
     return cfg.replace(resume="auto", overwrite=False)
 
 
+def build_task(cfg: RunConfig) -> Task:
+    """The run's task (a built-in by name, or the user's class, imported by name)."""
+    return task_class(cfg.task)(cfg)
+
+
+def build_networks(cfg: RunConfig, task: Task) -> tuple[TaskData, dict[str, nn.Module]]:
+    """The task's data and networks; every rank builds the same initial weights."""
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    data = task.build_data()
+    models = task.build_models(data)
+    return data, models
+
+
 def describe_run(cfg: RunConfig) -> list[str]:
     """``train --dry-run``: what this process would do, checked as a run checks it, nothing written.
     GPUs that are not on this machine are warned about, not refused: a plan is most useful on a
     login node, before the job reaches its GPUs."""
     env = placement()
-    lines = [f"launcher: {launcher_name(os.environ)}"]
-    if env is not None:
-        device = "cpu" if cfg.uses_cpu else f"cuda:{cfg.gpu_ids[env.local_rank % len(cfg.gpu_ids)]}"
-        devices, world = f"DDP on {device}", env.world_size
-    elif cfg.uses_cpu:
-        devices, world = "cpu", 1
-    elif len(cfg.gpu_ids) == 1:
-        devices, world = f"cuda:{cfg.gpu_ids[0]}", 1
-    else:
-        world = 1
-        devices = (f"DataParallel over {', '.join(f'cuda:{i}' for i in cfg.gpu_ids)} (output on cuda:"
-                   f"{cfg.gpu_ids[0]}; each batch of {cfg.batch_size} split between them)")
-    devices_sharing = world if env else 1 if cfg.uses_cpu else len(cfg.gpu_ids)
-    data = build_datasets(cfg, required_channels(cfg.model))
-    model = build_model(cfg.model, num_classes(cfg, data), data.in_channels)
-    effective = cfg.batch_size * cfg.grad_accum * world
-    lines += [f"devices: {devices}",
-              f"batch size: {cfg.batch_size} per process, {effective} effective (x{cfg.grad_accum} accumulation x"
-              f"{world} processes); {steps_per_epoch(len(data.train), cfg.batch_size, world, cfg.grad_accum)} "
-              "optimizer steps per epoch",
-              f"learning rate: {effective_lr(cfg, devices_sharing):g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), "
-              f"{cfg.lr_schedule} schedule over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup",
-              f"data: {data.description}",
-              f"model: {cfg.model} ({sum(p.numel() for p in model.parameters()):,} parameters, "
-              f"{data.num_classes} classes)"]
+    plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
+    task = build_task(cfg)
+    data, models = build_networks(cfg, task)
+    world = plan.world_size
+    lines = [f"launcher: {launcher_name(os.environ)}",
+             f"task: {cfg.task}",
+             f"devices: {plan.describe()}",
+             f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
+             f"accumulation x{world} processes); {steps_per_epoch(len(data.train), cfg.batch_size, world, cfg.grad_accum)} "
+             "optimizer steps per epoch",
+             f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
+             f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup",
+             f"data: {data.description}"]
+    for name, model in models.items():
+        lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
     try:
         resume = rundir.plan(cfg)
         action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume
+                  else f"no checkpoint there: a new run (--resume auto)" if cfg.resume == "auto"
                   else "replaces the run there" if cfg.overwrite and rundir.holds_a_run(cfg.run_dir) else "a new run")
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"
@@ -119,17 +122,13 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         if strategy.is_main:
             print(line, flush=True)
 
-    # Every check first (run directory, data, model, weights): bad input writes nothing.
+    # Every check first (run directory, task, data, networks, weights): bad input writes nothing.
     resume = rundir.plan(cfg)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    data = build_datasets(cfg, required_channels(cfg.model))
-    model = build_model(cfg.model, num_classes(cfg, data), data.in_channels)
-    notes = [load_weights(model, cfg.weights, data.classes)] if cfg.weights and resume is None else []
-    backbone = Backbone(model) if cfg.freeze_backbone else None
-    if backbone is not None:
-        notes.append(f"phalanx: {backbone.description}")
-    recipe = Recipe(cfg, num_classes(cfg, data), backbone)
+    task = build_task(cfg)
+    data, models = build_networks(cfg, task)
+    notes = task.load_weights(models, cfg.weights, data) if cfg.weights and resume is None else []
+    notes += task.notes()
+    best = Best(task, cfg.best_metric)  # checks --best-metric
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
     strategy.barrier()
@@ -137,10 +136,12 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     if strategy.is_main:
         rundir.create(cfg, resume)
     try:
-        outputs.start(run_id)
+        outputs.start(run_id, task.panes(), best.spec(task))
+        if cfg.resume == "auto" and resume is None:
+            say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
         for line in notes:
             say(line)
-        return _fit(cfg, strategy, data, model, recipe, outputs, run_id, resume, say)
+        return _fit(cfg, strategy, task, data, models, outputs, run_id, resume, say)
     except Preempted:
         outputs.status("preempted")
         raise
@@ -151,19 +152,13 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         outputs.close()  # the last snapshot, and every upload sent or reported
 
 
-def num_classes(cfg: RunConfig, data: DataBundle) -> int:
-    if cfg.num_classes and cfg.num_classes < data.num_classes:
-        raise PhalanxError(f"{cfg.num_classes} is fewer than the {data.num_classes} classes in the data",
-                           "--num-classes")
-    return cfg.num_classes or data.num_classes
-
-
-def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, recipe: Recipe,
+def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models: dict[str, nn.Module],
          outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
-        trainer = Trainer(cfg, strategy, data, model, recipe, outputs, run_id, say, stop)
-        say(f"phalanx: {data.description}; model {cfg.model}; {strategy.describe()}; "
-            f"lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
+        trainer = Trainer(cfg, strategy, task, data, models, outputs, run_id, say, stop)
+        task_part = f"task {cfg.task}; " if cfg.task != "classify" else ""
+        say(f"phalanx: {task_part}{data.description}; model {cfg.model if cfg.task == 'classify' else ', '.join(models)}; "
+            f"{strategy.describe()}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
         if cfg.precision == "fp16" and strategy.device.type == "cpu":
             say("phalanx: warning: --precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's "
                 "measurements; bf16 is the CPU's fast half precision")
@@ -175,10 +170,12 @@ def _fit(cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module,
                        step=trainer.step, world_size=strategy.world_size, devices=strategy.describe(),
                        samples_per_epoch=trainer.num_train, epochs=cfg.epochs)
         summary = trainer.fit()
-    if "val_acc" in summary:
+    if "metrics" in summary:
+        best = summary["best"]
+        last = summary["metrics"][best["metric"]]
         left_out = f"; {len(data.skipped)} unreadable image(s) were left out (--skip-broken)" if data.skipped else ""
-        say(f"phalanx: done: val_acc {100 * summary['val_acc']:.2f}% (best {100 * summary['best_val_acc']:.2f}%); "
-            f"checkpoints in {cfg.run_dir}{left_out}")
+        say(f"phalanx: done: val_{best['metric']} {task.format_metric(best['metric'], last)} (best "
+            f"{task.format_metric(best['metric'], best['value'])}); checkpoints in {cfg.run_dir}{left_out}")
     else:
         say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
     return summary
@@ -188,18 +185,17 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
     """Where the run continues, and what changed since the checkpoint that the user should know."""
     state = resume.state
     restart = elastic_restart_count()
-    where = (f"epoch {trainer.epoch + 1}, sample {trainer.position} of {trainer.num_train}" if trainer.position
-             else f"epoch {trainer.epoch}")
-    lines = [f"phalanx: resumed from {resume.path} after {where}"
-             + (f" (elastic restart {restart})" if restart else "")]
+    where = (f"in epoch {trainer.epoch + 1} at sample {trainer.position} of {trainer.num_train}" if trainer.position
+             else f"after epoch {trainer.epoch}")
+    lines = [f"phalanx: resumed from {resume.path} {where}" + (f" (elastic restart {restart})" if restart else "")]
     old_world, old_batch = state.get("world_size"), state.get("effective_batch")
     if old_batch is not None and old_batch != trainer.effective_batch:
         lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
                      f"batch {old_batch} -> {trainer.effective_batch}, learning rate {trainer.base_lr:g} "
                      f"(--scale-lr {cfg.scale_lr}); the sample order and the schedule continue where they were")
     old_epochs = state.get("config", {}).get("epochs")
-    if old_epochs is not None and old_epochs != cfg.epochs and cfg.lr_schedule == "cosine" \
+    if old_epochs is not None and old_epochs != cfg.epochs and cfg.lr_schedule in ("cosine", "linear") \
             and trainer.epoch < cfg.epochs:
-        lines.append(f"phalanx: --epochs changed ({old_epochs} -> {cfg.epochs}): the cosine schedule now ends "
-                     f"at epoch {cfg.epochs} and continues from this point of it")
+        lines.append(f"phalanx: --epochs changed ({old_epochs} -> {cfg.epochs}): the {cfg.lr_schedule} schedule now "
+                     f"ends at epoch {cfg.epochs} and continues from this point of it")
     return lines

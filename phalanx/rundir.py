@@ -13,7 +13,8 @@ from typing import Any
 
 from . import checkpoint
 from .atomic import atomic_write_text
-from .config import RunConfig, flag
+from .config import RunConfig, from_mapping
+from .fields import flag
 from .errors import PhalanxError, RunFailed
 
 CONFIG, METRICS = "config.json", "metrics.jsonl"
@@ -49,11 +50,24 @@ def plan(cfg: RunConfig) -> Resume | None:
 
 
 def _check_same_run(cfg: RunConfig, resume: Resume) -> None:
-    saved = resume.state.get("config", {})
+    raw = resume.state.get("config", {})
+    try:  # an older phalanx's configuration, read as this one reads it (task options included)
+        saved = from_mapping(raw, source=str(resume.path)).identity()
+    except PhalanxError:
+        saved = raw
     for name, value in cfg.identity().items():
-        if name in saved and saved[name] != value:
-            raise PhalanxError(f"{resume.path} was trained with {flag(name)} {saved[name]!r}, this run "
-                               f"asks for {value!r}; use the same value or start a new --name", flag(name))
+        if name == "task_options":
+            saved_options = saved.get(name) or {}
+            for key, mine in value.items():
+                if key in saved_options and saved_options[key] != mine:
+                    _differs(resume, key, saved_options[key], mine)
+        elif name in saved and saved[name] != value:
+            _differs(resume, name, saved[name], value)
+
+
+def _differs(resume: Resume, name: str, saved: Any, mine: Any) -> None:
+    raise PhalanxError(f"{resume.path} was trained with {flag(name)} {saved!r}, this run asks for {mine!r}; use "
+                       "the same value or start a new --name", flag(name))
 
 
 def create(cfg: RunConfig, resume: Resume | None) -> None:

@@ -50,6 +50,7 @@ class MicroBatch:
     end: int  # and after it
     step_samples: int  # samples of the whole optimizer step, all ranks and accumulated micro-batches
     ends_step: bool  # the optimizer steps after this micro-batch
+    step_start: int = 0  # global position where this micro-batch's optimizer step begins
 
     def loss_scale(self, world_size: int) -> float:
         """Multiplies this rank's summed loss so that DDP's mean over ranks is the step's mean."""
@@ -72,7 +73,7 @@ def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int
             if not mine:  # fewer samples left than ranks: take part, weigh nothing
                 mine = [int(order[micro_start])]
             plan.append(MicroBatch(mine, real, micro_start, micro_end, step_end - step_start,
-                                   ends_step=micro_end == step_end))
+                                   ends_step=micro_end == step_end, step_start=step_start))
     return plan
 
 

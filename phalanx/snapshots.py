@@ -14,9 +14,8 @@ Loading admits plain data only (dict, list, tuple, str, bytes, int, float, bool,
 unpickler refuses every global, so a hostile pickle cannot import or call anything, and the values
 are counted against a budget, so a small file cannot unfold into a huge structure. No torch here.
 
-Schema 2 adds the records of the dashboard: ``status`` (running, finished, preempted, failed),
-``confusion`` (each epoch's confusion matrix over the whole validation set) and ``images`` (a fixed
-sample of validation images as PNG bytes, with true and predicted labels). Schema 1 still loads.
+The kinds of record and what each must hold are defined once, in ``records`` (schema 3: any task's
+named losses and metrics, and the dashboard's panes); segments of schemas 1 and 2 still load.
 """
 
 from __future__ import annotations
@@ -29,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)
+from . import records as record_kinds
+from .records import READABLE_SCHEMAS, SCHEMA
+
 SEGMENT_RECORDS = 5000
 SEGMENT_NAME = re.compile(r"^segment_(\d{6})\.pkl$")
 PLAIN_TYPES = (dict, list, tuple, str, bytes, int, float, bool, type(None))
@@ -79,15 +79,6 @@ def dumps(segment: dict[str, Any]) -> bytes:
     return pickle.dumps(segment, protocol=4)
 
 
-# What a reader may rely on in each kind of record (others are passed through unread).
-NUMBER = (int, float)
-RECORD_FIELDS = {"train": {"epoch": int, "step": int, "epoch_progress": NUMBER, "loss": NUMBER, "lr": NUMBER},
-                 "val": {"epoch": int, "loss": NUMBER, "acc": NUMBER},
-                 "status": {"state": str, "time": NUMBER},
-                 "confusion": {"epoch": int, "matrix": list, "classes": list},
-                 "images": {"epoch": int, "items": list}}
-
-
 def loads(data: bytes) -> dict[str, Any]:
     """Load one segment; raises UnsafeSnapshot or pickle/EOF/Value errors for bad data."""
     segment = _PlainDataUnpickler(io.BytesIO(data)).load()
@@ -99,26 +90,8 @@ def loads(data: bytes) -> dict[str, Any]:
         if not isinstance(segment.get(key, {} if key == "options" else None), kind):
             raise ValueError(f"snapshot field {key!r} is missing or not {kind.__name__}")
     for index, record in enumerate(segment["records"]):
-        _check_record(index, record)
+        record_kinds.check(index, record)
     return segment
-
-
-def _check_record(index: int, record: Any) -> None:
-    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-        raise ValueError(f"record {index} is not a mapping with a 'kind'")
-    for key, kind in RECORD_FIELDS.get(record["kind"], {}).items():
-        value = record.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"record {index} ({record['kind']}) has no {key!r} of the right type")
-    if record["kind"] == "confusion":
-        classes, matrix = record["classes"], record["matrix"]
-        if len(matrix) != len(classes) or not all(isinstance(row, list) and len(row) == len(classes) and
-                                                   all(type(v) is int for v in row) for row in matrix):
-            raise ValueError(f"record {index} (confusion) is not a square matrix of counts")
-    elif record["kind"] == "images":
-        if not all(isinstance(item, dict) and isinstance(item.get("png"), bytes) and isinstance(item.get("label"), str)
-                   and isinstance(item.get("predicted"), str) for item in record["items"]):
-            raise ValueError(f"record {index} (images) has an item without png bytes and labels")
 
 
 @dataclass

@@ -1,6 +1,10 @@
-"""The training loop: fit, evaluate, checkpoint. No argv, no environment reads, no printing of
-its own: what to print goes through ``say``, what to record (metrics, snapshots, uploads) through
-``RunOutputs``.
+"""The training loop: fit, evaluate, checkpoint, for any task. No argv, no environment reads, no
+printing of its own: what to print goes through ``say``, what to record (metrics, snapshots,
+uploads) through ``RunOutputs``.
+
+The trainer owns progress, accumulation, precision, checkpoints and resume; the task (``tasks/``)
+owns its networks, losses, metrics and pictures; the strategy (``parallel``) owns devices,
+wrapping and collectives. The trainer never asks which task it runs.
 
 Progress is a position in the epoch's global sample order (``sampling``): the learning rate, the
 random streams and a checkpoint's resume point are functions of it, never of a step count, so a
@@ -23,19 +27,17 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .config import RunConfig
-from .data import DataBundle, loader_workers
-from .errors import RunFailed
-from .finetune import param_groups
-from .optim import build_optimizer, effective_lr, lr_factor, set_lr
+from .context import RunContext, StepContext
+from .data import loader_workers
+from .errors import PhalanxError, RunFailed
+from .optim import build_optimizer, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
 from .preempt import Preempted, StopRequest
-from .progress import ProgressBar
-from .recipe import Recipe
+from .progress import ProgressLog
+from .recipe import ModelEma, prepare
 from .sampling import EpochBatches, MicroBatch, ShardSampler, derive_seed, epoch_order, plan_epoch
-from .watch import ValidationSample
-
-MAX_CONFUSION_CLASSES = 100
+from .tasks.base import Evaluation, Task, TaskData
 
 
 def seed_streams(seed: int) -> None:
@@ -46,73 +48,137 @@ def seed_streams(seed: int) -> None:
         sys.modules["numpy"].random.seed(seed % 2**32)
 
 
+class Best:
+    """The validation metric that picks ``best.pt``, its direction, and the best value so far."""
+
+    def __init__(self, task: Task, asked: str | None):
+        name, mode = task.best_metric
+        if asked:
+            name, _, given_mode = asked.partition(":")
+            known = task.metric_names()
+            known += [f"ema_{k}" for k in known]
+            if name not in known:
+                raise PhalanxError(f"this task's validation metrics are {', '.join(known)} (got {name!r})",
+                                   "--best-metric")
+            mode = given_mode or (task.best_metric[1] if name.removeprefix("ema_") == task.best_metric[0]
+                                  else "min" if any(w in name.lower() for w in ("loss", "l1", "l2", "error"))
+                                  else "max")
+            if mode not in ("max", "min"):
+                raise PhalanxError(f"the direction after ':' is max or min (got {mode!r})", "--best-metric")
+        self.name, self.mode = name, mode
+        self.value: float | None = None
+
+    def improves(self, metrics: dict[str, float]) -> bool:
+        value = metrics[self.name]
+        if self.value is None or (value > self.value if self.mode == "max" else value < self.value):
+            self.value = value
+            return True
+        return False
+
+    def state(self) -> dict[str, Any]:
+        return {"metric": self.name, "mode": self.mode, "value": self.value}
+
+    def spec(self, task: Task) -> dict[str, Any]:
+        """How the dashboard names and shows it (the ``panes`` record's ``best``)."""
+        bare = self.name.removeprefix("ema_")
+        percent = any(pane.get("percent") for pane in task.panes()
+                      if pane["record"] == "val" and any(key == bare for key, _ in pane["traces"]))
+        label = task.metric_labels.get(bare, bare)
+        return {"metric": self.name, "mode": self.mode, "percent": percent,
+                "label": f"EMA {label}" if self.name.startswith("ema_") else label}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("metric") == self.name:  # another --best-metric starts its own record
+            self.value = state.get("value")
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, strategy: Strategy, data: DataBundle, model: nn.Module, recipe: Recipe,
+    def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models: dict[str, nn.Module],
                  outputs: RunOutputs, run_id: str, say: Callable[[str], None], stop: StopRequest | None = None):
-        self.cfg, self.strategy, self.outputs, self.say = cfg, strategy, outputs, say
-        self.run_id, self.recipe = run_id, recipe
+        self.cfg, self.strategy, self.task, self.outputs, self.say = cfg, strategy, task, outputs, say
+        self.run_id = run_id
         self.stop = stop or StopRequest()
         self.device = strategy.device
         self.world_size, self.rank = strategy.world_size, strategy.rank
-        groups = param_groups(model, cfg.head_lr_mult)  # before compilation renames the parameters' owner
-        self.model = strategy.wrap(recipe.prepare(model))
+        if cfg.precision == "fp64":
+            models = {name: model.double() for name, model in models.items()}
+        groups = task.param_groups(models)  # before compilation renames the parameters' owner
+        averaged = task.ema_models if task.ema_models is not None else (task.primary_model,)
+        self.ema = {name: ModelEma(models[name], cfg.ema_decay) for name in averaged if name in models} \
+            if cfg.ema_decay else {}
+        self.bare = models
+        self.models = {name: strategy.wrap(prepare(model, cfg.channels_last, cfg.compile), task.find_unused_parameters)
+                       for name, model in models.items()}
+        for ema in self.ema.values():
+            ema.module.to(self.device)
         pin = self.device.type == "cuda"
         self.num_workers = loader_workers(cfg, strategy.local_world_size, strategy.training_threads)
-        workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0}
+        workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0,
+                   "collate_fn": data.collate}
         self.num_train = len(data.train)
-        # What the data resolved to (classes, image size, normalisation): inference needs it.
-        self.data_info = {"classes": data.classes, "channels": data.in_channels, "size": data.pipeline.size,
-                          "crop_pct": data.pipeline.crop_pct, "mean": list(data.pipeline.mean),
-                          "std": list(data.pipeline.std)}
-        self.classes = data.classes
-        # Rank 0 shows a fixed sample of validation images with their predictions each epoch.
-        self.sample = ValidationSample(data.val, data.classes, data.pipeline.mean, data.pipeline.std) \
-            if strategy.is_main else None
+        self.data_info = data.info
         self.batches = EpochBatches()
         self.train_loader = DataLoader(data.train, batch_sampler=self.batches, **workers)
         self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
                                      sampler=ShardSampler(len(data.val), self.rank, self.world_size))
-        self.base_lr = effective_lr(cfg, strategy.num_devices)
-        self.optimizer = build_optimizer(cfg, groups, self.base_lr)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16" and pin)
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.base_lr = strategy.plan.lr
+        self.optimizers = {name: build_optimizer(cfg, param_groups, self.base_lr) for name, param_groups in groups.items()}
+        self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16" and pin)
+                        for name in self.optimizers}
+        self.ctx = StepContext(strategy, cfg.precision, cfg.channels_last, self.models, self.optimizers, self.scalers)
+        self.eval_ctx = RunContext(strategy, cfg.precision, cfg.channels_last)
+        # Rank 0 shows what the task draws of each epoch (validation images with predictions, ...).
+        self.visuals = task.visuals(data) if strategy.is_main else None
+        self.loss_names = tuple(task.loss_names)
+        self.best = Best(task, cfg.best_metric)
         self.epoch = 0  # completed epochs
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
-        self.best_acc = -1.0
-        self.epoch_sums = [0.0, 0.0]  # the current epoch's train loss sum and samples, over all ranks
+        self.epoch_sums = [0.0] * (len(self.loss_names) + 1)  # the epoch's loss sums and samples, all ranks
+        self.val_samples = 0
         self.first_step_pending = True
 
     @property
     def effective_batch(self) -> int:
         return self.cfg.batch_size * self.cfg.grad_accum * self.world_size
 
+    def bare_models(self) -> dict[str, nn.Module]:
+        return {name: self.strategy.unwrap(model) for name, model in self.models.items()}
+
     # --- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "step": self.step,
-                "epoch_sums": list(self.epoch_sums), "world_size": self.world_size,
-                "effective_batch": self.effective_batch, "best_val_acc": self.best_acc, "run_id": self.run_id,
-                "model": self.strategy.unwrap(self.model).state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                "ema": self.recipe.ema.module.state_dict() if self.recipe.ema else None,
-                "config": self.cfg.to_dict(), "data": self.data_info}
+        models = {name: model.state_dict() for name, model in self.bare_models().items()}
+        return {"task": self.cfg.task, "epoch": self.epoch, "position": self.position, "step": self.step,
+                "epoch_sums": {"losses": dict(zip(self.loss_names, self.epoch_sums)), "samples": self.epoch_sums[-1]},
+                "world_size": self.world_size, "effective_batch": self.effective_batch, "best": self.best.state(),
+                "run_id": self.run_id, "models": models, "model": models[self.task.primary_model],
+                "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
+                "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
+                "task_state": self.task.state_dict(), "config": self.cfg.to_dict(), "data": self.data_info}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.strategy.unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        if self.recipe.ema is not None:  # a checkpoint from before --ema-decay starts the average at its weights
-            self.recipe.ema.module.load_state_dict(state.get("ema") or state["model"])
-        self.epoch, self.step, self.best_acc = state["epoch"], state["step"], state["best_val_acc"]
-        self.position = state["position"]
-        self.epoch_sums = list(state["epoch_sums"])
+        bare = self.bare_models()
+        for name, model in bare.items():
+            model.load_state_dict(state["models"][name])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        for name, scaler in self.scalers.items():
+            if state.get("scalers", {}).get(name):
+                scaler.load_state_dict(state["scalers"][name])
+        saved_ema = state.get("ema") or {}
+        for name, ema in self.ema.items():  # a checkpoint from before --ema-decay starts the average at its weights
+            ema.module.load_state_dict(saved_ema.get(name) or state["models"][name])
+        self.task.load_state_dict(state.get("task_state") or {})
+        self.epoch, self.step, self.position = state["epoch"], state["step"], state["position"]
+        self.best.restore(state.get("best") or {})
+        sums = state["epoch_sums"]
+        self.epoch_sums = [float(sums["losses"].get(name, 0.0)) for name in self.loss_names] + [float(sums["samples"])]
 
-    def _save(self, val_acc: float) -> None:
+    def _save(self, metrics: dict[str, float]) -> None:
         run_dir = self.cfg.run_dir
         paths = [run_dir / checkpoint.LATEST]
-        if val_acc > self.best_acc:
-            self.best_acc = val_acc
+        if self.best.improves(metrics):
             paths.append(run_dir / checkpoint.BEST)
         if self.cfg.save_epoch_freq and self.epoch % self.cfg.save_epoch_freq == 0:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
@@ -125,43 +191,42 @@ class Trainer:
         summary: dict[str, Any] = {"epochs": self.epoch}
         for epoch in range(self.epoch + 1, self.cfg.epochs + 1):
             started = time.perf_counter()
-            train_loss, rate = self._train_epoch(epoch)
-            val_loss, val_acc, confusion = self.evaluate()
-            extra, shown = self._peak_memory(), ""
-            if self.recipe.ema is not None:
-                extra["ema_loss"], extra["ema_acc"], _ = self.evaluate(self.recipe.ema.module)
-                shown = f"  ema_acc {100 * extra['ema_acc']:.2f}%"
+            train_losses, rate = self._train_epoch(epoch)
+            evaluation = self.evaluate()
+            metrics = dict(evaluation.metrics)
+            if self.ema:
+                averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
+                metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
             self.epoch = epoch
-            self._record_epoch(epoch, confusion)
-            self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, "loss": val_loss, "acc": val_acc,
-                                 "samples": self.val_samples, "world_size": self.world_size,
-                                 "train_loss": train_loss, **extra}, flush=True)
-            self._save(val_acc)
-            self.say(f"epoch {epoch}/{self.cfg.epochs}  train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
-                     f"val_acc {100 * val_acc:.2f}%{shown}  lr {self._lr():.4g}  {rate:,.0f} samples/s  "
-                     f"{time.perf_counter() - started:.1f}s")
-            summary = {"epochs": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc}
+            self._record_epoch(epoch, evaluation)
+            train = {f"train_{name}": value for name, value in train_losses.items()}
+            self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, **metrics,
+                                 "samples": self.val_samples, "world_size": self.world_size, **train,
+                                 **self._peak_memory()}, flush=True)
+            self._save(metrics)
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
+            self.say(f"epoch {epoch}/{self.cfg.epochs}  {shown}  {self.task.summary(metrics)}  lr {self._lr():.4g}  "
+                     f"{rate:,.0f} samples/s  {time.perf_counter() - started:.1f}s")
+            summary = {"epochs": epoch, **train, "metrics": metrics}
             if epoch < self.cfg.epochs and self._agreed_stop(self.stop.signum):
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
-        summary["best_val_acc"] = self.best_acc
-        summary["max_rank_divergence"] = self.strategy.max_divergence(self.strategy.unwrap(self.model))
+        summary["best"] = self.best.state()
+        summary["max_rank_divergence"] = max(
+            (self.strategy.max_divergence(model) for model in self.bare_models().values()), default=0.0)
         if summary["max_rank_divergence"] > 0:
             self.say(f"phalanx: warning: the ranks' parameters differ by up to {summary['max_rank_divergence']:.3g} "
                      "(DDP keeps them identical; something changed parameters outside backward and the optimizer)")
-        self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **summary}, flush=True)
+        end = {k: v for k, v in summary.items() if k != "metrics"}
+        self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **end,
+                             **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()}}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
 
-    def _record_epoch(self, epoch: int, confusion: torch.Tensor) -> None:
-        """For the dashboard: the confusion matrix (up to 100 classes; larger ones would swell the
-        metrics log), and the sample of validation images with their predictions (snapshots only)."""
-        if len(self.classes) <= MAX_CONFUSION_CLASSES:
-            self.outputs.record({"kind": "confusion", "epoch": epoch, "classes": self.classes,
-                                 "matrix": confusion.tolist()})
-        if self.sample is not None:
-            model = self.strategy.unwrap(self.model)
-            with self._autocast():
-                self.outputs.snapshot_only(self.sample.record(model, epoch, self.device, self.recipe.eval_inputs))
+    def _record_epoch(self, epoch: int, evaluation: Evaluation) -> None:
+        for record in self.task.epoch_records(evaluation, epoch):
+            self.outputs.record(record)
+        if self.visuals is not None:  # image bytes: the snapshots keep them, the metrics log does not
+            self.outputs.snapshot_only(self.visuals.record(self.bare_models(), epoch, self.eval_ctx))
 
     def _peak_memory(self) -> dict[str, Any]:
         """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
@@ -172,67 +237,83 @@ class Trainer:
         return {"memory_gib": self.strategy.all_reduce_sum(peaks).tolist()}
 
     def _lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        return next(iter(self.optimizers.values())).param_groups[0]["lr"]
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
+    def _set_lr(self, epoch: int, micro: MicroBatch) -> None:
+        """Every optimizer gets the learning rate of the optimizer step this micro-batch belongs to."""
+        start = epoch - 1 + micro.step_start / self.num_train
+        end = epoch - 1 + (micro.step_start + micro.step_samples) / self.num_train
+        factor = lr_factor(self.cfg, start, end)
+        for optimizer in self.optimizers.values():
+            set_lr(optimizer, self.base_lr, factor)
+
+    def _no_sync(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        """Skip every network's gradient all-reduce on micro-batches that do not end a step."""
+        if micro.ends_step:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        stack = contextlib.ExitStack()
+        for model in self.models.values():
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
 
-    def _train_epoch(self, epoch: int) -> tuple[float, float]:
-        """The rest of one epoch from ``self.position``; returns the train loss (all ranks, the
-        whole epoch) and the samples/s of this process's part."""
-        self.recipe.train_mode(self.model)
+    def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
+        """The rest of one epoch from ``self.position``; returns the epoch's named train losses
+        (all ranks, the whole epoch) and the samples/s of this process's part."""
+        self.task.train_mode(self.models)
         total = self.num_train
         plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.batch_size,
                           self.world_size, self.rank, self.cfg.grad_accum)
         self.batches.set(epoch, plan)
         # Sums stay on the device: no .item() (a host sync) per step, only when logging.
-        window = torch.zeros(2, device=self.device)
+        window = torch.zeros(len(self.loss_names) + 1, device=self.device, dtype=torch.float64)
         trained = 0
-        bar = ProgressBar(len(plan), f"epoch {epoch}/{self.cfg.epochs}", self.cfg.progress and self.strategy.is_main)
+        progress = ProgressLog(len(plan), f"epoch {epoch}/{self.cfg.epochs}",
+                               self.cfg.progress and self.strategy.is_main, self.cfg.log_interval)
         started = window_start = time.perf_counter()
-        for micro, (inputs, targets) in zip(plan, self.train_loader):
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+        manual = self.task.manual_optimization
+        for micro, batch in zip(plan, self.train_loader):
+            batch = self.ctx.to_device(batch)
             # Dropout, batch mixing and the like draw from a stream that is a function of the
             # position alone.
             seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start))
-            inputs, targets = self.recipe.batch(inputs, targets)
-            with contextlib.nullcontext() if micro.ends_step else self.strategy.no_sync(self.model):
-                with self._autocast():
-                    summed = self.recipe.loss(self.model(inputs), targets).sum()
-                if not micro.real:
-                    summed = summed * 0.0  # a padding sample: in the all-reduce, weighing nothing
-                self.scaler.scale(summed * micro.loss_scale(self.world_size)).backward()
-            window[0] += summed.detach().float()
-            window[1] += micro.real
+            self.ctx.begin(micro, epoch)
+            self._set_lr(epoch, micro)
+            with self._no_sync(micro):
+                with self.ctx.autocast():
+                    losses = self.task.training_step(batch, self.ctx)
+                if not manual:
+                    self.ctx.backward(losses["loss"])
+            if micro.real:
+                window[:-1] += torch.stack([_summed(losses[name], micro.real) for name in self.loss_names])
+                window[-1] += micro.real
             trained += micro.end - micro.start
-            bar.update(micro.end - micro.start, lambda: (window[0] / window[1].clamp(min=1)).item())
+            progress.update(micro.end - micro.start, lambda: (window[0] / window[-1].clamp(min=1)).item())
             if not micro.ends_step:
                 continue
-            self._optimizer_step(epoch, micro)
+            self._optimizer_step(epoch, micro, manual)
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
             stop_now = self.stop.signum != 0 and self.world_size == 1
             if self.step % self.cfg.log_every == 0 or micro.end == total or stop_now:
                 window_start, stop = self._log_train(epoch, window, window_start)
                 if stop and micro.end < total:
-                    bar.close()
+                    progress.close()
                     self._preempt(epoch)
-        bar.close()
-        (loss_sum, count), self.epoch_sums, self.position = self.epoch_sums, [0.0, 0.0], 0
-        return loss_sum / max(count, 1), trained / (time.perf_counter() - started)
+        progress.close()
+        sums, self.epoch_sums, self.position = self.epoch_sums, [0.0] * (len(self.loss_names) + 1), 0
+        count = max(sums[-1], 1)
+        return {name: value / count for name, value in zip(self.loss_names, sums)}, \
+            trained / (time.perf_counter() - started)
 
-    def _optimizer_step(self, epoch: int, micro: MicroBatch) -> None:
-        """Step with the learning rate of this point of training, then count the step."""
-        end = micro.end / self.num_train
-        start = end - micro.step_samples / self.num_train
-        set_lr(self.optimizer, self.base_lr, lr_factor(self.cfg, epoch - 1 + start, epoch - 1 + end))
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.recipe.after_step(self.strategy.unwrap(self.model))
+    def _optimizer_step(self, epoch: int, micro: MicroBatch, manual: bool) -> None:
+        """Step the optimizers this micro-batch ends a step for, then count the step."""
+        if not manual:
+            for name in self.optimizers:
+                self.ctx.step(name)
+        bare = self.bare_models()
+        for name, ema in self.ema.items():
+            ema.update(bare[name])
+        self.task.after_step(bare)
         self.step += 1
         self.position = micro.end
         if self.first_step_pending:  # startup latency, for users and benchmarks: once a process
@@ -254,42 +335,43 @@ class Trainer:
         return self.strategy.all_reduce_sum(flag).item() > 0
 
     def _log_train(self, epoch: int, window: torch.Tensor, since: float) -> tuple[float, bool]:
-        """Log the loss window (averaged over ranks); returns the time and whether any rank must stop."""
+        """Log the losses of the window (averaged over ranks); returns the time and whether any
+        rank must stop."""
         now = time.perf_counter()
         stop = window.new_tensor([float(self.stop.signum != 0)])
-        loss_sum, count, stops = self.strategy.all_reduce_sum(torch.cat([window, stop])).tolist()
-        self.epoch_sums = [self.epoch_sums[0] + loss_sum, self.epoch_sums[1] + count]
+        *loss_sums, count, stops = self.strategy.all_reduce_sum(torch.cat([window, stop])).tolist()
+        self.epoch_sums = [a + b for a, b in zip(self.epoch_sums, [*loss_sums, count])]
+        losses = {name: value / max(count, 1) for name, value in zip(self.loss_names, loss_sums)}
+        lrs = {name: opt.param_groups[0]["lr"] for name, opt in self.optimizers.items()}
         self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
-                             "epoch_progress": epoch - 1 + self.position / self.num_train,
-                             "loss": loss_sum / max(count, 1), "lr": self._lr(),
+                             "epoch_progress": epoch - 1 + self.position / self.num_train, **losses,
+                             "lr": self._lr(), **({"lrs": lrs} if len(lrs) > 1 else {}),
                              "samples_per_s": count / max(now - since, 1e-9), "samples": int(count),
                              "seconds": now - since, "time": time.time(), "world_size": self.world_size})
         window.zero_()
-        if not math.isfinite(loss_sum):  # every rank sees the same sum, so every rank stops here
+        bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
+        if bad:  # every rank sees the same sums, so every rank stops here
+            name, value = next(iter(bad.items()))
             kept = f"{checkpoint.LATEST} holds epoch {self.epoch}" if self.epoch else "no checkpoint was saved yet"
-            raise RunFailed(f"the train loss became {loss_sum / max(count, 1)} at step {self.step} (epoch {epoch}): "
-                            f"training diverged, so it stopped; {kept}. Lower --lr or add --warmup-epochs")
+            what = "loss" if name == "loss" else f"loss {name}"
+            raise RunFailed(f"the train {what} became {value} at step {self.step} (epoch {epoch}): training "
+                            f"diverged, so it stopped; {kept}. Lower --lr or add --warmup-epochs")
         return now, stops > 0
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module | None = None) -> tuple[float, float, torch.Tensor]:
-        """Validation loss, top-1 accuracy and the confusion matrix (true x predicted) over the
-        whole validation set, every sample once."""
-        model = self.strategy.eval_model(self.model) if model is None else model
-        model.eval()
-        sums = torch.zeros(3, device=self.device)  # loss sum, correct, count
-        classes = len(self.classes)
-        confusion = torch.zeros(classes * classes, device=self.device, dtype=torch.int64)
-        for inputs, targets in self.val_loader:
-            inputs = self.recipe.eval_inputs(inputs.to(self.device, non_blocking=True))
-            targets = targets.to(self.device, non_blocking=True)
-            with self._autocast():
-                logits = model(inputs)
-            predicted = logits.argmax(1)
-            sums[0] += nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-            sums[1] += (predicted == targets).sum()
-            sums[2] += targets.size(0)
-            confusion += torch.bincount(targets * classes + predicted.clamp(max=classes - 1), minlength=classes ** 2)
-        loss_sum, correct, count = self.strategy.all_reduce_sum(sums).tolist()
-        self.val_samples = int(count)
-        return loss_sum / count, correct / count, self.strategy.all_reduce_sum(confusion).view(classes, classes)
+    def eval_models(self) -> dict[str, nn.Module]:
+        return {name: self.strategy.eval_model(model) for name, model in self.models.items()}
+
+    def evaluate(self, models: dict[str, nn.Module] | None = None) -> Evaluation:
+        """The task's validation over the whole validation set, every sample once."""
+        models = self.eval_models() if models is None else models
+        for model in models.values():
+            model.eval()
+        evaluation = self.task.evaluate(models, self.val_loader, self.eval_ctx)
+        self.val_samples = int(evaluation.extra.get("samples", self.val_samples))
+        return evaluation
+
+
+def _summed(loss: torch.Tensor, samples: int) -> torch.Tensor:
+    """A named loss's sum over this micro-batch's samples (per-sample values, or a mean)."""
+    loss = loss.detach().double()
+    return loss.sum() if loss.dim() else loss * samples

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # in subprocesses (USER_MODELS) and in this process.
 USER_MODELS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "support"), str(REPO)])}
 sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(REPO / "examples" / "tasks"))  # the worked example of your own task
 
 
 @pytest.fixture(scope="session", autouse=True)

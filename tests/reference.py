@@ -22,10 +22,13 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: float = 0.0,
-              step_epochs: int = 30) -> float:
+              step_epochs: int = 30, decay_epochs: float = 0.0) -> float:
     """The documented schedule, in epochs of progress: warmup to ``end``, then the schedule at ``start``."""
     if warmup > 0 and start < warmup:
         return min(1.0, end / warmup)
+    if schedule == "linear":  # pix2pix: constant, then linearly to 0 over the last decay epochs
+        decay = decay_epochs or epochs / 2
+        return max(0.0, min(1.0, (epochs - start) / decay))
     if schedule == "cosine":
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (start - warmup) / (epochs - warmup))))
     if schedule == "step":
@@ -65,3 +68,100 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int, lr: floa
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def set_lrs(optimizers, lr: float, factor: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * factor
+
+
+def train_adversarial_autoencoder(generator: nn.Module, discriminator: nn.Module, images: torch.Tensor, *, epochs: int,
+                                  global_batch: int, lr: float, betas=(0.5, 0.999), lambda_l1: float = 10.0,
+                                  seed: int = 0, schedule: str = "cosine") -> tuple[dict, dict]:
+    """The pix2pix recipe as a plain loop: per global batch of the documented order, a discriminator
+    step (real vs reconstructed, halved), then a generator step (fool the updated discriminator,
+    plus lambda x L1), each Adam with the schedule's LR. Returns both networks' weights."""
+    opt_g = torch.optim.Adam(generator.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+
+    def bce(logits, real):
+        target = torch.full_like(logits, 1.0 if real else 0.0)
+        return nn.functional.binary_cross_entropy_with_logits(logits, target)
+
+    n = len(images)
+    for epoch in range(1, epochs + 1):
+        order = epoch_order(n, seed, epoch)
+        for start in range(0, n, global_batch):
+            end = min(n, start + global_batch)
+            set_lrs([opt_g, opt_d], lr, lr_factor(schedule, epochs, epoch - 1 + start / n, epoch - 1 + end / n))
+            real = images[order[start:end]]
+            fake = generator(real)
+            opt_d.zero_grad()
+            (0.5 * (bce(discriminator(real), True) + bce(discriminator(fake.detach()), False))).backward()
+            opt_d.step()
+            for p in discriminator.parameters():
+                p.requires_grad_(False)
+            opt_g.zero_grad()
+            (bce(discriminator(fake), True) + lambda_l1 * (fake - real).abs().mean()).backward()
+            opt_g.step()
+            for p in discriminator.parameters():
+                p.requires_grad_(True)
+    return ({k: v.detach().clone() for k, v in generator.state_dict().items()},
+            {k: v.detach().clone() for k, v in discriminator.state_dict().items()})
+
+
+def train_global_batch_loss(encoder: nn.Module, points: torch.Tensor, *, epochs: int, global_batch: int, lr: float,
+                            seed: int = 0) -> dict[str, torch.Tensor]:
+    """tests/support/phalanx_testtasks.py's GatherTask as a plain loop over whole global batches
+    (no gather: one process holds every sample): SGD, constant LR, the centre updated after each step."""
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=lr)
+    center = torch.zeros(encoder.out_features, dtype=points.dtype)
+    n = len(points)
+    for epoch in range(1, epochs + 1):
+        order = epoch_order(n, seed, epoch)
+        for start in range(0, n, global_batch):
+            z = encoder(points[order[start:start + global_batch]]) - center
+            similarity = z @ z.T / 2.0
+            similarity.fill_diagonal_(float("-inf"))
+            loss = (torch.logsumexp(similarity, dim=1) + (z ** 2).sum(1) * 0.05).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            center = 0.5 * center + 0.5 * (z.detach() + center).mean(0)
+    return {k: v.detach().clone() for k, v in encoder.state_dict().items()}
+
+
+def train_pix2pix(generator: nn.Module, discriminator: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                  epochs: int, global_batch: int, lr: float, betas=(0.5, 0.999), lambda_l1: float = 100.0,
+                  seed: int = 0, schedule: str = "linear") -> tuple[dict, dict]:
+    """pix2pix as a plain loop (Isola et al. 2017): per global batch of the documented order, the
+    discriminator's step on (input, target) against (input, generated), halved; then the
+    generator's, fooling the updated discriminator plus lambda x L1, each Adam on the schedule."""
+    opt_g = torch.optim.Adam(generator.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+    criterion = nn.BCEWithLogitsLoss()
+    n = len(inputs)
+    for epoch in range(1, epochs + 1):
+        order = epoch_order(n, seed, epoch)
+        for start in range(0, n, global_batch):
+            end = min(n, start + global_batch)
+            set_lrs([opt_g, opt_d], lr, lr_factor(schedule, epochs, epoch - 1 + start / n, epoch - 1 + end / n))
+            a, b = inputs[order[start:end]], targets[order[start:end]]
+            fake = generator(a)
+            opt_d.zero_grad()
+            pred_real, pred_fake = discriminator(torch.cat([a, b], 1)), discriminator(torch.cat([a, fake.detach()], 1))
+            loss_d = 0.5 * (criterion(pred_real, torch.ones_like(pred_real)) +
+                            criterion(pred_fake, torch.zeros_like(pred_fake)))
+            loss_d.backward()
+            opt_d.step()
+            for p in discriminator.parameters():
+                p.requires_grad_(False)
+            opt_g.zero_grad()
+            pred = discriminator(torch.cat([a, fake], 1))
+            (criterion(pred, torch.ones_like(pred)) + lambda_l1 * (fake - b).abs().mean()).backward()
+            opt_g.step()
+            for p in discriminator.parameters():
+                p.requires_grad_(True)
+    return ({k: v.detach().clone() for k, v in generator.state_dict().items()},
+            {k: v.detach().clone() for k, v in discriminator.state_dict().items()})

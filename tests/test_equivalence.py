@@ -1,11 +1,16 @@
 """DDP, one process and an independent hand-written loop compute the same training.
 
 The reference (tests/reference.py) is a plain loop over the documented sample order and schedule.
-In float64 the three agree to rounding (1e-12): the design is exact. In float32 they agree within
-the tolerance below, measured across batch sizes and momentum (README, "Synchronous and exact").
+In float64 the three agree to rounding (1e-12): the design is exact. In float32 the only difference
+DDP may make is the order in which a batch's gradient is summed. How large that rounding is
+depends on the CPU's kernels (vector width, blocking), so the float32 test does not hold DDP to a
+number measured on one machine: it measures, in the same test, what two honest regroupings of the
+same batch cost on this machine, and holds DDP to a small multiple of that.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -13,10 +18,17 @@ import torch
 from conftest import USER_MODELS, records, run_phalanx
 import reference
 
-# Measured (README, "Synchronous and exact"): at most 9e-7 after one epoch with batch 8/16/32 per
-# worker, momentum 0/0.9, constant/cosine LR, except momentum 0.9 with a constant LR of 0.1 at batch
-# 8 and 32, whose unstable training amplifies the rounding (3e-2, 1.1).
-FLOAT32_TOLERANCE = 1e-5
+# The float32 run is short (a 10% training split: 11 steps of 16): over a whole epoch, momentum
+# 0.9 at LR 0.1 amplifies any rounding into a heavy tail (3.6e-7 to 1.7e-3 between regroupings of
+# the same batches, depending on the CPU's kernels; README, "Synchronous and exact"), and no
+# bound then both holds on every CPU and catches a bug.
+FLOAT32_RUN = ["--val-fraction", 0.9, "--epochs", 1]
+# DDP may differ from one process by up to this many times the largest difference that regrouping
+# the batch (accumulated micro-batches, another thread count) makes on this machine...
+FLOAT32_FACTOR = 4
+# ...or by this many units in the last place of the largest weight, where the regroupings happen
+# to round identically.
+FLOAT32_ULPS = 16
 
 
 def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0,
@@ -57,7 +69,7 @@ def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp
     for run in ("single", "ddp"):
         state = torch.load(tmp_path / run / "latest.pt")
         assert reference.max_difference(state["model"], expected) < 1e-12
-        assert reference.max_difference(state["ema"], ema) < 1e-12
+        assert reference.max_difference(state["ema"]["model"], ema) < 1e-12
     assert [r["lr"] for r in records(tmp_path / "ddp", "train")] == \
         [r["lr"] for r in records(tmp_path / "single", "train")]
 
@@ -84,13 +96,41 @@ def test_float64_ddp_with_gradient_accumulation_equals_one_big_batch_and_skips_t
     assert sum(a != b for a, b in zip(grads["0"][second], grads["1"][second])) > 0.9 * len(grads["0"][second])
 
 
+@contextlib.contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("momentum, schedule", [(0, "constant"), (0.9, "cosine")])
-def test_float32_ddp_equals_one_process_within_the_stated_tolerance(tmp_path, phalanx, momentum, schedule):
-    # Batch 8 per worker: the most steps per epoch, the most rounding.
-    common = ["--epochs", 1, "--momentum", momentum, "--lr-schedule", schedule, "--checkpoints-dir", tmp_path,
+def test_float32_ddp_differs_from_one_process_only_by_the_rounding_of_a_regrouped_sum(tmp_path, phalanx,
+                                                                                        momentum, schedule):
+    # Batch 8 per worker: the most steps, the most rounding. The split leaves a short last step
+    # (180 = 11 x 16 + 4), where each rank's share of the loss must be weighed right.
+    common = [*FLOAT32_RUN, "--momentum", momentum, "--lr-schedule", schedule, "--checkpoints-dir", tmp_path,
               "--no-progress"]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun", "--nproc-per-node=2")
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 16, *common).code == 0
-    difference = reference.max_difference(weights(tmp_path / "ddp/latest.pt"), weights(tmp_path / "single/latest.pt"))
-    assert 0 < difference < FLOAT32_TOLERANCE
+    # The same batches of 16, their gradients summed in other orders: as two and four accumulated
+    # micro-batches, and by kernels that split the work over another number of threads.
+    assert phalanx("train", "--name", "accum2", "--batch-size", 8, "--grad-accum", 2, *common).code == 0
+    assert phalanx("train", "--name", "accum4", "--batch-size", 4, "--grad-accum", 4, *common).code == 0
+    with torch_threads(1 if torch.get_num_threads() > 1 else 2):
+        assert phalanx("train", "--name", "threads", "--batch-size", 16, *common).code == 0
+    single = weights(tmp_path / "single/latest.pt")
+
+    def from_single(run):
+        return reference.max_difference(weights(tmp_path / run / "latest.pt"), single)
+
+    regrouped = max(from_single(run) for run in ("accum2", "accum4", "threads"))
+    largest = max(v.abs().max().item() for v in single.values())
+    ulp = torch.finfo(torch.float32).eps * 2.0 ** torch.tensor(largest).log2().floor().item()
+    bound = max(FLOAT32_FACTOR * regrouped, FLOAT32_ULPS * ulp)
+    assert from_single("ddp") <= bound, (from_single("ddp"), regrouped, ulp)
+    # What the bound is for: a real bug moves the weights by orders of magnitude more.
+    assert bound < 1e-4 * largest

@@ -108,5 +108,5 @@ def test_export_loads_without_phalanx_and_gives_the_checkpoints_logits(trained, 
     from phalanx.inference.model import load_trained
 
     with torch.no_grad():
-        expected = load_trained(str(trained / "latest.pt")).model(images)
+        expected = load_trained(str(trained / "latest.pt")).models["model"](images)
     assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, atol=1e-5)

@@ -140,7 +140,7 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
             assert value.shape[0] == 3
         else:
             assert torch.equal(value, pretrained[key]), key  # frozen: bit for bit
-    groups = tuned["optimizer"]["param_groups"]
+    groups = tuned["optimizers"]["model"]["param_groups"]
     # 96 training images, 3 steps an epoch: the last step starts at progress 2 + 64/96 of 3 epochs.
     head_lr = 3 * 0.1 * 0.5 * (1 + math.cos(math.pi * (2 + 64 / 96) / 3))
     assert [g["lr_mult"] for g in groups] == [3] and groups[0]["lr"] == pytest.approx(head_lr)
@@ -190,7 +190,7 @@ def test_ema_is_evaluated_checkpointed_and_resumed_exactly(phalanx, tmp_path):
     assert phalanx("train", "--name", "split", "--epochs", 1, *common).code == 0
     assert phalanx("train", "--name", "split", "--epochs", 2, "--resume", "auto", *common).code == 0
     a, b = (torch.load(tmp_path / n / "latest.pt") for n in ("straight", "split"))
-    assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
-    assert not torch.equal(a["ema"]["classifier.3.weight"], a["model"]["classifier.3.weight"])
+    assert all(torch.equal(a["ema"]["model"][k], b["ema"]["model"][k]) for k in a["ema"]["model"])
+    assert not torch.equal(a["ema"]["model"]["classifier.3.weight"], a["model"]["classifier.3.weight"])
     val = records(tmp_path / "straight", "val")
     assert all(0.5 < r["ema_acc"] <= 1 for r in val)

@@ -144,7 +144,7 @@ def test_a_corrupt_checkpoint_is_named_and_auto_falls_back_to_the_previous_one(t
     latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])  # truncated
     named = phalanx("train", "--epochs", 4, "--resume", latest, "--checkpoints-dir", tmp_path)
     assert named.code == 2 and len(named.err.strip().splitlines()) == 1
-    assert "latest.pt is unreadable or corrupt" in named.err
+    assert "latest.pt is unreadable" in named.err
     auto = phalanx("train", "--epochs", 4, "--resume", "auto", "--checkpoints-dir", tmp_path)
     assert auto.code == 0, auto.err
     assert "skipping checkpoint" in auto.err and "resumed from" in auto.out and "epoch_0003.pt" in auto.out

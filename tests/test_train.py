@@ -89,7 +89,8 @@ def test_checkpoint_loads_with_plain_torch_load_into_the_bare_model(phalanx, tmp
     model = SmallCNN(num_classes=10, in_channels=1)
     model.load_state_dict(state["model"])
     assert state["epoch"] == 1 and state["config"]["epochs"] == 1
-    assert {"optimizer", "scaler", "step", "position", "epoch_sums", "world_size"} <= state.keys()
+    assert {"optimizers", "scalers", "step", "position", "epoch_sums", "world_size", "task"} <= state.keys()
+    assert state["task"] == "classify" and state["models"]["model"].keys() == state["model"].keys()
     assert not list(run.glob(".*tmp*")), "no temporary file is left behind"
 
 
@@ -152,7 +153,7 @@ def test_autocast_on_cpu_computes_in_the_asked_precision_and_trains(phalanx, tmp
     assert val[-1]["acc"] >= accuracy
     state = torch.load(tmp_path / "experiment/latest.pt")
     assert state["model"]["classifier.3.weight"].dtype == torch.float32  # master weights stay fp32
-    assert not state["scaler"]  # a GradScaler only on CUDA: CPU autocast has no fp16 gradient underflow to fix
+    assert not state["scalers"]["model"]  # a GradScaler only on CUDA: CPU autocast has no fp16 gradient underflow to fix
 
 
 def test_best_pt_is_the_epoch_with_the_best_validation_accuracy(phalanx, tmp_path, monkeypatch):
@@ -163,7 +164,7 @@ def test_best_pt_is_the_epoch_with_the_best_validation_accuracy(phalanx, tmp_pat
     accs = [r["acc"] for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "val"]
     assert accs[1] == max(accs) > 0.8 > max(accs[2:])
     best, latest = torch.load(tmp_path / "experiment/best.pt"), torch.load(tmp_path / "experiment/latest.pt")
-    assert best["epoch"] == 2 and latest["epoch"] == 4 and best["best_val_acc"] == accs[1]
+    assert best["epoch"] == 2 and latest["epoch"] == 4 and best["best"]["value"] == accs[1]
     assert all(torch.equal(best["model"][k], torch.load(tmp_path / "experiment/epoch_0002.pt")["model"][k])
                for k in best["model"])
 

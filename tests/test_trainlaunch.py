@@ -32,7 +32,8 @@ def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_p
     assert all(r["samples"] == 359 for r in val)
     end = records(run, "end")[-1]
     assert end["max_rank_divergence"] == 0.0  # every rank holds the same parameters
-    assert f"({cpu_threads_per_worker(2)} threads per worker)" in result.out
+    threads = cpu_threads_per_worker(2)
+    assert f"({threads} thread{'s' if threads != 1 else ''} per worker)" in result.out
     # The reported accuracy is exactly what one process computes from the saved weights.
     cfg = RunConfig()
     data = build_datasets(cfg, None)
@@ -65,8 +66,10 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
     assert proc.returncode == 0, err
     assert "resumed from" in out and "(elastic restart 1)" in out
     assert err == ""  # the survivor's lost peer is in its log file, not on the console
-    assert "lost its peers" in (tmp_path / "killrun/logs/rank0.log").read_text() or \
-        "Connection" in (tmp_path / "killrun/logs/rank0.log").read_text()
+    # The survivor either saw its peer go (a lost-peer line in its log) or was stopped by torchrun
+    # first (no log): which one is a race between the two, on any machine.
+    log = tmp_path / "killrun/logs/rank0.log"
+    assert not log.exists() or "lost its peers" in log.read_text() or "Connection" in log.read_text()
     val_epochs = [r["epoch"] for r in records(tmp_path / "killrun", "val")]
     assert val_epochs == [1, 2, 3, 4]  # none lost, none repeated
     train_steps = [r["step"] for r in records(tmp_path / "killrun", "train")]

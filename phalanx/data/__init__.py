@@ -61,6 +61,31 @@ class TrainView(Dataset):
         return self.augment(image), label
 
 
+class SeededView(Dataset):
+    """Any task's training split: ``view[i]`` is sample i as ``base`` gives it; ``view[(epoch, i)]``
+    is what training sees, ``augment(sample)`` under a random stream seeded by the run's seed, the
+    epoch and the sample (the same on any rank, in any loader worker, at any world size, and after
+    a resume). ``augment`` receives the whole sample, so an image and its targets (a paired image,
+    boxes, a mask) move together."""
+
+    def __init__(self, base: Dataset, augment: Callable | None = None, seed: int = 0, plain: Dataset | None = None):
+        self.base, self.augment, self.seed = base, augment, seed
+        self.plain = base if plain is None else plain  # view[i]: the sample as evaluation prepares it
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            return self.plain[key]
+        epoch, index = key
+        if self.augment is None:
+            return self.base[index]
+        sample = self.base[index]
+        torch.default_generator.manual_seed(derive_seed(self.seed, "augment", epoch, index))
+        return self.augment(sample)
+
+
 class Mapped(Dataset):
     """A data set with a transform applied to each image."""
 
@@ -75,8 +100,9 @@ class Mapped(Dataset):
         return self.transform(image), label
 
 
-def build_datasets(cfg: RunConfig, channels: int | None) -> DataBundle:
-    """``channels``: what the model insists on (3 for torchvision models), or None for any."""
+def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float = 0.0) -> DataBundle:
+    """``channels``: what the model insists on (3 for torchvision models), or None for any;
+    ``random_erasing``: the probability of erasing a rectangle of a training image."""
     source = load(cfg, channels)
     size, augment, crop_pct = transforms.resolve(cfg, source.native_size, source.channels, cfg.dataset)
     stats = transforms.normalisation(cfg, source.channels)
@@ -91,7 +117,7 @@ def build_datasets(cfg: RunConfig, channels: int | None) -> DataBundle:
             files.min_side = pipeline.min_decoded_side(cfg.crop_scale)
     plain = transforms.build(Pipeline(size, "none", 1.0, pipeline.mean, pipeline.std), cfg, train=False)
     evaluate = transforms.build(pipeline, cfg, train=False)
-    augmented = transforms.build(pipeline, cfg, train=True) if pipeline.random else None
+    augmented = transforms.build(pipeline, cfg, train=True, random_erasing=random_erasing) if pipeline.random else None
     if source.in_memory is not None:  # deterministic transforms on whole tensors, once
         train_images, val_images = source.in_memory
         from .sources import Tensors
@@ -105,6 +131,20 @@ def build_datasets(cfg: RunConfig, channels: int | None) -> DataBundle:
     if pipeline.random:
         description += f", augment {augment}"
     return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
+
+
+def dataset_labels(dataset: Dataset) -> list[int] | None:
+    """The labels of a classification split without decoding its images, where the data set
+    keeps them (in memory, a folder's label array, a subset of either); else None."""
+    from torch.utils.data import Subset
+
+    if isinstance(dataset, (Mapped, TrainView)):
+        return dataset_labels(dataset.base if isinstance(dataset, Mapped) else dataset.plain)
+    if isinstance(dataset, Subset):
+        labels = dataset_labels(dataset.dataset)
+        return None if labels is None else [labels[i] for i in dataset.indices]
+    labels = getattr(dataset, "labels", None)
+    return None if labels is None else [int(v) for v in labels]
 
 
 def loader_workers(cfg: RunConfig, local_processes: int, training_threads: int) -> int:

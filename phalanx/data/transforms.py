@@ -118,7 +118,8 @@ def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
     return steps
 
 
-def build(pipeline: Pipeline, cfg: RunConfig, train: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def build(pipeline: Pipeline, cfg: RunConfig, train: bool,
+          random_erasing: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
     """The transform of one image: uint8 or [0, 1] float in, normalised float32 out."""
     if not train or not pipeline.random:
         crop_pct = pipeline.crop_pct if not train else 1.0
@@ -127,8 +128,8 @@ def build(pipeline: Pipeline, cfg: RunConfig, train: bool) -> Callable[[torch.Te
 
     steps = _geometry(pipeline, cfg)
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pipeline.mean), list(pipeline.std))]
-    if cfg.random_erasing > 0:
-        steps.append(v2.RandomErasing(p=cfg.random_erasing))
+    if random_erasing > 0:
+        steps.append(v2.RandomErasing(p=random_erasing))
     return v2.Compose(steps)
 
 

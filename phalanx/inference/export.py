@@ -1,8 +1,9 @@
-"""``phalanx export``: a file that loads without phalanx and gives the checkpoint's logits.
+"""``phalanx export``: files that load without phalanx and run a checkpoint's networks (a
+classifier, a translation's generators, a self-supervised backbone, ...: the task says which).
 
 ``torchscript`` is traced (``torch.jit.load`` opens it); ``exported-program`` is ``torch.export``'s
-format (``torch.export.load``), with a dynamic batch size. Both take normalised images of the
-training size; how to prepare them, and the class names, go beside the file in ``FILE.json``.
+format (``torch.export.load``), with a dynamic batch size. How to prepare inputs and what the
+outputs mean go beside each file in ``FILE.json``.
 """
 
 from __future__ import annotations
@@ -18,31 +19,52 @@ from ..errors import PhalanxError
 from .model import load_trained
 from .options import ExportOptions
 
+SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}
 
-def export(opts: ExportOptions) -> Path:
-    trained = load_trained(opts.checkpoint, opts.ema)
-    model = trained.model.cpu().eval()
-    size = trained.pipeline.size
-    example = torch.randn(2, trained.channels, size, size, generator=torch.Generator().manual_seed(0))
+
+def check_output(output: Path, fmt: str) -> None:
+    """An extension the format does not write is refused, not ignored (``m.onnx`` is not TorchScript)."""
+    if output.suffix.lower() in SUFFIXES[fmt]:
+        return
+    other = next((f for f, suffixes in SUFFIXES.items() if output.suffix.lower() in suffixes), None)
+    hint = (f"that is --format {other}'s extension" if other else
+            "phalanx does not write ONNX; export an exported-program and convert it with torch.onnx"
+            if output.suffix.lower() == ".onnx" else f"{output.suffix or 'no extension'} is not one")
+    raise PhalanxError(f"--format {fmt} writes {', '.join(SUFFIXES[fmt])} files ({output.name}: {hint})", "--output")
+
+
+def export(opts: ExportOptions) -> list[Path]:
     output = Path(opts.output)
+    check_output(output, opts.format)
+    trained = load_trained(opts.checkpoint, opts.ema)
+    modules = trained.task.export_modules(trained)
+    written = []
+    for name, (module, example) in modules.items():
+        path = output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
+        _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name)
+        meta = {**trained.task.export_metadata(trained), "network": name, "task": trained.config.task,
+                "format": opts.format, "checkpoint": str(trained.path), "input_shape": list(example.shape[1:])}
+        atomic_write_text(path.with_name(path.name + ".json"), json.dumps(meta, indent=2) + "\n")
+        written.append(path)
+        print(f"phalanx: wrote {path} and {path.name}.json ({opts.format}, {trained.config.task} {name}, "
+              f"input {'x'.join(map(str, example.shape[1:]))})")
+    return written
+
+
+def _write(path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str) -> None:
     try:
-        if opts.format == "torchscript":
+        if fmt == "torchscript":
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch 2.10+ calls TorchScript deprecated
-                program = torch.jit.trace(model, example)
-                atomic_write(output, lambda fh: torch.jit.save(program, fh))
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                program = torch.jit.trace(module, example)
+                atomic_write(path, lambda fh: torch.jit.save(program, fh))
         else:
             batch = torch.export.Dim("batch", min=1, max=4096)
-            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
-            atomic_write(output, lambda fh: torch.export.save(program, fh))
+            program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+            atomic_write(path, lambda fh: torch.export.save(program, fh))
     except PhalanxError:
         raise
     except Exception as exc:  # a model the tracer or exporter cannot follow
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PhalanxError(f"cannot export {trained.config.model!r} as {opts.format} ({first[:200]})",
-                           "--format") from None
-    atomic_write_text(output.with_name(output.name + ".json"),
-                      json.dumps({**trained.metadata(), "format": opts.format}, indent=2) + "\n")
-    print(f"phalanx: wrote {output} and {output.name}.json ({opts.format}, {trained.config.model}, "
-          f"{len(trained.classes)} classes, input {trained.channels}x{size}x{size})")
-    return output
+        raise PhalanxError(f"cannot export {what!r} as {fmt} ({first[:200]})", "--format") from None

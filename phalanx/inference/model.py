@@ -1,19 +1,20 @@
-"""A trained model from its checkpoint alone: configuration, weights, and how to prepare images."""
+"""A trained task from its checkpoint alone: configuration, task, networks and what the data
+resolved to (classes, image size, normalisation)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .. import checkpoint
 from ..config import RunConfig, from_mapping
-from ..data import transforms
 from ..errors import PhalanxError
-from ..models import build_model
+from ..tasks import task_class
+from ..tasks.base import Task, TaskData
 
 OPTION = "--checkpoint"
 
@@ -22,44 +23,41 @@ OPTION = "--checkpoint"
 class Trained:
     path: Path
     config: RunConfig
-    model: nn.Module
-    classes: list[str]
-    channels: int
-    pipeline: transforms.Pipeline
-
-    def preprocess(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """What validation did to an image (uint8 or [0, 1] float tensor): resize, centre crop, normalise."""
-        return transforms.build(self.pipeline, self.config, train=False)
-
-    def metadata(self) -> dict[str, Any]:
-        """Class names and preprocessing, for files that leave phalanx (export's FILE.json)."""
-        p = self.pipeline
-        return {"classes": self.classes, "channels": self.channels, "image_size": p.size, "resize_shorter_side":
-                round(p.size / p.crop_pct), "center_crop": p.size, "mean": list(p.mean), "std": list(p.std),
-                "input": "RGB" if self.channels == 3 else "grayscale", "scale": "pixels / 255, then (x - mean) / std",
-                "model": self.config.model, "checkpoint": str(self.path)}
+    task: Task
+    models: dict[str, nn.Module]  # bare networks, in eval mode, on the CPU
+    info: dict[str, Any]
 
 
 def load_trained(path: str, ema: bool = False) -> Trained:
-    """Rebuild the model by name and load its weights; a foreign, truncated or mismatched file is one
-    clear error (exit 2)."""
+    """Rebuild the task's networks by name and load their weights; a foreign, truncated or
+    mismatched file is one clear error (exit 2)."""
     state = checkpoint.load(Path(path), OPTION)
     try:
         cfg = from_mapping(state["config"], source=OPTION)
     except (KeyError, TypeError, PhalanxError) as exc:
         raise PhalanxError(f"{path} has no usable run configuration ({exc})", OPTION) from None
-    info = state.get("data") or _infer_data(cfg, state["model"])
-    weights = state.get("ema") if ema else state["model"]
-    if weights is None:
+    task = task_class(cfg.task)(cfg)
+    info = state.get("data") or _infer_data(cfg, state["models"]["model"])
+    task.restore_info(info)
+    torch.manual_seed(cfg.seed)
+    models = task.build_models(TaskData(None, None, "", info))
+    if cfg.precision == "fp64":
+        models = {name: model.double() for name, model in models.items()}
+    averaged = state.get("ema") or {}
+    if ema and not averaged:
         raise PhalanxError(f"{path} has no moving average of the weights (trained without --ema-decay)", "--ema")
-    model = build_model(cfg.model, len(info["classes"]), info["channels"])
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:  # missing keys, unexpected keys, shapes
-        first = str(exc).strip().splitlines()[0]
-        raise PhalanxError(f"{path} does not fit model {cfg.model!r} ({first[:200]})", OPTION) from None
-    pipeline = transforms.Pipeline(info["size"], "none", info["crop_pct"], tuple(info["mean"]), tuple(info["std"]))
-    return Trained(Path(path), cfg, model.eval(), list(info["classes"]), info["channels"], pipeline)
+    for name, model in models.items():
+        weights = averaged.get(name) if ema and name in averaged else state["models"].get(name)
+        if weights is None:
+            raise PhalanxError(f"{path} holds no weights for the network {name!r}", OPTION)
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as exc:  # missing keys, unexpected keys, shapes
+            first = str(exc).strip().splitlines()[0]
+            what = cfg.model if cfg.task == "classify" else f"{cfg.task}'s {name}"
+            raise PhalanxError(f"{path} does not fit model {what!r} ({first[:200]})", OPTION) from None
+        model.eval()
+    return Trained(Path(path), cfg, task, models, info)
 
 
 def _infer_data(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> dict[str, Any]:

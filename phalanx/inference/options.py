@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import DATASETS, option
+from ..config import DATASETS
+from ..fields import option
 
 CHECKPOINT_HELP = "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt); it is all these commands need."
 
@@ -26,13 +27,16 @@ class EvaluateOptions:
 @dataclass(frozen=True)
 class PredictOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    output: str = option(None, "Where to write the predictions: .csv or .jsonl.", metavar="FILE")
+    output: str = option(None, "Where to write the predictions: .csv or .jsonl (classify); a folder (translate).",
+                         metavar="PATH")
     top_k: int = option(5, "How many of the most likely classes to list per image.", metavar="K")
     batch_size: int = option(64, "Images per batch.", metavar="N")
     gpu_ids: tuple[int, ...] = option((), "GPU to predict on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
     progress: bool = option(True, "Show a progress bar on stderr.")
+    tile_overlap: int = option(32, "--task translate: images larger than the training size are translated in tiles "
+                               "of that size overlapping by this many pixels, blended.", metavar="PIXELS")
 
 
 @dataclass(frozen=True)

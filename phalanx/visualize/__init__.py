@@ -16,11 +16,11 @@ from typing import Any
 
 from ..errors import EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
 from ..snapshots import History
-from .plots import WINDOWS, ComparePlots, RunPlots, env_name
+from .plots import ComparePlots, RunPlots, env_name, windows
 from .server import start_server_if_needed, visdom_client
 from .sources import LocalSource, S3Source, SnapshotSource, open_source, run_dirs
 
-__all__ = ["LocalSource", "S3Source", "VisualizeOptions", "WINDOWS", "env_name", "visualize", "window_points"]
+__all__ = ["LocalSource", "S3Source", "VisualizeOptions", "env_name", "visualize", "window_points", "windows"]
 
 
 @dataclass(frozen=True)

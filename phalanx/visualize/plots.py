@@ -1,7 +1,8 @@
 """Snapshots -> visdom windows. One env per run (``phalanx-<name>-<run id>``): a status pane, the
-train loss, validation loss and accuracy (separate axes), learning rate, throughput, GPU memory,
-the latest confusion matrix and per-class accuracy, and a grid of validation images with their
-predictions. ``ComparePlots`` overlays several runs' validation curves in one env.
+task's line panes (each named loss and validation metric on its own labelled axes, as the run's
+``panes`` record lays them out: see ``records``), learning rate, throughput, GPU memory, the latest
+confusion matrix and per-class accuracy where the task records one, and the task's images of the
+latest epoch. ``ComparePlots`` overlays several runs' validation metrics in one env.
 
 Line windows get only their new points (visdom appends); a new generation of the history (a
 resume or restart) redraws them. The other windows show the latest epoch and are replaced.
@@ -14,11 +15,20 @@ import html
 import time
 from typing import Any
 
+from .. import records as record_kinds
 from ..snapshots import History
 
-WINDOWS = ("status", "train_loss", "val_loss", "val_acc", "lr", "throughput", "confusion", "per_class", "images")
-KEY_OPTIONS = ("model", "dataset", "dataroot", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "precision",
-               "augment", "gpu_ids", "weights", "ema_decay")
+#: The windows every run's page may have besides its task's line panes (``records.panes_of``).
+FIXED_WINDOWS = ("status", "lr", "throughput", "memory", "confusion", "per_class", "images")
+KEY_OPTIONS = ("task", "model", "dataset", "dataroot", "epochs", "batch_size", "lr", "optimizer", "lr_schedule",
+               "precision", "augment", "gpu_ids", "weights", "ema_decay")
+# Every window has the same size, so visdom's grid packs them without overlap at any page width.
+WIDTH, HEIGHT = 440, 330
+
+
+def windows(history: History) -> list[str]:
+    """Every window of a run's page: its task's panes, then the fixed ones."""
+    return [pane["win"] for pane in record_kinds.panes_of(history.records)] + list(FIXED_WINDOWS)
 
 
 def env_name(history: History) -> str:
@@ -44,38 +54,40 @@ class RunPlots:
         if key != self.key or len(train) < self.drawn["train"] or len(val) < self.drawn["val"]:
             self.env = self.fixed_env or env_name(history)
             self.key, self.drawn, self.shown = key, {"train": 0, "val": 0}, {}
-        new_train, new_val = train[self.drawn["train"]:], val[self.drawn["val"]:]
-        if new_train:
-            x = [r["epoch_progress"] for r in new_train]
-            fresh = self.drawn["train"] == 0
-            self._line("train_loss", x, {"loss": [r["loss"] for r in new_train]}, fresh,
-                       "train loss (mean over ranks)", "cross-entropy loss")
-            self._line("lr", x, {"lr": [r["lr"] for r in new_train]}, fresh, "learning rate", "learning rate")
-            self._line("throughput", x, {"samples/s": [r.get("samples_per_s", 0.0) for r in new_train]}, fresh,
-                       "throughput (all ranks)", "samples / s")
-        if new_val:
-            x = [r["epoch"] for r in new_val]
-            fresh = self.drawn["val"] == 0
-            losses = {"val loss": [r["loss"] for r in new_val]}
-            accuracy = {"val accuracy": [100 * r["acc"] for r in new_val]}
-            if all("ema_acc" in r for r in new_val):
-                losses["EMA val loss"] = [r["ema_loss"] for r in new_val]
-                accuracy["EMA val accuracy"] = [100 * r["ema_acc"] for r in new_val]
-            self._line("val_loss", x, losses, fresh, "validation loss", "cross-entropy loss")
-            self._line("val_acc", x, accuracy, fresh, "validation accuracy (top-1)", "accuracy (%)",
-                       ytickmin=0, ytickmax=100)
-            if all("memory_gib" in r for r in new_val):
-                per_rank = {f"rank {i}": [r["memory_gib"][i] for r in new_val] for i in range(len(new_val[0]["memory_gib"]))}
-                self._line("memory", x, per_rank, fresh, "peak GPU memory per rank", "GiB")
+        new = {"train": train[self.drawn["train"]:], "val": val[self.drawn["val"]:]}
+        fresh = {kind: self.drawn[kind] == 0 for kind in new}
+        x = {"train": [r["epoch_progress"] for r in new["train"]], "val": [r["epoch"] for r in new["val"]]}
+        for pane in record_kinds.panes_of(history.records):
+            kind = pane["record"]
+            rows = new[kind]
+            scale = 100.0 if pane.get("percent") else 1.0
+            traces = {label: [scale * r[key] for r in rows] for key, label in pane["traces"]
+                      if rows and all(isinstance(r.get(key), (int, float)) for r in rows)}
+            if traces:
+                axes = {"ytickmin": 0, "ytickmax": 100} if pane.get("percent") else {}
+                self._line(pane["win"], x[kind], traces, fresh[kind], pane.get("title", pane["win"]),
+                           pane.get("ylabel", ""), **axes)
+        if new["train"]:
+            rows = new["train"]
+            self._line("lr", x["train"], {"lr": [r["lr"] for r in rows]}, fresh["train"], "learning rate",
+                       "learning rate")
+            self._line("throughput", x["train"], {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
+                       fresh["train"], "throughput (all ranks)", "samples / s")
+        rows = new["val"]
+        if rows and all("memory_gib" in r for r in rows):
+            per_rank = {f"rank {i}": [r["memory_gib"][i] for r in rows] for i in range(len(rows[0]["memory_gib"]))}
+            self._line("memory", x["val"], per_rank, fresh["val"], "peak GPU memory per rank", "GiB")
         self.drawn = {"train": len(train), "val": len(val)}
         self._confusion(of_kind(history, "confusion"))
         self._images(of_kind(history, "images"))
         self._status(history)
-        return len(new_train) + len(new_val)
+        return len(new["train"]) + len(new["val"])
 
     def _line(self, win: str, x: list, traces: dict[str, list], replace: bool, title: str, ylabel: str,
               **axes: Any) -> None:
-        opts = {"title": title, "xlabel": "epoch", "ylabel": ylabel, "showlegend": True, **axes}
+        xlabel = "epoch"
+        opts = {"title": title, "xlabel": xlabel, "ylabel": ylabel, "showlegend": True, "width": WIDTH,
+                "height": HEIGHT, **axes}
         for index, (name, y) in enumerate(traces.items()):
             # The first trace of a fresh window creates it; every other call appends.
             update = None if replace and index == 0 else "append"
@@ -94,11 +106,11 @@ class RunPlots:
         classes, matrix = [str(c) for c in last["classes"]], last["matrix"]
         self.viz.heatmap(X=matrix, win="confusion", env=self.env, opts={
             "title": f"confusion matrix, epoch {last['epoch']}", "columnnames": classes, "rownames": classes,
-            "xlabel": "predicted class", "ylabel": "true class"})
+            "xlabel": "predicted class", "ylabel": "true class", "width": WIDTH, "height": HEIGHT})
         accuracy = [100 * row[i] / max(1, sum(row)) for i, row in enumerate(matrix)]
         self.viz.bar(X=accuracy, win="per_class", env=self.env, opts={
             "title": f"accuracy per class, epoch {last['epoch']}", "rownames": classes, "ylabel": "accuracy (%)",
-            "xlabel": "class"})
+            "xlabel": "class", "width": WIDTH, "height": HEIGHT})
 
     def _images(self, records: list[dict[str, Any]]) -> None:
         if not records or not self._changed("images", records[-1]["epoch"]):
@@ -106,17 +118,21 @@ class RunPlots:
         last = records[-1]
         cells = []
         for item in last["items"]:
-            right = item["label"] == item["predicted"]
+            caption = item.get("caption") or f"{item['label']} \u2192 {item['predicted']}"
+            ok = item.get("ok", item.get("label") == item.get("predicted") if "label" in item else None)
+            color = "#333" if ok is None else "#070" if ok else "#b00"
             data = base64.b64encode(item["png"]).decode()
             cells.append(f'<figure style="margin:4px;text-align:center"><img src="data:image/png;base64,{data}" '
-                         f'style="width:64px;height:64px;image-rendering:pixelated"><figcaption style="font:12px '
-                         f'sans-serif;color:{"#070" if right else "#b00"}">{html.escape(item["label"])} &rarr; '
-                         f'{html.escape(item["predicted"])}</figcaption></figure>')
-        shown = sum(i["label"] == i["predicted"] for i in last["items"])
-        page = (f'<div class="phalanx-images"><b>validation images, epoch {last["epoch"]}</b> (true &rarr; predicted, '
-                f'{shown} of {len(last["items"])} right)<div style="display:flex;flex-wrap:wrap">{"".join(cells)}'
-                '</div></div>')
-        self.viz.text(page, win="images", env=self.env, opts={"title": "validation images"})
+                         f'style="height:64px;image-rendering:pixelated"><figcaption style="font:12px '
+                         f'sans-serif;color:{color}">{html.escape(caption)}</figcaption></figure>')
+        title = str(last.get("title") or "validation images (true \u2192 predicted)")
+        right = [item for item in last["items"] if "ok" in item or "label" in item]
+        shown = sum(item.get("ok", item.get("label") == item.get("predicted")) for item in right)
+        tally = f" ({shown} of {len(right)} right)" if right else ""
+        page = (f'<div class="phalanx-images"><b>{html.escape(title)}, epoch {last["epoch"]}</b>{tally}'
+                f'<div style="display:flex;flex-wrap:wrap">{"".join(cells)}</div></div>')
+        self.viz.text(page, win="images", env=self.env, opts={"title": title.split(" (")[0], "width": 2 * WIDTH,
+                                                             "height": HEIGHT})
 
     def _status(self, history: History) -> None:
         rows = status_rows(history)
@@ -125,7 +141,7 @@ class RunPlots:
         table = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
                         f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
         self.viz.text(f'<table class="phalanx-status">{table}</table>', win="status", env=self.env,
-                      opts={"title": "status"})
+                      opts={"title": "status", "width": WIDTH, "height": HEIGHT})
 
 
 def status_rows(history: History) -> list[tuple[str, str]]:
@@ -147,13 +163,27 @@ def status_rows(history: History) -> list[tuple[str, str]]:
         rows.append(("elapsed", _duration(elapsed)))
         if state in ("running", "restarted") and done > 0 and epochs:
             rows.append(("time left (estimate)", _duration(elapsed / done * max(0.0, epochs - progress))))
-    if val:
-        best = max(val, key=lambda r: r["acc"])
-        rows.append(("best validation accuracy", f"{100 * best['acc']:.2f}% (epoch {best['epoch']})"))
+    best = best_of(history)
+    if best is not None:
+        rows.append(best)
     if start is not None:
         rows += [("world size", str(start.get("world_size", 1))), ("devices", str(start.get("devices", "")))]
     rows += [(key.replace("_", " "), str(options[key])) for key in KEY_OPTIONS if options.get(key) not in (None, "", [])]
     return rows
+
+
+def best_of(history: History) -> tuple[str, str] | None:
+    """("best validation <metric>", "value (epoch N)") of the run's best metric (``panes`` record)."""
+    spec = next((r.get("best") for r in reversed(history.records) if r.get("kind") == "panes" and r.get("best")),
+                {"metric": "acc", "mode": "max", "label": "accuracy", "percent": True})
+    val = [r for r in of_kind(history, "val") if isinstance(r.get(spec["metric"]), (int, float))]
+    if not val:
+        return None
+    pick = max if spec.get("mode", "max") == "max" else min
+    best = pick(val, key=lambda r: r[spec["metric"]])
+    value = best[spec["metric"]]
+    shown = f"{100 * value:.2f}%" if spec.get("percent") else f"{value:.4g}"
+    return f"best validation {spec.get('label', spec['metric'])}", f"{shown} (epoch {best['epoch']})"
 
 
 def _duration(seconds: float) -> str:
@@ -163,7 +193,8 @@ def _duration(seconds: float) -> str:
 
 
 class ComparePlots:
-    """Several runs' validation accuracy and loss, overlaid, with the run names in the legend."""
+    """Several runs' validation metrics, overlaid, with the run names in the legend: each
+    validation pane of the runs' tasks gets one window (``compare_<pane>``) with its first metric."""
 
     def __init__(self, viz: Any, env: str = "phalanx-compare"):
         self.viz, self.env = viz, env
@@ -172,14 +203,20 @@ class ComparePlots:
     def update(self, histories: dict[str, History]) -> None:
         for label, history in sorted(histories.items()):
             val = of_kind(history, "val")
-            content = tuple((r["epoch"], r["acc"], r["loss"]) for r in val)
+            panes = [p for p in record_kinds.panes_of(history.records) if p["record"] == "val"]
+            content = tuple((r["epoch"], *(r.get(p["traces"][0][0]) for p in panes)) for r in val)
             if not val or self.shown.get(label) == content:
                 continue
             x = [r["epoch"] for r in val]
-            for win, title, ylabel, y in (
-                    ("compare_val_acc", "validation accuracy (top-1)", "accuracy (%)", [100 * r["acc"] for r in val]),
-                    ("compare_val_loss", "validation loss", "cross-entropy loss", [r["loss"] for r in val])):
+            for pane in panes:
+                key = pane["traces"][0][0]
+                if not all(isinstance(r.get(key), (int, float)) for r in val):
+                    continue
+                scale = 100.0 if pane.get("percent") else 1.0
+                win = f"compare_{pane['win']}"
                 exists = self.viz.win_exists(win, env=self.env)
-                self.viz.line(X=x, Y=y, win=win, env=self.env, name=label, update="replace" if exists else None,
-                              opts={"title": title, "xlabel": "epoch", "ylabel": ylabel, "showlegend": True})
+                self.viz.line(X=x, Y=[scale * r[key] for r in val], win=win, env=self.env, name=label,
+                              update="replace" if exists else None,
+                              opts={"title": pane.get("title", win), "xlabel": "epoch", "ylabel": pane.get("ylabel", ""),
+                                    "showlegend": True, "width": WIDTH, "height": HEIGHT})
             self.shown[label] = content

@@ -1,0 +1,64 @@
+"""Images given to ``predict``: files and folders (searched recursively), decoded and prepared in
+loader workers; an image that cannot be read is reported with its reason, never raised."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import PhalanxError
+from .images import decode, import_decoders, read_bounded
+from .manifest import IMAGE_SUFFIXES
+
+
+def image_paths(inputs: tuple[str, ...]) -> list[Path]:
+    """Files as given, folders searched recursively for image files, in a stable order."""
+    found: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise PhalanxError(f"{item} is neither an image file nor a folder", "IMAGES")
+    if not found:
+        raise PhalanxError(f"no image files in {', '.join(inputs)}", "IMAGES")
+    return found
+
+
+def why_unreadable(exc: Exception) -> str:
+    """One line for an image that could not be read."""
+    if type(exc).__name__ == "UnidentifiedImageError":
+        return "not an image (no image format recognises it)"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+class InputImages(Dataset):
+    """``(index, prepared image or None, raw image or None, why it could not be read or None)``."""
+
+    def __init__(self, paths: list[Path], mode: str, prepare: Callable[[torch.Tensor], torch.Tensor],
+                 min_side: int | None = None, keep_raw: bool = False):
+        self.paths, self.mode, self.prepare, self.min_side, self.keep_raw = paths, mode, prepare, min_side, keep_raw
+        import_decoders()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        try:
+            image = decode(read_bounded(self.paths[index]), self.mode, self.min_side, fast=True)
+            return index, self.prepare(image), image if self.keep_raw else None, None
+        except Exception as exc:
+            return index, None, None, why_unreadable(exc)
+
+
+def collate_inputs(items: list) -> tuple[list[int], list[torch.Tensor], list, list[tuple[int, str]]]:
+    """Readable images (a list: sizes may differ) apart from the unreadable ones."""
+    good = [(i, image, raw) for i, image, raw, _ in items if image is not None]
+    bad = [(i, why) for i, image, _, why in items if image is None]
+    return [i for i, _, _ in good], [image for _, image, _ in good], [raw for _, _, raw in good], bad

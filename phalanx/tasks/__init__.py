@@ -1,0 +1,138 @@
+"""Tasks: what phalanx trains. A task owns its data, models, losses, steps, metrics and dashboard
+panes (``base.Task``); the trainer runs any of them the same way.
+
+This module is the registry: the built-in tasks by name, with their options (``options``) and the
+defaults they give general options. Standard library only; a task's own module (which imports
+torch) is loaded by ``task_class`` when a run starts. ``--task package.module:Class`` names your
+own, imported by name like ``--model`` (the current directory first, never ``exec``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PhalanxError
+from ..fields import flag, parse_text, suggest
+from .options import ClassifyOptions, TranslateOptions
+
+OPTION = "--task"
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    heading: str  # the --help heading of its options
+    summary: str
+    options: type  # the frozen dataclass of its own options
+    target: str  # "module:Class"
+    defaults: dict[str, Any] = field(default_factory=dict)  # general options it sets otherwise
+
+
+BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
+    TaskInfo("classify", "Classification task", "image classification: one network, cross-entropy, accuracy",
+             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask"),
+    TaskInfo("translate", "Translation task (--task translate)",
+             "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
+             "phalanx.tasks.translate:TranslateTask",
+             # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
+             {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
+              "batch_size": 1, "image_size": 256}),
+]}
+DEFAULT = "classify"
+
+
+def is_user_task(name: str) -> bool:
+    return ":" in name
+
+
+def check_name(name: str) -> None:
+    if name in BUILTIN or is_user_task(name):
+        return
+    raise PhalanxError(f"unknown task '{name}'{suggest(name, list(BUILTIN))}; built in: {', '.join(BUILTIN)}, or "
+                       "your own as package.module:Class", OPTION)
+
+
+def option_owners() -> dict[str, list[str]]:
+    """Each built-in task option's name -> the tasks that declare it."""
+    owners: dict[str, list[str]] = {}
+    for info in BUILTIN.values():
+        for f in dataclasses.fields(info.options):
+            owners.setdefault(f.name, []).append(info.name)
+    return owners
+
+
+def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
+    """Each built-in task option once: (field, default, heading of the first task declaring it)."""
+    found: dict[str, tuple[dataclasses.Field, Any, str]] = {}
+    for info in BUILTIN.values():
+        for f in dataclasses.fields(info.options):
+            if f.name not in found:
+                default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+                found[f.name] = (f, default, info.heading)
+    return found
+
+
+def not_an_option_of(name: str, task: str) -> PhalanxError:
+    owners = option_owners().get(name, [])
+    where = " or ".join(f"--task {t}" for t in owners) if owners else "another task"
+    return PhalanxError(f"is an option of {where}; this run's task is {task}", flag(name))
+
+
+def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A built-in task's options, checked and completed with defaults; a user task's as given
+    (they are checked against its class when it is imported, at the start of a run)."""
+    if is_user_task(task):
+        return dict(given)
+    info = BUILTIN[task]
+    known = {f.name: f for f in dataclasses.fields(info.options)}
+    values = {}
+    for name, value in given.items():
+        if name not in known:
+            raise not_an_option_of(name, task) if name in option_owners() else \
+                PhalanxError(f"--task {task} has no option '{name}'{suggest(name, sorted(known))}", "--task-option")
+        if isinstance(value, str) and known[name].type not in ("str", "str | None") \
+                and not known[name].type.startswith("tuple["):  # --task-option ngf=32
+            value = parse_text(value, known[name].type, flag(name))
+        values[name] = value
+    return dataclasses.asdict(info.options(**values))
+
+
+def defaults_of(task: str) -> dict[str, Any]:
+    """General options this task gives other defaults (pix2pix's Adam and LR for translate, ...)."""
+    if task in BUILTIN:
+        return dict(BUILTIN[task].defaults)
+    return dict(getattr(task_class(task), "defaults", {}) or {})  # your own task's (imports it)
+
+
+def task_class(name: str) -> type:
+    """The task's class: a built-in by name, or ``package.module:Class`` (imports torch)."""
+    check_name(name)
+    if name in BUILTIN:
+        module_name, _, class_name = BUILTIN[name].target.partition(":")
+        return getattr(importlib.import_module(module_name), class_name)
+    from ..plugins import import_user_module
+    from .base import Task
+
+    module_name, _, class_name = name.partition(":")
+    module = import_user_module(module_name, OPTION)
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise PhalanxError(f"module '{module_name}' has no class '{class_name}'", OPTION)
+    if not issubclass(cls, Task):
+        raise PhalanxError(f"'{name}' is not a subclass of phalanx.tasks.Task", OPTION)
+    missing = [m for m in ("build_data", "build_models", "training_step") if getattr(cls, m) is getattr(Task, m)]
+    if missing:
+        raise PhalanxError(f"'{name}' does not define {', '.join(missing)}, which every task must", OPTION)
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    """``from phalanx.tasks import Task, TaskData, pane``: the API, imported (with torch) on first use."""
+    if name in ("Task", "TaskData", "Evaluation", "pane"):
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(name)

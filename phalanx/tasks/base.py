@@ -1,0 +1,256 @@
+"""The task API: what a task declares, and what the trainer gives it.
+
+A task owns its data, models, optimizers' parameter groups, training step, losses, validation
+metrics, dashboard panes and what ``evaluate``/``predict``/``export`` do with a checkpoint. The
+trainer owns progress, accumulation, precision, checkpoints, resume and the parallel strategy,
+and calls the methods below the same way whatever the task.
+
+The training step gets one micro-batch and a ``StepContext`` (``context.py``):
+- the common case returns its losses by name, ``{"loss": per_sample_losses}``, and the trainer
+  does backward (scaled so that DDP's average is the mean over the step's samples), accumulation,
+  ``no_sync``, the GradScaler and the optimizer step;
+- a task that alternates updates (a GAN) sets ``manual_optimization = True`` and calls
+  ``ctx.backward(loss, "discriminator")`` and ``ctx.step("discriminator")`` itself; ``ctx.frozen(name)``
+  lends a network for a forward pass whose gradients must not reach it (the generator's step
+  through the discriminator), outside DDP's bookkeeping.
+
+A loss is per-sample (a 1-D tensor, one value per sample of the micro-batch: exact under DDP at
+any world size) or a 0-dim mean over the micro-batch's samples (weighted by them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..errors import PhalanxError
+
+
+@dataclass
+class TaskData:
+    """What a task trains and validates on.
+
+    ``train[(epoch, index)]`` is a training sample as training sees it (seeded augmentation: see
+    ``data.SeededView``), ``train[index]`` the same sample without augmentation. ``info`` is
+    what inference needs (classes, image size, normalisation, ...): saved in every checkpoint.
+    """
+
+    train: Dataset
+    val: Dataset
+    description: str
+    info: dict[str, Any]
+    collate: Callable | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    """A validation pass over every sample once: metrics by name, and what else the task keeps
+    of it (a confusion matrix) for its own records."""
+
+    metrics: dict[str, float]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
+         percent: bool = False) -> dict[str, Any]:
+    """A line pane of the dashboard (plain data: it travels in the snapshots to ``visualize``).
+
+    ``record`` is the kind of record whose ``traces`` keys it plots (``train``: against epochs of
+    progress; ``val``: against epochs); ``percent`` plots 100 x the value on a 0-100 axis.
+    """
+    return {"win": win, "title": title, "ylabel": ylabel, "record": record,
+            "traces": [[key, label] for key, label in traces], "percent": percent}
+
+
+class Task:
+    """Subclass this for your own task (``--task package.module:Class``); the built-in tasks do.
+
+    Declarations (class attributes):
+    - ``Options``: a frozen dataclass of the task's own options (fields made with
+      ``phalanx.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
+      ``--config``; the instance gets them as ``self.options``;
+    - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
+    - ``loss_names``: the named losses ``training_step`` returns, logged (averaged over ranks);
+    - ``primary_model``: the network ``predict``/``export`` use by default, and ``--weights``;
+    - ``best_metric``: ``(validation metric, "max" | "min")`` that picks ``best.pt``;
+    - ``manual_optimization``: the step calls ``ctx.backward``/``ctx.step`` itself;
+    - ``find_unused_parameters``: DDP's option, for networks whose forward leaves parameters out;
+    - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one).
+    """
+
+    name = ""
+    Options: type | None = None
+    defaults: dict[str, Any] = {}
+    loss_names: tuple[str, ...] = ("loss",)
+    primary_model = "model"
+    best_metric: tuple[str, str] = ("loss", "min")
+    manual_optimization = False
+    find_unused_parameters = False
+    ema_models: tuple[str, ...] | None = None
+    metric_labels: dict[str, str] = {}
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.options = self.parse_options(cfg.task_options)
+
+    @classmethod
+    def parse_options(cls, given: dict[str, Any]) -> Any:
+        """The task's options from plain data (a config's ``task_options``), checked."""
+        known = {f.name: f for f in dataclasses.fields(cls.Options)} if cls.Options is not None else {}
+        from ..fields import parse_text, suggest
+
+        from . import not_an_option_of, option_owners
+
+        values = {}
+        for key, value in given.items():
+            name = str(key).replace("-", "_")
+            if name not in known and name in option_owners():  # --label-smoothing with your own task
+                raise not_an_option_of(name, cls.__name__)
+            if name not in known:
+                raise PhalanxError(f"{cls.__name__} has no option '{key}'{suggest(name, list(known))}", "--task-option")
+            if isinstance(value, str) and known[name].type not in ("str", "str | None"):
+                value = parse_text(value, known[name].type, f"--task-option {name}")
+            values[name] = value
+        if cls.Options is None:
+            return None
+        try:
+            return cls.Options(**values)
+        except TypeError as exc:
+            raise PhalanxError(f"{cls.__name__}'s options: {exc}", "--task-option") from None
+
+    # --- data, models, optimizers ------------------------------------------------------------
+    def build_data(self) -> TaskData:
+        raise NotImplementedError
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        """The networks by name, on the CPU, before any wrapper; every rank builds the same weights
+        (the trainer seeds torch before calling this)."""
+        raise NotImplementedError
+
+    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
+        """Each optimizer by name -> its parameter groups (``{"params": [...], "lr_mult": 1.0}``).
+        Every optimizer follows the run's schedule from the base LR times its group's ``lr_mult``.
+        Default: one optimizer, named after the primary model, over every trainable parameter."""
+        params = [p for m in models.values() for p in m.parameters() if p.requires_grad]
+        return {self.primary_model: [{"params": params, "lr_mult": 1.0}]}
+
+    def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
+        """``--weights``: load starting weights; returns lines that say what was loaded."""
+        raise PhalanxError(f"--task {self.name or type(self).__name__} does not take --weights", "--weights")
+
+    def notes(self) -> list[str]:
+        """Lines said once at the start of a run (what was frozen, replaced, ...)."""
+        return []
+
+    def train_mode(self, models: Mapping[str, nn.Module]) -> None:
+        """Put the networks in training mode (a frozen part may stay in eval mode)."""
+        for model in models.values():
+            model.train()
+
+    # --- training ------------------------------------------------------------------------------
+    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        """One micro-batch: the named losses (per-sample, or 0-dim means). Without manual
+        optimization the trainer backpropagates ``"loss"``."""
+        raise NotImplementedError
+
+    def after_step(self, models: Mapping[str, nn.Module]) -> None:
+        """After every optimizer step (a momentum teacher's update, ...)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Task state beyond the networks and optimizers that an exact resume needs."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    # --- validation ----------------------------------------------------------------------------
+    def empty_sums(self) -> dict[str, torch.Tensor]:
+        """Zero tensors of the sums ``validation_step`` returns (a rank with no validation sample
+        still takes part in the all-reduce)."""
+        return {"loss": torch.zeros(()), "samples": torch.zeros(())}
+
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        """Sums over one validation batch (same keys as ``empty_sums``); the trainer all-reduces them."""
+        raise NotImplementedError
+
+    def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
+        return Evaluation({"loss": float(sums["loss"]) / max(float(sums["samples"]), 1.0)})
+
+    @torch.no_grad()
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+        """Every validation sample once, at any world size: sums per batch, one all-reduce."""
+        sums = {k: v.to(ctx.device, torch.float64) for k, v in self.empty_sums().items()}
+        for batch in loader:
+            batch = ctx.to_device(batch)
+            with ctx.autocast():
+                found = self.validation_step(models, batch, ctx)
+            for key, value in found.items():
+                sums[key] += value.detach().to(torch.float64)
+        return self.validation_metrics(ctx.all_reduce_sums(sums))
+
+    def epoch_records(self, evaluation: Evaluation, epoch: int) -> list[dict[str, Any]]:
+        """Records of an epoch's validation beyond its metrics (global rank 0 writes them)."""
+        return []
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The validation part of the epoch's console line."""
+        return "  ".join(f"val_{k} {self.format_metric(k, v)}" for k, v in metrics.items())
+
+    def format_metric(self, name: str, value: float) -> str:
+        return f"{value:.4g}"
+
+    # --- dashboard -----------------------------------------------------------------------------
+    def panes(self) -> list[dict[str, Any]]:
+        """Line panes: each named loss and each validation metric on its own labelled axes."""
+        panes = [pane(f"train_{name}", f"train {name} (mean over ranks)", name, "train", [(name, name)])
+                 for name in self.loss_names]
+        return panes + [pane(f"val_{name}", f"validation {name}", name, "val", [(name, name)])
+                        for name in self.metric_names()]
+
+    def metric_names(self) -> list[str]:
+        return [self.best_metric[0]]
+
+    def visuals(self, data: TaskData) -> Any:
+        """What global rank 0 shows of each epoch: an object with ``record(models, epoch, ctx)``
+        returning an ``images`` record, or None."""
+        return None
+
+    # --- using a checkpoint --------------------------------------------------------------------
+    def results_table(self, results: dict[str, Any]) -> str:
+        """``evaluate``'s table."""
+        return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
+
+    def restore_info(self, info: dict[str, Any]) -> None:
+        """What a checkpoint says the data resolved to, before ``build_models`` (inference builds
+        no training data: ``build_models`` reads ``data.info`` only)."""
+
+    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
+        """``evaluate``'s data: the run's validation split, or the task's reading of ``--dataroot``."""
+        data = self.build_data()
+        return data.val, f"the run's validation split ({data.description})"
+
+    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+        """``evaluate``'s results beyond the metrics (JSON-able)."""
+        return {"samples": evaluation.extra.get("samples")}
+
+    def check_predict_output(self, output: str) -> None:
+        """Refuse an ``--output`` this task's ``predict`` does not write, before any work."""
+
+    def predict(self, trained: Any, paths: list, opts: Any, device: torch.device) -> tuple[int, list]:
+        """``predict``: write what the task makes of each image; returns (images predicted,
+        [(path, why it was skipped)])."""
+        raise PhalanxError(f"--task {self.name or type(self).__name__} has no predict", "--checkpoint")
+
+    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+        """``export``: the networks to write (by name) with an example input each."""
+        raise PhalanxError(f"--task {self.name or type(self).__name__} has nothing to export", "--checkpoint")
+
+    def export_metadata(self, trained: Any) -> dict[str, Any]:
+        """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
+        return {}

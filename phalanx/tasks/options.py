@@ -1,0 +1,73 @@
+"""The options of each built-in task, declared once (standard library only: ``phalanx --help``
+reads them without importing torch).
+
+Each is a frozen dataclass whose fields are command-line options (``fields.option``), shown in
+``--help`` under the task's heading, carried in the run configuration (``task_options``) to every
+worker and into every checkpoint. Checks that need no data are made here, where a value is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PhalanxError
+from ..fields import check_fields, flag, option
+
+
+def _bad(name: str, message: str) -> PhalanxError:
+    return PhalanxError(message, flag(name))
+
+
+def _not_negative(obj, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise _bad(name, f"must not be negative (got {getattr(obj, name)})")
+
+
+@dataclass(frozen=True)
+class ClassifyOptions:
+    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data).", metavar="N")
+    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E")
+    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A")
+    cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
+                                 "--mixup-alpha, one of the two per batch).", metavar="A")
+    random_erasing: float = option(0.0, "Probability of erasing a random rectangle of a training image.",
+                                   metavar="P")
+    freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
+                                   "BatchNorm statistics stay as loaded.")
+    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _not_negative(self, "num_classes", "mixup_alpha", "cutmix_alpha", "head_lr_mult")
+        if not 0 <= self.label_smoothing < 1:
+            raise _bad("label_smoothing", f"must be in [0, 1) (got {self.label_smoothing})")
+        if not 0 <= self.random_erasing <= 1:
+            raise _bad("random_erasing", f"must be in [0, 1] (got {self.random_erasing})")
+        if self.freeze_backbone and self.head_lr_mult == 0:
+            raise _bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    generator: str = option("unet_256", "Generator: unet_64, unet_128, unet_256 (pix2pix's U-Nets, for images whose "
+                            "sides are multiples of 64, 128, 256), unet_N for N-pixel images, resnet_6blocks or "
+                            "resnet_9blocks.", metavar="NAME")
+    ngf: int = option(64, "Filters in the generator's first layer.", metavar="N")
+    ndf: int = option(64, "Filters in the discriminator's first layer.", metavar="N")
+    d_layers: int = option(3, "Layers of the PatchGAN discriminator (3: 70x70 patches).", metavar="N")
+    norm: str = option("batch", "Normalisation in both networks (pix2pix's default: batch; instance or none make 2 DDP "
+                       "workers x B train exactly what one process x 2B does).", choices=("batch", "instance", "none"))
+    dropout: bool = option(True, "Dropout in the generator, as pix2pix (--no-dropout: deterministic networks).")
+    gan_loss: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan (least squares).",
+                           choices=("vanilla", "lsgan"))
+    lambda_l1: float = option(100.0, "Weight of the L1 loss of each generator against its GAN loss.", metavar="L")
+    targets: int = option(0, "Target images per input; a generator and a discriminator each (0: what the data holds).",
+                          metavar="N")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _not_negative(self, "lambda_l1", "targets")
+        for name in ("ngf", "ndf", "d_layers"):
+            if getattr(self, name) < 1:
+                raise _bad(name, f"must be a positive integer (got {getattr(self, name)})")

@@ -1,0 +1,162 @@
+"""Tasks the tests hand to phalanx as ``--task phalanx_testtasks:NAME`` (tests/support on PYTHONPATH,
+and examples/tasks for the worked example they extend).
+
+They are ordinary user tasks. Environment variables only make them stop at a given step (a
+scheduler's SIGTERM, at a point known in advance instead of a race with a timer) or write down what
+training did (sample ids, learning rates), for tests to compare with a reference.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from phalanx.data import SeededView
+from phalanx.fields import option
+from phalanx.tasks import Evaluation, Task, TaskData
+
+try:  # the worked example, from examples/tasks (on PYTHONPATH in the tests that use it)
+    from adversarial_autoencoder import AdversarialAutoencoder
+except ImportError:  # pragma: no cover - only the tests of the example need it
+    AdversarialAutoencoder = None
+
+
+class StopAtStep:
+    """Mixin: at training step $PHALANX_TEST_STOP_STEP on rank $PHALANX_TEST_STOP_RANK (default 0),
+    the process sends itself SIGTERM, as a scheduler would. Each process stops once."""
+
+    def training_step(self, batch, ctx):
+        self._calls = getattr(self, "_calls", 0) + 1
+        step = int(os.environ.get("PHALANX_TEST_STOP_STEP", "0"))
+        if step and self._calls == step and str(ctx.rank) == os.environ.get("PHALANX_TEST_STOP_RANK", "0"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, ctx)
+
+
+def _record(lines: list[str]) -> None:
+    folder = os.environ.get("PHALANX_TEST_RECORD")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}-{os.getpid()}.txt"), "a") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """A data set's samples with their index, so a task can write down what it trained on."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        return self.base[index], index
+
+
+if AdversarialAutoencoder is not None:
+    class StoppingAutoencoder(StopAtStep, AdversarialAutoencoder):
+        """The worked example, stopped by a SIGTERM at a chosen step."""
+
+    class RecordingAutoencoder(StopAtStep, AdversarialAutoencoder):
+        """The worked example, writing down each training sample's index and each optimizer's LR."""
+
+        def build_data(self):
+            data = super().build_data()
+            data.train = SeededView(_Indexed(data.train.base))
+            return data
+
+        def training_step(self, batch, ctx):
+            images, indices = batch
+            if ctx.samples:  # not a padding sample
+                lrs = " ".join(f"{name}={opt.param_groups[0]['lr']!r}" for name, opt in sorted(ctx.optimizers.items()))
+                _record([f"E{ctx.epoch} {lrs}"] + [f"T{ctx.epoch} {int(i)}" for i in indices])
+            return super().training_step(images, ctx)
+
+
+@dataclass(frozen=True)
+class GatherOptions:
+    gather: bool = option(True, "Negatives from every rank's samples (off: this rank's only).")
+    dim: int = option(6, "Embedding size.")
+
+
+class GatherTask(Task):
+    """A loss over the global batch: each sample's embedding is pulled away from every other
+    sample's (a contrastive denominator), so its gradient reaches every rank's rows. Embeddings
+    are centred by a running mean kept as task state (DINO's centre), which an exact resume must
+    restore. Random float64 vectors; per-rank inputs differ, as real data does."""
+
+    Options = GatherOptions
+    defaults = {"optimizer": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.0, "lr_schedule": "constant",
+                "precision": "fp64"}
+    loss_names = ("loss",)
+    primary_model = "encoder"
+    best_metric = ("loss", "min")
+    SAMPLES = 96
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.center = torch.zeros(self.options.dim, dtype=torch.float64)
+        self.batch_mean = None
+
+    def build_data(self):
+        generator = torch.Generator().manual_seed(1234)
+        points = torch.randn(self.SAMPLES, 5, generator=generator, dtype=torch.float64)
+        return TaskData(SeededView(points[:80]), points[80:], "random vectors (80 train / 16 val)", info={})
+
+    def build_models(self, data):
+        return {"encoder": nn.Linear(5, self.options.dim)}
+
+    def losses(self, z_local: torch.Tensor, z_all: torch.Tensor, start: int) -> torch.Tensor:
+        z_local, z_all = z_local - self.center.to(z_local), z_all - self.center.to(z_all)
+        similarity = z_local @ z_all.T / 2.0
+        own = torch.arange(len(z_local), device=z_local.device) + start
+        similarity[torch.arange(len(z_local)), own] = float("-inf")  # a sample is not its own negative
+        return torch.logsumexp(similarity, dim=1) + (z_local ** 2).sum(1) * 0.05
+
+    def training_step(self, points, ctx):
+        z = ctx.models["encoder"](points)
+        if self.options.gather:
+            z_all, start = ctx.all_gather(z)
+        else:
+            z_all, start = z, 0
+        self.batch_mean = z_all.detach().mean(0)
+        return {"loss": self.losses(z, z_all, start)}
+
+    def after_step(self, models):
+        self.center = 0.5 * self.center + 0.5 * self.batch_mean.cpu()
+
+    def state_dict(self):
+        return {"center": self.center.clone()}
+
+    def load_state_dict(self, state):
+        self.center = state["center"].clone()
+
+    def validation_step(self, models, points, ctx):
+        z = models["encoder"](points)
+        return {"loss": self.losses(z, z, 0).sum(), "samples": torch.tensor(float(len(points)))}
+
+
+class StoppingGatherTask(StopAtStep, GatherTask):
+    """The gather task, stopped by a SIGTERM at a chosen step."""
+
+
+class Incomplete(Task):
+    """Declares a training step but no data or networks: refused before anything is written."""
+
+    def training_step(self, batch, ctx):
+        return {}
+
+
+class RaisesInStep(GatherTask):
+    """A bug in a user's task: rank 1 raises at its second step."""
+
+    def training_step(self, points, ctx):
+        self._steps = getattr(self, "_steps", 0) + 1
+        if ctx.rank == 1 and self._steps == 2:
+            raise ValueError("the test task raised at step 2")
+        return super().training_step(points, ctx)
