@@ -138,6 +138,34 @@ def launch_chromium(pw):
         "--disable-component-update", "--disable-sync"])
 
 
+# Each visdom window's rectangle on the page (react-grid-layout's items), after the layout settles.
+WINDOW_RECTS = """() => Array.from(document.querySelectorAll('.react-grid-item')).map(el => {
+    const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })"""
+
+
+def settled_rects(page) -> list:
+    """The windows' rectangles once react-grid-layout has stopped moving them (it animates items into
+    place: a picture taken sooner shows them overlapping in flight)."""
+    rects, deadline = None, time.monotonic() + 15
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(300)
+        now = page.evaluate(WINDOW_RECTS)
+        if now == rects:
+            return now
+        rects = now
+    raise AssertionError("the windows kept moving")
+
+
+def assert_no_two_windows_overlap(page) -> int:
+    """The dashboard's windows lie on a grid: no two rectangles intersect (at this page width)."""
+    rects = settled_rects(page)
+    for i, a in enumerate(rects):
+        for b in rects[i + 1:]:
+            width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+            assert width <= 1 or height <= 1, f"windows overlap: {a} and {b}"
+    return len(rects)
+
+
 PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
     title: (el.layout.title && (el.layout.title.text || el.layout.title)) || '',
     xtitle: el.layout.xaxis && el.layout.xaxis.title && (el.layout.xaxis.title.text || el.layout.xaxis.title) || '',
@@ -169,7 +197,10 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
             plots = {p["title"]: p for p in page.evaluate(PLOTS)}
             status = page.inner_text(".phalanx-status")
             captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
-            page.screenshot(path=str(tmp_path / "visdom.png"), full_page=True)
+            assert assert_no_two_windows_overlap(page) == 9
+            page.screenshot(path=str(tmp_path / "visdom.png"), full_page=True)  # the README's picture
+            page.set_viewport_size({"width": 1280, "height": 1000})  # a laptop's width
+            assert assert_no_two_windows_overlap(page) == 9
         finally:
             browser.close()
     if os.environ.get("PHALANX_SCREENSHOT"):  # the README's picture: PHALANX_SCREENSHOT=docs/visualize.png
@@ -188,7 +219,6 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
     assert "finished" in status and "best validation accuracy" in status and "world size" in status
     expected = [r for r in history.records if r["kind"] == "images"][-1]["items"]
     assert captions == [f"{item['label']} \u2192 {item['predicted']}" for item in expected]
-    assert (tmp_path / "visdom.png").stat().st_size > 20_000
     assert all(SEGMENT_NAME.match(p.name) for p in pickle_dir.iterdir())
 
 
@@ -328,3 +358,41 @@ def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registr
     with pytest.raises(RuntimeError, match="npm pack failed"):
         visdom_assets.install(root, log=lambda line: None)
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
+                    reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
+def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_visualize(tmp_path, visdom_server):
+    from playwright.sync_api import sync_playwright
+
+    from conftest import REPO
+
+    example = REPO / "examples" / "tasks"
+    trained = run_phalanx("train", "--task", "adversarial_autoencoder:AdversarialAutoencoder", "--epochs", 2,
+                          "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 5, cwd=example)
+    assert trained.code == 0, trained.err
+    pickle_dir = tmp_path / "experiment" / "pickle"
+    shown = run_phalanx("visualize", "--pickle_dir", pickle_dir, "--port", visdom_server, "--once")
+    assert shown.code == 0, shown.err
+    history = snapshot_history(pickle_dir)
+    train = [r for r in history.records if r["kind"] == "train"]
+    url = f"http://localhost:{visdom_server}/env/phalanx-experiment-{history.run_id}"
+    with sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1700, "height": 1500})
+            page.goto(url)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7 && "
+                                   "document.querySelectorAll('.phalanx-images img').length == 8", timeout=30000)
+            plots = {p["title"]: p for p in page.evaluate(PLOTS)}
+            captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
+            status = page.inner_text(".phalanx-status")
+            assert_no_two_windows_overlap(page)
+        finally:
+            browser.close()
+    for loss in ("G_GAN", "G_L1", "D_real", "D_fake"):  # each named loss on its own labelled axes
+        plot = plots[f"train {loss} (mean over ranks)"]
+        assert plot["traces"] == [{"name": loss, "type": "scatter", "points": len(train)}] and plot["ytitle"] == loss
+    assert plots["validation L1"]["traces"][0]["points"] == 2
+    assert captions == [f"digit {i}: input | reconstruction" for i in range(8)]
+    assert "best validation L1 reconstruction error" in status and "adversarial_autoencoder" in status

@@ -57,6 +57,11 @@ class Evaluation:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def full_precision(tensor: torch.Tensor) -> torch.Tensor:
+    """Autocast's half-precision outputs as float32 for metrics; float32 and float64 as they are."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
          percent: bool = False) -> dict[str, Any]:
     """A line pane of the dashboard (plain data: it travels in the snapshots to ``visualize``).

@@ -28,7 +28,7 @@ from ..finetune import Backbone, load_weights, param_groups
 from ..models import build_model, required_channels
 from ..pictures import denormalize, png
 from ..progress import ProgressBar
-from .base import Evaluation, Task, TaskData
+from .base import Evaluation, Task, TaskData, full_precision
 from .options import ClassifyOptions
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
@@ -102,7 +102,7 @@ class ClassifyTask(Task):
 
     def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         inputs, targets = batch
-        logits = models["model"](inputs).float()
+        logits = full_precision(models["model"](inputs))
         classes = len(self.classes)
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         predicted = top[:, 0]

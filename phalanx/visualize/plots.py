@@ -54,6 +54,7 @@ class RunPlots:
         if key != self.key or len(train) < self.drawn["train"] or len(val) < self.drawn["val"]:
             self.env = self.fixed_env or env_name(history)
             self.key, self.drawn, self.shown = key, {"train": 0, "val": 0}, {}
+        self._status(history)  # first: the top left of the page
         new = {"train": train[self.drawn["train"]:], "val": val[self.drawn["val"]:]}
         fresh = {kind: self.drawn[kind] == 0 for kind in new}
         x = {"train": [r["epoch_progress"] for r in new["train"]], "val": [r["epoch"] for r in new["val"]]}
@@ -80,7 +81,6 @@ class RunPlots:
         self.drawn = {"train": len(train), "val": len(val)}
         self._confusion(of_kind(history, "confusion"))
         self._images(of_kind(history, "images"))
-        self._status(history)
         return len(new["train"]) + len(new["val"])
 
     def _line(self, win: str, x: list, traces: dict[str, list], replace: bool, title: str, ylabel: str,

@@ -1,0 +1,402 @@
+"""``--task translate``: paired image-to-image translation with GANs, DeepLIIF's job (pix2pix).
+
+Per target image: a generator (U-Net or ResNet) and a PatchGAN discriminator conditioned on the
+input. Each step updates every discriminator (real pairs against generated ones), then every
+generator (fool the updated discriminators, plus lambda x L1 to the target), as pix2pix does.
+Validation: per target, L1, PSNR and SSIM over every validation image once, at any world size.
+``predict`` translates images of any size, tile by tile with blended overlaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from .. import records
+from ..atomic import atomic_write
+from ..data import SeededView, loader_workers
+from ..data.inputs import InputImages, collate_inputs
+from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
+from ..data.sources import holdout_indices
+from ..errors import PhalanxError
+from ..pictures import png, strip
+from ..progress import ProgressBar
+from .base import Evaluation, Task, TaskData, full_precision, pane
+from .options import TranslateOptions
+from .translate_nets import build_discriminator, build_generator, check_generator
+
+SHOWN = 4  # validation samples drawn each epoch
+
+
+class TranslateTask(Task):
+    name = "translate"
+    Options = TranslateOptions
+    manual_optimization = True
+    best_metric = ("L1", "min")
+    metric_labels = {"L1": "L1 error", "PSNR": "PSNR", "SSIM": "SSIM"}
+    options: TranslateOptions
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        if cfg.normalize != "auto" or cfg.mean:
+            raise PhalanxError("--task translate works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
+                               "--mean/--std out", "--normalize" if cfg.normalize != "auto" else "--mean")
+        if cfg.augment not in ("auto", "basic", "none"):
+            raise PhalanxError(f"--task translate augments with random crops and flips (basic) or not at all (none); "
+                               f"got {cfg.augment}", "--augment")
+        self.targets = self.options.targets or 1
+        self.primary_model = "generator"
+
+    # --- names: one target keeps pix2pix's, several get DeepLIIF's _1, _2, ...
+    def suffix(self, t: int) -> str:
+        return "" if self.targets == 1 else f"_{t + 1}"
+
+    def net(self, kind: str, t: int) -> str:
+        return kind if self.targets == 1 else f"{kind}{t + 1}"
+
+    def _named(self) -> None:
+        self.primary_model = self.net("generator", 0)
+        self.ema_models = tuple(self.net("generator", t) for t in range(self.targets))
+        self.loss_names = tuple(f"{loss}{self.suffix(t)}" for t in range(self.targets)
+                                for loss in ("G_GAN", "G_L1", "D_real", "D_fake"))
+
+    # --- data and networks
+    def build_data(self) -> TaskData:
+        cfg = self.cfg
+        if not cfg.dataroot:
+            raise PhalanxError("--task translate reads paired images: give --dataroot DIR (DIR/train/*.png of input "
+                               "and target panels side by side, or DIR/train/A/ and DIR/train/B/)", "--dataroot")
+        root = Path(cfg.dataroot)
+        if not root.is_dir():
+            raise PhalanxError(f"{root} is not a directory", "--dataroot")
+        if not (root / "train").is_dir():
+            raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
+                               f"{root}/train/A/ and {root}/train/B/", "--dataroot")
+        train_pairs = find_pairs(root / "train", self.options.targets, cfg.skip_broken)
+        self.targets = train_pairs.targets
+        skipped = dict(train_pairs.skipped)
+        size = cfg.image_size
+        check_generator(self.options.generator, size)
+        flip = cfg.hflip
+        augment = cfg.augment != "none"
+        train_files = PairFiles(train_pairs)
+        if (root / "val").is_dir():
+            val_pairs = find_pairs(root / "val", self.targets, cfg.skip_broken)
+            skipped.update(val_pairs.skipped)
+            val_files: Dataset = PairFiles(val_pairs)
+            how = "val/"
+        else:
+            train_index, val_index = holdout_indices(len(train_files), cfg.val_fraction, cfg.seed)
+            train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)
+            how = f"{cfg.val_fraction:g} hold-out"
+        prepare = PairTransform(size, train=False, flip=False)
+        train = SeededView(train_files, PairTransform(size, train=True, flip=flip) if augment else prepare, cfg.seed,
+                           plain=Transformed(train_files, prepare))
+        channels = 1 if train_pairs.mode == "L" else 3
+        self._named()
+        gone = f"; {len(skipped)} sample(s) left out" if skipped else ""
+        description = (f"{root} ({len(train)} train / {len(val_files)} val pairs from {how}, {train_pairs.layout} "
+                       f"layout, {self.targets} target(s), {size}x{size}"
+                       f"{', random crop + flip' if augment and flip else ', random crop' if augment else ''}{gone})")
+        info = {"targets": self.targets, "channels": channels, "size": size, "mode": train_pairs.mode,
+                "mean": [0.5] * channels, "std": [0.5] * channels, "generator": self.options.generator}
+        return TaskData(train, Transformed(val_files, prepare), description, info, skipped=skipped)
+
+    def restore_info(self, info: dict[str, Any]) -> None:
+        self.targets = info["targets"]
+        self._named()
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        o, channels = self.options, data.info["channels"]
+        models = {}
+        for t in range(self.targets):
+            models[self.net("generator", t)] = build_generator(o.generator, channels, channels, o.ngf, o.norm, o.dropout)
+        for t in range(self.targets):
+            models[self.net("discriminator", t)] = build_discriminator(2 * channels, o.ndf, o.d_layers, o.norm)
+        return models
+
+    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
+        """One optimizer for every generator and one for every discriminator, as DeepLIIF has."""
+        return {kind: [{"params": [p for t in range(self.targets) for p in models[self.net(kind, t)].parameters()]}]
+                for kind in ("generator", "discriminator")}
+
+    # --- training
+    def gan_loss(self, logits: torch.Tensor, real: bool) -> torch.Tensor:
+        """Per sample: the mean over the patches of cross-entropy (vanilla) or squared error (lsgan)."""
+        target = torch.full_like(logits, 1.0 if real else 0.0)
+        if self.options.gan_loss == "lsgan":
+            loss = (logits - target) ** 2
+        else:
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        return loss.flatten(1).mean(1)
+
+    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        inputs, targets = batch  # (N, C, H, W), (N, T, C, H, W)
+        fakes = [ctx.models[self.net("generator", t)](inputs) for t in range(self.targets)]
+        losses: dict[str, torch.Tensor] = {}
+        d_total = 0
+        for t, fake in enumerate(fakes):  # every discriminator: real pairs against generated ones
+            discriminator = ctx.models[self.net("discriminator", t)]
+            real_pair, fake_pair = torch.cat([inputs, targets[:, t]], 1), torch.cat([inputs, fake.detach()], 1)
+            losses[f"D_real{self.suffix(t)}"] = self.gan_loss(discriminator(real_pair), True)
+            losses[f"D_fake{self.suffix(t)}"] = self.gan_loss(discriminator(fake_pair), False)
+            d_total = d_total + 0.5 * (losses[f"D_real{self.suffix(t)}"] + losses[f"D_fake{self.suffix(t)}"])
+        ctx.backward(d_total, "discriminator")
+        ctx.step("discriminator")
+        g_total = 0
+        with contextlib.ExitStack() as stack:  # every generator, through its discriminator as it is now
+            judges = [stack.enter_context(ctx.frozen(self.net("discriminator", t))) for t in range(self.targets)]
+            for t, fake in enumerate(fakes):
+                losses[f"G_GAN{self.suffix(t)}"] = self.gan_loss(judges[t](torch.cat([inputs, fake], 1)), True)
+                losses[f"G_L1{self.suffix(t)}"] = (fake - targets[:, t]).abs().flatten(1).mean(1)
+                g_total = g_total + losses[f"G_GAN{self.suffix(t)}"] + self.options.lambda_l1 * losses[f"G_L1{self.suffix(t)}"]
+        ctx.backward(g_total, "generator")
+        ctx.step("generator")
+        return losses
+
+    # --- validation
+    def metric_names(self) -> list[str]:
+        per_target = [f"{m}{self.suffix(t)}" for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")]
+        return ["L1", "PSNR", "SSIM"] + (per_target if self.targets > 1 else [])
+
+    def empty_sums(self) -> dict[str, torch.Tensor]:
+        sums = {f"{m}_{t}": torch.zeros(()) for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
+        return {**sums, "samples": torch.zeros(())}
+
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        inputs, targets = batch
+        sums: dict[str, torch.Tensor] = {"samples": torch.tensor(float(len(inputs)))}
+        for t in range(self.targets):
+            fake = (full_precision(models[self.net("generator", t)](inputs)) + 1) / 2  # [0, 1] intensities
+            real = (full_precision(targets[:, t]) + 1) / 2
+            sums[f"L1_{t}"] = (fake - real).abs().flatten(1).mean(1).sum()
+            sums[f"PSNR_{t}"] = psnr(fake, real).sum()
+            sums[f"SSIM_{t}"] = ssim(fake, real).sum()
+        return sums
+
+    def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
+        count = max(float(sums["samples"]), 1.0)
+        per_target = {f"{m}{self.suffix(t)}": float(sums[f"{m}_{t}"]) / count
+                      for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
+        metrics = {**per_target}
+        for m in ("L1", "PSNR", "SSIM"):  # the mean over targets (best.pt's L1)
+            metrics[m] = sum(float(sums[f"{m}_{t}"]) for t in range(self.targets)) / count / self.targets
+        return Evaluation(metrics, {"samples": int(float(sums["samples"]))})
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        text = f"val_L1 {metrics['L1']:.4f}  val_PSNR {metrics['PSNR']:.2f} dB  val_SSIM {metrics['SSIM']:.4f}"
+        if "ema_L1" in metrics:
+            text += f"  ema_L1 {metrics['ema_L1']:.4f}"
+        return text
+
+    def format_metric(self, name: str, value: float) -> str:
+        return f"{value:.2f} dB" if "PSNR" in name else f"{value:.4f}"
+
+    # --- dashboard
+    def panes(self) -> list[dict[str, Any]]:
+        def per_target(prefix: str) -> list[tuple[str, str]]:
+            return [(f"{prefix}{self.suffix(t)}", f"{prefix}{self.suffix(t)}") for t in range(self.targets)]
+
+        panes = [pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
+                 pane("train_G_L1", "generator L1 loss (mean over ranks)", "L1, [-1, 1] images", "train",
+                      per_target("G_L1")),
+                 pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
+                 pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake"))]
+        validation = [("L1", "validation L1 error", "L1, [0, 1] intensities"), ("PSNR", "validation PSNR", "PSNR (dB)"),
+                      ("SSIM", "validation SSIM", "SSIM")]
+        for metric, title, ylabel in validation:
+            traces = [(metric, "mean over targets")] if self.targets > 1 else [(metric, metric)]
+            traces += per_target(metric) if self.targets > 1 else [(f"ema_{metric}", f"EMA {metric}")]
+            panes.append(pane(f"val_{metric}", title, ylabel, "val", traces))
+        return panes
+
+    def visuals(self, data: TaskData) -> "TranslationSample":
+        order = list(range(len(data.val)))
+        random.Random(self.cfg.seed).shuffle(order)
+        return TranslationSample(self, [data.val[i] for i in sorted(order[:SHOWN])])
+
+    # --- using a checkpoint
+    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
+        if not dataroot:
+            data = self.build_data()
+            return data.val, f"the run's validation split ({data.description})"
+        root = Path(dataroot)
+        split = root / "val" if (root / "val").is_dir() else root
+        pairs = find_pairs(split, self.targets, skip_broken=False)
+        size = trained.info["size"]
+        return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \
+            f"{split} ({len(pairs)} {pairs.layout} pairs)"
+
+    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+        return {"images": evaluation.extra["samples"], "targets": self.targets}
+
+    def results_table(self, results: dict[str, Any]) -> str:
+        m = results["metrics"]
+        lines = [f"{results['checkpoint']} on {results['data']}", f"images {results['images']}", "",
+                 f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
+        for t in range(self.targets):
+            s = self.suffix(t)
+            lines.append(f"{t + 1:<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} {m[f'SSIM{s}']:>8.4f}")
+        if self.targets > 1:
+            lines.append(f"{'mean':<8} {m['L1']:>8.4f} {m['PSNR']:>10.2f} {m['SSIM']:>8.4f}")
+        return "\n".join(lines)
+
+    def check_predict_output(self, output: str) -> None:
+        path = Path(output)
+        if path.suffix:
+            raise PhalanxError(f"is a folder for --task translate (one subfolder of PNGs per target), not a file "
+                               f"({path.name})", "--output")
+        if path.exists() and not path.is_dir():
+            raise PhalanxError(f"{path} exists and is not a folder", "--output")
+
+    @torch.no_grad()
+    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+        """Each image translated at its own size (tiles of the training size, blended where they
+        overlap), written as PNG under OUTPUT/target<N>/ with the input's name."""
+        info = trained.info
+        dataset = InputImages(paths, info["mode"], lambda image: image.float() / 127.5 - 1.0)
+        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
+                                 torch.get_num_threads() if device.type == "cpu" else 1)
+        loader = DataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=collate_inputs)
+        generators = [trained.models[self.net("generator", t)].to(device) for t in range(self.targets)]
+        output = Path(opts.output)
+        names = _output_names(paths)
+        done, skipped = 0, []
+        bar = ProgressBar(len(loader), "predict", opts.progress)
+        for indices, images, _, bad in loader:
+            skipped += [(paths[i], why) for i, why in bad]
+            for index, image in zip(indices, images):
+                for t, generator in enumerate(generators):
+                    out = tiled(generator, image[None].to(device), info["size"], opts.tile_overlap)[0]
+                    target = output / f"target{t + 1}" / names[index]
+                    data = png((out.float().cpu() + 1) / 2, min_side=0)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(target, lambda fh, data=data: fh.write(data))
+                done += 1
+            bar.update(len(indices) + len(bad), lambda: 0.0)
+        bar.close()
+        return done, skipped
+
+    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+        size, channels = trained.info["size"], trained.info["channels"]
+        example = torch.zeros(2, channels, size, size)
+        return {self.net("generator", t): (trained.models[self.net("generator", t)], example)
+                for t in range(self.targets)}
+
+    def export_metadata(self, trained: Any) -> dict[str, Any]:
+        info = trained.info
+        return {"input": "RGB" if info["channels"] == 3 else "grayscale", "image_size": info["size"],
+                "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
+                "outputs": "the translated image, (output + 1) * 127.5 for pixels",
+                "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does"}
+
+
+def _output_names(paths: list[Path]) -> list[str]:
+    """Each input's name as a PNG; names that repeat (from several folders) get their folder's too."""
+    names = [p.with_suffix(".png").name for p in paths]
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    return [name if seen[name] == 1 else f"{p.parent.name}_{name}" for p, name in zip(paths, names)]
+
+
+def tiled(generator: nn.Module, image: torch.Tensor, size: int, overlap: int) -> torch.Tensor:
+    """The generator's output for an image (1, C, H, W) of any size: tiles of ``size`` (the training
+    size) every ``size - overlap`` pixels, each weighted by a ramp that falls towards its edges inside
+    the overlaps, summed and normalised; an image smaller than a tile is padded by reflection (or by
+    its edge, where it is too small to reflect) and cropped back."""
+    _, _, height, width = image.shape
+    padded_h, padded_w = max(height, size), max(width, size)
+    if (padded_h, padded_w) != (height, width):
+        mode = "reflect" if padded_h - height < height and padded_w - width < width else "replicate"
+        image = nn.functional.pad(image, (0, padded_w - width, 0, padded_h - height), mode=mode)
+    overlap = max(0, min(overlap, size - 1))
+    stride = size - overlap
+    tops = _starts(padded_h, size, stride)
+    lefts = _starts(padded_w, size, stride)
+    ramp = torch.ones(size, dtype=image.dtype, device=image.device)
+    if overlap:
+        edge = torch.arange(1, overlap + 1, dtype=image.dtype, device=image.device) / (overlap + 1)
+        ramp[:overlap], ramp[-overlap:] = edge, edge.flip(0)
+    out = weight = None
+    for top in tops:
+        for left in lefts:
+            tile = generator(image[..., top:top + size, left:left + size])
+            w = (ramp[:, None] * ramp[None, :])
+            if out is None:
+                out = image.new_zeros((1, tile.shape[1], padded_h, padded_w))
+                weight = image.new_zeros((1, 1, padded_h, padded_w))
+            out[..., top:top + size, left:left + size] += tile * w
+            weight[..., top:top + size, left:left + size] += w
+    return (out / weight)[..., :height, :width]
+
+
+def _starts(length: int, size: int, stride: int) -> list[int]:
+    starts = list(range(0, max(length - size, 0) + 1, stride))
+    if starts[-1] != length - size:
+        starts.append(length - size)  # the last tile ends at the edge
+    return starts
+
+
+class TranslationSample:
+    """Each epoch: the same validation inputs, each with its outputs and targets (input | output |
+    target, per target)."""
+
+    def __init__(self, task: TranslateTask, samples: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.task, self.samples = task, samples
+
+    @torch.no_grad()
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+        if not self.samples:
+            return {"kind": "images", "epoch": epoch, "items": []}
+        inputs = torch.stack([a for a, _ in self.samples])
+        generators = [models[self.task.net("generator", t)] for t in range(self.task.targets)]
+        states = [g.training for g in generators]
+        for g in generators:
+            g.eval()
+        with ctx.autocast():
+            outputs = [g(ctx.to_device(inputs)).float().cpu() for g in generators]
+        for g, state in zip(generators, states):
+            g.train(state)
+        items = []
+        for i, (a, b) in enumerate(self.samples):
+            panels = [a] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
+            caption = "input | " + " | ".join(f"output{self.task.suffix(t)} | target{self.task.suffix(t)}"
+                                              for t in range(self.task.targets))
+            items.append(records.images_item(png((strip([p.float() for p in panels]) + 1) / 2), caption))
+        return {"kind": "images", "epoch": epoch, "title": "validation: input | output | target", "items": items}
+
+
+def psnr(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Per image, in dB, for intensities in [0, 1]."""
+    mse = ((fake - real) ** 2).flatten(1).mean(1).clamp(min=1e-10)
+    return 10 * torch.log10(1.0 / mse)
+
+
+def ssim(fake: torch.Tensor, real: torch.Tensor, sigma: float = 1.5, k1: float = 0.01, k2: float = 0.03) -> torch.Tensor:
+    """Per image: SSIM (Wang et al. 2004) with an 11x11 Gaussian window (sigma 1.5), data range 1,
+    averaged over the positions where the window fits and over channels (as scikit-image's
+    ``structural_similarity(gaussian_weights=True, use_sample_covariance=False)``)."""
+    channels, height, width = fake.shape[1:]
+    size = min(11, height - (1 - height % 2), width - (1 - width % 2))  # an odd window that fits
+    coords = torch.arange(size, dtype=fake.dtype, device=fake.device) - (size - 1) / 2
+    gauss = torch.exp(-coords ** 2 / (2 * sigma ** 2))
+    gauss = gauss / gauss.sum()
+    window = (gauss[:, None] * gauss[None, :]).expand(channels, 1, size, size).contiguous()
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.conv2d(x, window, groups=channels)
+
+    mu_x, mu_y = blur(fake), blur(real)
+    var_x = blur(fake * fake) - mu_x ** 2
+    var_y = blur(real * real) - mu_y ** 2
+    cov = blur(fake * real) - mu_x * mu_y
+    c1, c2 = k1 ** 2, k2 ** 2
+    index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
+    return index.flatten(1).mean(1)
