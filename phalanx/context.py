@@ -86,11 +86,13 @@ class StepContext(RunContext):
         self.models = models
         self.optimizers, self.scalers = optimizers, scalers
         self.micro: MicroBatch | None = None
-        self.epoch = 0
+        self.epoch = 0  # the epoch being trained (1-based)
+        self.progress = 0.0  # epochs of training done at the end of this micro-batch (fractional)
+        self.epochs = 0  # the run's length in epochs (--epochs)
         self.stepped: set[str] = set()
 
-    def begin(self, micro: MicroBatch, epoch: int) -> None:
-        self.micro, self.epoch = micro, epoch
+    def begin(self, micro: MicroBatch, epoch: int, progress: float, epochs: int) -> None:
+        self.micro, self.epoch, self.progress, self.epochs = micro, epoch, progress, epochs
         self.stepped = set()
 
     @property

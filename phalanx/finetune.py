@@ -41,23 +41,29 @@ def weights_file(spec: str) -> Path:
     return cached
 
 
-def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
-    """The weights in a file, and the classes they were trained on when a phalanx checkpoint says."""
+def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str]:
+    """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
+    says, and what of a checkpoint of another task was taken (a self-supervised run's backbone)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or a pickle with classes in it
         from .checkpoint import unloadable
 
         raise PhalanxError(f"{path} does not load as weights: {unloadable(path, exc)}", OPTION) from None
-    classes = None
+    classes, note = None, ""
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
-        classes = (state.get("data") or {}).get("classes")
+        task = state.get("task", "classify")
+        if task == "classify":
+            classes = (state.get("data") or {}).get("classes")
+        else:  # another task's primary network (a backbone); the rest (heads, ...) stays behind
+            others = sorted(set(state.get("models") or {}) - {"backbone", "model"})
+            note = f" (a --task {task} run's backbone" + (f"; its {', '.join(others)} left out)" if others else ")")
         state = state["model"]
     elif isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PhalanxError(f"{path} holds no state dict of tensors", OPTION)
-    return {k.removeprefix("module."): v for k, v in state.items()}, classes
+    return {k.removeprefix("module."): v for k, v in state.items()}, classes, note
 
 
 def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
@@ -65,7 +71,7 @@ def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
     classes starts anew: of another shape, or (a phalanx checkpoint tells) of other class names,
     whose rows would otherwise mean the wrong classes."""
     path = weights_file(spec)
-    state, trained_on = _state_of(path)
+    state, trained_on, note = _state_of(path)
     own = model.state_dict()
     head = f"{head_module(model)[0]}."
     other_classes = trained_on is not None and list(trained_on) != list(classes)
@@ -79,7 +85,7 @@ def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
     model.load_state_dict(loaded, strict=False)
     shapes = ", ".join(f"{k} {_shape(state[k])} -> {_shape(own[k])}" for k in replaced[:3])
     why = "trained on other classes, trained anew" if other_classes else "another shape, trained anew"
-    return (f"phalanx: weights {path}: {len(loaded)} tensors loaded, {len(replaced)} replaced"
+    return (f"phalanx: weights {path}{note}: {len(loaded)} tensors loaded, {len(replaced)} replaced"
             + (f" ({why}: {shapes})" if replaced else "")
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused")
 

@@ -276,7 +276,7 @@ class Trainer:
             # Dropout, batch mixing and the like draw from a stream that is a function of the
             # position alone.
             seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start))
-            self.ctx.begin(micro, epoch)
+            self.ctx.begin(micro, epoch, epoch - 1 + micro.end / total, self.cfg.epochs)
             self._set_lr(epoch, micro)
             with self._no_sync(micro):
                 with self.ctx.autocast():

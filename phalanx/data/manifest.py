@@ -47,9 +47,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "phalanx"
 
 
-def scan(split_dir: Path, classes: list[str] | None) -> Scanned:
-    """Class folders and their image files (recursively), with sizes and mtimes; no file is opened."""
+def scan(split_dir: Path, classes: list[str] | None, unlabelled: bool = False) -> Scanned:
+    """Class folders and their image files (recursively), with sizes and mtimes; no file is opened.
+    ``unlabelled``: a folder of images without class folders is valid too (label -1 each)."""
     found = sorted(p.name for p in os.scandir(split_dir) if p.is_dir() and not p.name.startswith("."))
+    if not found and unlabelled:
+        images = [(rel, size, mtime, -1) for rel, size, mtime in _list_images(split_dir)]
+        if images:
+            return Scanned([], images)
     if not found:
         raise PhalanxError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<images>", "--dataroot")
     if classes is not None and found != classes:
@@ -89,9 +94,9 @@ def check_file(path: str) -> str | None:
         return type(exc).__name__
 
 
-def checked(split_dir: Path, classes: list[str] | None = None) -> Checked:
+def checked(split_dir: Path, classes: list[str] | None = None, unlabelled: bool = False) -> Checked:
     """Scan the folder and check every new or changed file, sharing results through the manifest."""
-    scanned = scan(split_dir, classes)
+    scanned = scan(split_dir, classes, unlabelled)
     root = split_dir.resolve()
     cache = cache_dir() / f"manifest-{hashlib.sha256(str(root).encode()).hexdigest()[:24]}.json"
     try:

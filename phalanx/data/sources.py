@@ -38,12 +38,13 @@ class Source:
     val_from: str = ""
 
 
-def load(cfg: RunConfig, channels: int | None) -> Source:
-    """``channels``: what the model insists on (3 for torchvision models), or None for any."""
+def load(cfg: RunConfig, channels: int | None, unlabelled: bool = False) -> Source:
+    """``channels``: what the model insists on (3 for torchvision models), or None for any;
+    ``unlabelled``: a folder of images without class folders is valid (labels -1, no classes)."""
     if cfg.dataset == "digits":
         return _digits(cfg, channels)
     if cfg.dataset == "folder":
-        return _image_folder(cfg, channels)
+        return _image_folder(cfg, channels, unlabelled)
     if cfg.dataset == "synthetic":
         return _synthetic(cfg, channels)
     return _torchvision_dataset(cfg, channels)
@@ -114,8 +115,9 @@ def _synthetic(cfg: RunConfig, channels: int | None) -> Source:
 
 # --- ImageFolder trees ------------------------------------------------------------------------
 
-def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig) -> tuple[list[str], ImageFiles, dict]:
-    found = manifest.checked(split_dir, classes)
+def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig,
+           unlabelled: bool = False) -> tuple[list[str], ImageFiles, dict]:
+    found = manifest.checked(split_dir, classes, unlabelled)
     if found.broken and not cfg.skip_broken:
         path, why = next(iter(found.broken.items()))
         more = f" (and {len(found.broken) - 1} more)" if len(found.broken) > 1 else ""
@@ -128,7 +130,7 @@ def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig
     return found.classes, files, {str(split_dir / p): why for p, why in found.broken.items()}
 
 
-def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
+def _image_folder(cfg: RunConfig, channels: int | None, unlabelled: bool = False) -> Source:
     root = Path(cfg.dataroot)
     if not root.is_dir():
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
@@ -137,9 +139,12 @@ def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
     mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
-    classes, train, skipped = _files(root / "train", None, mode, cfg)
+    classes, train, skipped = _files(root / "train", None, mode, cfg, unlabelled)
+    labels = f"{len(classes)} classes" if classes else "no labels"
     if (root / "val").is_dir():
-        _, val, val_skipped = _files(root / "val", classes, mode, cfg)
+        val_classes, val, val_skipped = _files(root / "val", classes or None, mode, cfg, unlabelled)
+        if not classes and val_classes:  # label-free train/: val/'s classes, for monitoring only
+            classes, labels = val_classes, f"{len(val_classes)} classes in val/ (train/ has no labels)"
         skipped.update(val_skipped)
         how: str = "val/"
         train_set, val_set = train, val
@@ -149,7 +154,8 @@ def _image_folder(cfg: RunConfig, channels: int | None) -> Source:
     size = cfg.image_size or FOLDER_SIZE
     gone = f"; {len(skipped)} unreadable image(s) left out" if skipped else ""
     return Source(train_set, val_set, classes, 1 if mode == "L" else 3, size,
-                  f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, {len(classes)} classes, "
+                  f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, "
+                  f"{labels}, "
                   f"{size}x{size}{gone})", skipped=skipped)
 
 
@@ -162,7 +168,8 @@ def _grayscale(split_dir: Path, per_class: int = 2, looked_at: int = 16) -> bool
     from PIL import Image
 
     seen = 0
-    for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for class_dir in folders or [split_dir]:  # a label-free folder: its own images
         images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in manifest.IMAGE_SUFFIXES)
         for path in images[:per_class]:
             try:

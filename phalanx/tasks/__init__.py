@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import PhalanxError
 from ..fields import flag, parse_text, suggest
-from .options import ClassifyOptions, TranslateOptions
+from .options import BYOLOptions, ClassifyOptions, SimCLROptions, TranslateOptions
 
 OPTION = "--task"
 
@@ -32,14 +32,20 @@ class TaskInfo:
 
 
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
-    TaskInfo("classify", "Classification task", "image classification: one network, cross-entropy, accuracy",
+    TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
              ClassifyOptions, "phalanx.tasks.classify:ClassifyTask"),
-    TaskInfo("translate", "Translation task (--task translate)",
+    TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
              "phalanx.tasks.translate:TranslateTask",
              # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 256}),
+    TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
+             "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
+             "phalanx.tasks.ssl:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
+    TaskInfo("byol", "Self-supervised: BYOL (--task byol)",
+             "pretraining with a momentum teacher, no negatives", BYOLOptions,
+             "phalanx.tasks.ssl:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
 ]}
 DEFAULT = "classify"
 

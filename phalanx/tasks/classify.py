@@ -28,6 +28,7 @@ from ..finetune import Backbone, load_weights, param_groups
 from ..models import build_model, required_channels
 from ..pictures import denormalize, png
 from ..progress import ProgressBar
+from . import BUILTIN
 from .base import Evaluation, Task, TaskData, full_precision
 from .options import ClassifyOptions
 
@@ -37,6 +38,7 @@ SAMPLE = 16  # validation images shown each epoch
 
 class ClassifyTask(Task):
     name = "classify"
+    defaults = BUILTIN["classify"].defaults  # also a subclass's (your own task built on it)
     Options = ClassifyOptions
     loss_names = ("loss",)
     primary_model = "model"

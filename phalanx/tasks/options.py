@@ -71,3 +71,58 @@ class TranslateOptions:
         for name in ("ngf", "ndf", "d_layers"):
             if getattr(self, name) < 1:
                 raise _bad(name, f"must be a positive integer (got {getattr(self, name)})")
+
+
+def _check_ssl(options) -> None:
+    check_fields(options)
+    for name in ("projection_dim", "knn_k"):
+        if getattr(options, name) < 1:
+            raise _bad(name, f"must be a positive integer (got {getattr(options, name)})")
+    _not_negative(options, "hidden_dim")
+    if not options.knn_temperature > 0:
+        raise _bad("knn_temperature", f"must be positive (got {options.knn_temperature})")
+
+
+@dataclass(frozen=True)
+class SimCLROptions:
+    temperature: float = option(0.5, "NT-Xent temperature.", metavar="T")
+    projection_dim: int = option(128, "Output size of the projection head.", metavar="N")
+    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size).", metavar="N")
+    head_norm: str = option("batch", "Normalisation in the projection head: batch (SimCLR's) or none (with a backbone "
+                            "without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
+                            choices=("batch", "none"))
+    gather: bool = option(True, "Negatives from every rank's samples (the global batch), with gradients; off: this "
+                          "rank's samples only.")
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px, as "
+                         "Lightly's CIFAR-10 recipe).", metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K")
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T")
+
+    def __post_init__(self) -> None:
+        _check_ssl(self)
+        if not self.temperature > 0:
+            raise _bad("temperature", f"must be positive (got {self.temperature})")
+        if self.blur != -1.0 and not 0 <= self.blur <= 1:
+            raise _bad("blur", f"must be in [0, 1], or -1 (got {self.blur})")
+
+
+@dataclass(frozen=True)
+class BYOLOptions:
+    projection_dim: int = option(128, "Output size of the projection and prediction heads.", metavar="N")
+    hidden_dim: int = option(0, "Hidden size of the projection and prediction heads (0: 4 x the backbone's feature "
+                             "size).", metavar="N")
+    head_norm: str = option("batch", "Normalisation in the projection and prediction heads.",
+                            choices=("batch", "none"))
+    teacher_momentum: float = option(0.99, "The momentum teacher's starting EMA decay; it rises to 1 on a cosine "
+                                     "over training, as in BYOL.", metavar="M")
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K")
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T")
+
+    def __post_init__(self) -> None:
+        _check_ssl(self)
+        if not 0 <= self.teacher_momentum <= 1:
+            raise _bad("teacher_momentum", f"must be in [0, 1] (got {self.teacher_momentum})")
+        if self.blur != -1.0 and not 0 <= self.blur <= 1:
+            raise _bad("blur", f"must be in [0, 1], or -1 (got {self.blur})")

@@ -27,6 +27,7 @@ from ..data.sources import holdout_indices
 from ..errors import PhalanxError
 from ..pictures import png, strip
 from ..progress import ProgressBar
+from . import BUILTIN
 from .base import Evaluation, Task, TaskData, full_precision, pane
 from .options import TranslateOptions
 from .translate_nets import build_discriminator, build_generator, check_generator
@@ -36,6 +37,7 @@ SHOWN = 4  # validation samples drawn each epoch
 
 class TranslateTask(Task):
     name = "translate"
+    defaults = BUILTIN["translate"].defaults  # also a subclass's (your own task built on it)
     Options = TranslateOptions
     manual_optimization = True
     best_metric = ("L1", "min")

@@ -160,3 +160,10 @@ class RaisesInStep(GatherTask):
         if ctx.rank == 1 and self._steps == 2:
             raise ValueError("the test task raised at step 2")
         return super().training_step(points, ctx)
+
+
+from phalanx.tasks.ssl import BYOLTask  # noqa: E402
+
+
+class StoppingBYOL(StopAtStep, BYOLTask):
+    """BYOL, stopped by a SIGTERM at a chosen step."""

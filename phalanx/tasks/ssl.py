@@ -1,0 +1,483 @@
+"""Self-supervised pretraining, Lightly's job: ``--task simclr`` and ``--task byol``.
+
+A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each
+image, no labels needed. SimCLR's NT-Xent takes its negatives from the global batch: embeddings
+are all-gathered with gradients (``ctx.all_gather``), so 2 workers x B train what one process x
+2B does. BYOL predicts a momentum teacher's embedding of the other view; the teacher is task
+state, checkpointed and resumed exactly. Each epoch, the backbone is monitored as Lightly
+benchmarks it: kNN accuracy (k=200, temperature 0.1, cosine similarity) of the validation images
+against the labelled training images' features, gathered from every rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from .. import records
+from ..atomic import atomic_write, atomic_write_text
+from ..data import Mapped, SeededView, dataset_labels, loader_workers, transforms
+from ..data.inputs import InputImages, collate_inputs
+from ..data.sources import load
+from ..errors import PhalanxError
+from ..finetune import head_module
+from ..models import build_model, required_channels
+from ..pictures import denormalize, png, strip
+from ..progress import ProgressBar
+from ..sampling import ShardSampler, derive_seed
+from . import BUILTIN
+from .base import Evaluation, Task, TaskData, full_precision, pane
+from .options import BYOLOptions, SimCLROptions
+
+SHOWN = 8  # training images drawn each epoch with their two views
+
+
+class Views:
+    """SimCLR's augmentation of one image into a view (Chen et al. 2020; Lightly's SimCLRTransform):
+    random resized crop, flip, colour jitter (p 0.8), grayscale (p 0.2, colour images), Gaussian blur
+    (``blur``), then normalised. Random draws come from torch's generator (seeded per sample)."""
+
+    def __init__(self, size: int, channels: int, crop_scale: float, flip: bool, blur: float,
+                 mean: tuple[float, ...], std: tuple[float, ...]):
+        from torchvision.transforms import v2
+
+        steps = [v2.RandomResizedCrop(size, scale=(crop_scale, 1.0), antialias=True)]
+        if flip:
+            steps.append(v2.RandomHorizontalFlip())
+        steps.append(v2.ToDtype(torch.float32, scale=True))
+        jitter = v2.ColorJitter(0.4, 0.4, 0.4, 0.1) if channels == 3 else v2.ColorJitter(0.4, 0.4)
+        steps.append(v2.RandomApply([jitter], p=0.8))
+        if channels == 3:
+            steps.append(v2.RandomGrayscale(p=0.2))
+        if blur > 0:
+            kernel = max(3, int(0.1 * size) // 2 * 2 + 1)
+            steps.append(v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur))
+        steps.append(v2.Normalize(list(mean), list(std)))
+        self.transform = v2.Compose(steps)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.transform(image)
+
+
+class TwoViews:
+    """A training sample -> its two views (drawn in turn from the sample's seeded stream)."""
+
+    def __init__(self, views: Views):
+        self.views = views
+
+    def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        image = sample[0]
+        return self.views(image), self.views(image)
+
+
+class ValidationViews(Dataset):
+    """``(view 1, view 2, image prepared for evaluation, label, index)``; the views of sample i are the
+    same every epoch (seeded by the run's seed and i), so the view loss is comparable across epochs."""
+
+    def __init__(self, raw: Dataset, views: Views, prepare, seed: int):
+        self.raw, self.views, self.prepare, self.seed = raw, views, prepare, seed
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, index: int):
+        image, label = self.raw[index]
+        torch.default_generator.manual_seed(derive_seed(self.seed, "validation views", index))
+        return self.views(image), self.views(image), self.prepare(image), int(label), index
+
+
+class Indexed(Dataset):
+    """``(image, label, index)``: the kNN bank's samples."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, label = self.base[index]
+        return image, int(label), index
+
+
+def mlp(inputs: int, hidden: int, outputs: int, norm: str) -> nn.Module:
+    """A projection (or prediction) head: Linear, BatchNorm (or none), ReLU, Linear."""
+    layers: list[nn.Module] = [nn.Linear(inputs, hidden, bias=norm == "none")]
+    layers += [nn.BatchNorm1d(hidden)] if norm == "batch" else []
+    return nn.Sequential(*layers, nn.ReLU(inplace=True), nn.Linear(hidden, outputs))
+
+
+def backbone_of(model: nn.Module) -> tuple[nn.Module, int]:
+    """A classifier without its last Linear layer (replaced by the identity), and its feature size."""
+    name, head = head_module(model)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    setattr(parent, name.rpartition(".")[2], nn.Identity())
+    return model, head.in_features
+
+
+def knn_predict(features: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, classes: int, k: int,
+                temperature: float, exclude: torch.Tensor | None = None) -> torch.Tensor:
+    """Lightly's kNN classifier (its benchmarks' knn_predict): cosine similarity to the bank's
+    normalised features, the k most similar vote with weight exp(similarity / temperature).
+    ``exclude``: the bank position of each feature itself (leave-one-out), or None."""
+    similarity = features @ bank.T
+    if exclude is not None:
+        similarity[torch.arange(len(features)), exclude] = -math.inf
+    weights, neighbours = similarity.topk(min(k, bank.shape[0] - (exclude is not None)), dim=1)
+    votes = torch.zeros(len(features), classes, dtype=weights.dtype, device=weights.device)
+    votes.scatter_add_(1, bank_labels[neighbours], (weights / temperature).exp())
+    return votes.argmax(1)
+
+
+class SelfSupervisedTask(Task):
+    primary_model = "backbone"
+    best_metric = ("knn_acc", "max")
+    metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
+
+    # --- data and networks
+    def build_data(self) -> TaskData:
+        cfg = self.cfg
+        channels = required_channels(cfg.model)
+        source = load(cfg, channels, unlabelled=True)
+        size = cfg.image_size or source.native_size
+        stats = transforms.normalisation(cfg, source.channels)
+        if stats is None:
+            raise PhalanxError("self-supervised tasks take imagenet, none, auto or --mean/--std", "--normalize")
+        mean, std = stats
+        blur = self.options.blur if self.options.blur >= 0 else (0.5 if size > transforms.SMALL else 0.0)
+        self.views = Views(size, source.channels, cfg.crop_scale, cfg.hflip, blur, mean, std)
+        prepare = transforms.Prepare(size, size, mean, std)
+        labels = dataset_labels(source.train)
+        val_labels = dataset_labels(source.val)
+        self.classes = list(source.classes)
+        self.bank_source = "train" if labels is not None and min(labels, default=-1) >= 0 else \
+            "val" if val_labels is not None and min(val_labels, default=-1) >= 0 else None
+        if self.bank_source is None:
+            self.best_metric = ("view_loss", "min")
+        train = SeededView(source.train, TwoViews(self.views), cfg.seed, plain=Mapped(source.train, prepare))
+        self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
+        val = ValidationViews(source.val, self.views, prepare, cfg.seed)
+        monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
+                   None: "no labels: no kNN"}[self.bank_source]
+        description = f"{source.description}; two views per image (crop scale {cfg.crop_scale:g}, blur {blur:g}); {monitor}"
+        info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
+                "classes": self.classes, "features": None}
+        return TaskData(train, val, description, info, skipped=source.skipped)
+
+    def restore_info(self, info: dict[str, Any]) -> None:
+        self.classes = list(info.get("classes") or [])
+
+    def backbone(self, info: dict[str, Any]) -> tuple[nn.Module, int]:
+        model = build_model(self.cfg.model, max(2, len(info.get("classes") or [])), info["channels"])
+        return backbone_of(model)
+
+    def metric_names(self) -> list[str]:
+        return ["knn_acc", "view_loss"]
+
+    def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
+        from ..finetune import load_weights
+
+        return [load_weights(models["backbone"], spec, self.classes)]
+
+    def train_mode(self, models: Mapping[str, nn.Module]) -> None:
+        for model in models.values():
+            model.train()
+
+    def embed(self, models: Mapping[str, nn.Module], views: torch.Tensor) -> torch.Tensor:
+        return models["projector"](models["backbone"](views))
+
+    # --- validation: the view loss, and kNN accuracy of the backbone's features
+    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+        backbone = models["backbone"]
+        sums = {"view_loss": torch.zeros((), dtype=torch.float64, device=ctx.device),
+                "samples": torch.zeros((), dtype=torch.float64, device=ctx.device)}
+        features, labels, indices = [], [], []
+        for v1, v2, plain, label, index in loader:
+            v1, v2, plain = ctx.to_device(v1), ctx.to_device(v2), ctx.to_device(plain)
+            with ctx.autocast():
+                sums["view_loss"] += full_precision(self.view_loss(models, v1, v2)).double().sum()
+                features.append(nn.functional.normalize(full_precision(backbone(plain)).double(), dim=1))
+            sums["samples"] += len(label)
+            labels.append(label.to(ctx.device))
+            indices.append(index.to(ctx.device))
+        metrics = {}
+        feature_size = self.feature_size(models)
+        local = torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64,
+                                                                     device=ctx.device)
+        local_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.int64, device=ctx.device)
+        local_index = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64, device=ctx.device)
+        correct = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        if self.bank_source is not None:
+            if self.bank_source == "train":
+                bank, bank_labels = self.bank_features(backbone, ctx, feature_size)
+                exclude = None
+            else:  # label-free train/: the other validation images are the bank
+                bank, bank_labels, bank_index = self.gathered(ctx, local, local_labels, local_index)
+                exclude = local_index
+            predicted = knn_predict(local, bank, bank_labels, max(len(self.classes), 1), self.options.knn_k,
+                                    self.options.knn_temperature, exclude)
+            correct = (predicted == local_labels).sum().double()
+        totals = ctx.all_reduce_sums({**sums, "correct": correct})
+        count = max(float(totals["samples"]), 1.0)
+        metrics["view_loss"] = float(totals["view_loss"]) / count
+        if self.bank_source is not None:
+            metrics["knn_acc"] = float(totals["correct"]) / count
+        return Evaluation(metrics, {"samples": int(float(totals["samples"]))})
+
+    def feature_size(self, models: Mapping[str, nn.Module]) -> int:
+        projector = models["projector"]
+        first = next(m for m in projector.modules() if isinstance(m, nn.Linear))
+        return first.in_features
+
+    def gathered(self, ctx: Any, features: torch.Tensor, labels: torch.Tensor,
+                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every rank's rows in the order of the samples' indices: the same bank at any world size."""
+        all_features, _ = ctx.all_gather(features)
+        all_labels, _ = ctx.all_gather(labels[:, None].double())
+        all_index, _ = ctx.all_gather(index[:, None].double())
+        order = all_index[:, 0].argsort()
+        # The position of each sample of this rank in the bank (for leave-one-out): its index.
+        return all_features[order], all_labels[order, 0].long(), all_index[order, 0].long()
+
+    def bank_features(self, backbone: nn.Module, ctx: Any, feature_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        loader = DataLoader(self.bank, batch_size=self.cfg.batch_size, num_workers=0,
+                            sampler=ShardSampler(len(self.bank), ctx.rank, ctx.world_size))
+        features, labels, indices = [], [], []
+        for image, label, index in loader:
+            with ctx.autocast():
+                features.append(nn.functional.normalize(full_precision(backbone(ctx.to_device(image))).double(), dim=1))
+            labels.append(label.to(ctx.device))
+            indices.append(index.to(ctx.device))
+        local = torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64, device=ctx.device)
+        empty = torch.zeros(0, dtype=torch.int64, device=ctx.device)
+        bank, bank_labels, _ = self.gathered(ctx, local, torch.cat(labels) if labels else empty,
+                                             torch.cat(indices) if indices else empty)
+        return bank, bank_labels
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        text = f"val_view_loss {metrics['view_loss']:.4f}"
+        if "knn_acc" in metrics:
+            text += f"  knn_acc {100 * metrics['knn_acc']:.2f}%"
+        return text
+
+    def format_metric(self, name: str, value: float) -> str:
+        return f"{100 * value:.2f}%" if "acc" in name else f"{value:.4f}"
+
+    # --- dashboard
+    def panes(self) -> list[dict[str, Any]]:
+        return [pane("train_loss", f"{self.name} loss (mean over ranks)", self.loss_label, "train", [("loss", "loss")]),
+                pane("val_knn_acc", "kNN accuracy of the backbone (k=%d)" % self.options.knn_k, "accuracy (%)", "val",
+                     [("knn_acc", "kNN accuracy"), ("ema_knn_acc", "EMA kNN accuracy")], percent=True),
+                pane("val_view_loss", "loss on validation views", self.loss_label, "val",
+                     [("view_loss", "view loss")])]
+
+    def visuals(self, data: TaskData) -> "ViewSample":
+        order = list(range(len(data.train)))
+        random.Random(self.cfg.seed).shuffle(order)
+        return ViewSample(data.train, sorted(order[:SHOWN]), data.info["mean"], data.info["std"])
+
+    # --- using a checkpoint
+    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
+        data = self.build_data()
+        return data.val, f"{'the run' if not dataroot else dataroot}'s validation split ({data.description})"
+
+    def results_table(self, results: dict[str, Any]) -> str:
+        m = results["metrics"]
+        knn = f"  kNN accuracy {100 * m['knn_acc']:.2f}%" if "knn_acc" in m else ""
+        return f"{results['checkpoint']} on {results['data']}\nimages {results['samples']}  view loss " \
+               f"{m['view_loss']:.4f}{knn}"
+
+    def check_predict_output(self, output: str) -> None:
+        if Path(output).suffix != ".npy":
+            raise PhalanxError(f"must end in .npy: the backbone's features, one row per image, with the image list "
+                               f"beside it in .txt (got {Path(output).name})", "--output")
+
+    @torch.no_grad()
+    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+        """The backbone's features of each image (as validation prepares it), to OUTPUT.npy, and the
+        images' paths, one a line and in the same order, to OUTPUT.txt."""
+        info = trained.info
+        prepare = transforms.Prepare(info["size"], info["size"], tuple(info["mean"]), tuple(info["std"]))
+        dataset = InputImages(paths, "L" if info["channels"] == 1 else "RGB", prepare)
+        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
+                                 torch.get_num_threads() if device.type == "cpu" else 1)
+        loader = DataLoader(dataset, batch_size=opts.batch_size, num_workers=workers, collate_fn=collate_inputs)
+        backbone = trained.models["backbone"].to(device)
+        rows, names, skipped = [], [], []
+        bar = ProgressBar(len(loader), "predict", opts.progress)
+        for indices, images, _, bad in loader:
+            skipped += [(paths[i], why) for i, why in bad]
+            if images:
+                rows.append(full_precision(backbone(torch.stack(images).to(device))).float().cpu().numpy())
+                names += [str(paths[i]) for i in indices]
+            bar.update(len(indices) + len(bad), lambda: 0.0)
+        bar.close()
+        if names:
+            output = Path(opts.output)
+            features = np.concatenate(rows)
+
+            def write(fh):
+                np.save(fh, features)
+
+            atomic_write(output, write)
+            atomic_write_text(output.with_suffix(".txt"), "".join(name + "\n" for name in names))
+        return len(names), skipped
+
+    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+        size, channels = trained.info["size"], trained.info["channels"]
+        return {"backbone": (trained.models["backbone"], torch.zeros(2, channels, size, size))}
+
+    def export_metadata(self, trained: Any) -> dict[str, Any]:
+        info = trained.info
+        return {"channels": info["channels"], "image_size": info["size"], "mean": info["mean"], "std": info["std"],
+                "scale": "pixels / 255, then (x - mean) / std", "outputs": "the backbone's features (a feature extractor)"}
+
+
+class SimCLRTask(SelfSupervisedTask):
+    name = "simclr"
+    defaults = BUILTIN["simclr"].defaults  # also a subclass's (your own task built on it)
+    Options = SimCLROptions
+    loss_label = "NT-Xent loss"
+    options: SimCLROptions
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim or size, o.projection_dim, o.head_norm)}
+
+    def nt_xent(self, z1: torch.Tensor, z2: torch.Tensor, all1: torch.Tensor, all2: torch.Tensor,
+                start: int) -> torch.Tensor:
+        """Per sample: the mean of its two views' NT-Xent (Chen et al. 2020): each view's positive is
+        the other view of its image, its negatives every other view in ``all1``/``all2``."""
+        z1, z2 = nn.functional.normalize(z1, dim=1), nn.functional.normalize(z2, dim=1)
+        candidates = torch.cat([nn.functional.normalize(all1, dim=1), nn.functional.normalize(all2, dim=1)])
+        count, local = len(all1), torch.arange(len(z1), device=z1.device)
+        own = local + start
+        losses = []
+        for anchors, itself, positive in ((z1, own, own + count), (z2, own + count, own)):
+            logits = anchors @ candidates.T / self.options.temperature
+            logits[local, itself] = -math.inf  # a view is not its own negative
+            losses.append(nn.functional.cross_entropy(logits, positive, reduction="none"))
+        return 0.5 * (losses[0] + losses[1])
+
+    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        v1, v2 = batch
+        z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
+        if self.options.gather:
+            all1, start = ctx.all_gather(z1)
+            all2, _ = ctx.all_gather(z2)
+        else:
+            (all1, start), all2 = (z1, 0), z2
+        if not ctx.samples:  # a padding sample: it takes part, weighing nothing
+            return {"loss": (z1.sum() + z2.sum()) * 0.0}
+        return {"loss": self.nt_xent(z1, z2, all1, all2, start)}
+
+    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        """Per sample: 2 - 2 cos between the embeddings of its two views (alignment; exact at any
+        world size, unlike NT-Xent, whose negatives depend on how a batch is cut)."""
+        z1, z2 = self.embed(models, v1), self.embed(models, v2)
+        return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)
+
+
+class BYOLTask(SelfSupervisedTask):
+    name = "byol"
+    defaults = BUILTIN["byol"].defaults  # also a subclass's (your own task built on it)
+    Options = BYOLOptions
+    loss_label = "BYOL loss (2 - 2 cos)"
+    options: BYOLOptions
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.teacher: nn.Module | None = None
+        self.progress = 0.0
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        hidden = o.hidden_dim or 4 * size
+        projector = mlp(size, hidden, o.projection_dim, o.head_norm)
+        predictor = mlp(o.projection_dim, hidden, o.projection_dim, o.head_norm)
+        # The teacher starts as the student's copy and follows it as a moving average (never by backward).
+        self.teacher = copy.deepcopy(nn.Sequential(backbone, projector)).requires_grad_(False)
+        return {"backbone": backbone, "projector": projector, "predictor": predictor}
+
+    def _teacher(self, like: torch.Tensor) -> nn.Module:
+        param = next(self.teacher.parameters())
+        if param.device != like.device or param.dtype != like.dtype:
+            self.teacher.to(device=like.device, dtype=like.dtype)
+        return self.teacher
+
+    @staticmethod
+    def byol(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 2 - 2 * nn.functional.cosine_similarity(prediction, target.detach(), dim=1)
+
+    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        v1, v2 = batch
+        p1 = ctx.models["predictor"](self.embed(ctx.models, v1))
+        p2 = ctx.models["predictor"](self.embed(ctx.models, v2))
+        teacher = self._teacher(p1)
+        with torch.no_grad():
+            t1, t2 = teacher(v1), teacher(v2)
+        self.progress = ctx.progress / max(ctx.epochs, 1)
+        return {"loss": 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))}
+
+    def train_mode(self, models: Mapping[str, nn.Module]) -> None:
+        super().train_mode(models)
+        self.teacher.train()
+
+    @torch.no_grad()
+    def after_step(self, models: Mapping[str, nn.Module]) -> None:
+        """The teacher moves towards the student; its decay rises from --teacher-momentum to 1 on a
+        cosine over training (BYOL's schedule)."""
+        decay = 1 - (1 - self.options.teacher_momentum) * (math.cos(math.pi * self.progress) + 1) / 2
+        student = nn.Sequential(models["backbone"], models["projector"])
+        teacher = self._teacher(next(student.parameters()))
+        for t, s in zip(teacher.state_dict().values(), student.state_dict().values()):
+            if t.is_floating_point():
+                t.lerp_(s, 1 - decay)
+            else:
+                t.copy_(s)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"teacher": {k: v.detach().cpu().clone() for k, v in self.teacher.state_dict().items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("teacher"):
+            self.teacher.load_state_dict(state["teacher"])
+
+    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        teacher = self._teacher(v1)
+        p1, p2 = models["predictor"](self.embed(models, v1)), models["predictor"](self.embed(models, v2))
+        return 0.5 * (self.byol(p1, teacher(v2)) + self.byol(p2, teacher(v1)))
+
+
+class ViewSample:
+    """Each epoch: a few training images' two views, as that epoch's training drew them."""
+
+    def __init__(self, train: Dataset, indices: list[int], mean: list[float], std: list[float]):
+        self.train, self.indices, self.mean, self.std = train, indices, mean, std
+
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+        state = torch.default_generator.get_state()
+        try:
+            items = []
+            for index in self.indices:
+                v1, v2 = self.train[(epoch, index)]
+                shown = [denormalize(v, self.mean, self.std) for v in (v1, v2)]
+                items.append(records.images_item(png(strip(shown)), f"image {index}: view 1 | view 2"))
+        finally:
+            torch.default_generator.set_state(state)
+        return {"kind": "images", "epoch": epoch, "title": "two views of training images (this epoch's augmentation)",
+                "items": items}

@@ -1,0 +1,129 @@
+"""Self-supervised pretraining (``--task simclr``, ``--task byol``) on phalanx's built-in digits: the
+global-batch loss exact under DDP, equal to Lightly's, BYOL's teacher resumed exactly, and a
+backbone that helps a classifier with few labels."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, USER_MODELS, records, run_phalanx
+import reference
+
+SMALL = ["--image-size", 16, "--no-progress"]
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("gather", ["true", "false"])
+def test_simclr_under_ddp_equals_one_process_in_float64_with_the_global_batch(tmp_path, phalanx, gather):
+    # No BatchNorm anywhere (smallcnn, --head-norm none): 2 x 16 must be 1 x 32, views and all.
+    common = ["--task", "simclr", "--head-norm", "none", "--task-option", f"gather={gather}", "--precision", "fp64",
+              "--epochs", 1, "--val-fraction", 0.9, "--log-every", 1, "--checkpoints-dir", tmp_path, *SMALL]
+    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2")
+    assert ddp.code == 0, ddp.err
+    assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
+    a, b = weights(tmp_path / "ddp/latest.pt"), weights(tmp_path / "single/latest.pt")
+    difference = max(reference.max_difference(a["models"][n], b["models"][n]) for n in ("backbone", "projector"))
+    losses = [(x["loss"], y["loss"]) for x, y in zip(records(tmp_path / "ddp", "train"), records(tmp_path / "single",
+                                                                                                  "train"))]
+    assert len(losses) == 6  # 180 images, 6 steps of 32
+    if gather == "true":
+        assert difference < 1e-12 and all(x == pytest.approx(y, rel=1e-12) for x, y in losses)
+    else:  # each rank's negatives only: a smaller problem, another training
+        assert difference > 1e-6 and all(x < y for x, y in losses[:1])
+    assert [r["knn_acc"] for r in records(tmp_path / "ddp", "val")] == \
+        pytest.approx([r["knn_acc"] for r in records(tmp_path / "single", "val")], abs=0 if gather == "true" else 1)
+
+
+def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_path):
+    from lightly.loss import NTXentLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.tasks.ssl import SimCLRTask
+
+    task = SimCLRTask(RunConfig(task="simclr", task_options={"temperature": 0.2}))
+    generator = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(6, 8, generator=generator), torch.randn(6, 8, generator=generator)
+    ours = task.nt_xent(z1, z2, z1, z2, 0).mean()
+    assert ours.item() == pytest.approx(NTXentLoss(temperature=0.2)(z1, z2).item(), abs=1e-6)
+    script = REPO / "tests/support/ntxent_ranks.py"
+    env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                           str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for rank in (0, 1):
+        found = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert found["ours"] == pytest.approx(found["theirs"], abs=1e-6)
+        for mine, theirs in zip(found["our_grads"], found["their_grads"]):
+            # Lightly's loss is each rank's mean over its own anchors, whose gradient DDP averages:
+            # ours, likewise a mean of this rank's samples, has the same gradient.
+            assert torch.allclose(mine, theirs, atol=1e-10)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True)["ours"] for r in (0, 1))
+    assert a != b  # the ranks' embeddings differ: a symmetric test would hide a missing all-reduce
+
+
+def test_byol_resumes_mid_epoch_bitwise_with_its_momentum_teacher(tmp_path, phalanx, monkeypatch):
+    common = ["--epochs", 2, "--val-fraction", 0.8, "--batch-size", 32, "--log-every", 1, "--checkpoints-dir", tmp_path,
+              *SMALL]
+    assert phalanx("train", "--task", "byol", "--name", "straight", *common).code == 0
+    monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "7")
+    stopped = phalanx("train", "--task", "phalanx_testtasks:StoppingBYOL", "--name", "cut", *common)
+    assert stopped.code == 143, stopped.err
+    monkeypatch.delenv("PHALANX_TEST_STOP_STEP")
+    assert phalanx("train", "--task", "phalanx_testtasks:StoppingBYOL", "--name", "cut", "--resume", "auto",
+                   *common).code == 0
+    a, b = weights(tmp_path / "straight/latest.pt"), weights(tmp_path / "cut/latest.pt")
+    teacher_a, teacher_b = a["task_state"]["teacher"], b["task_state"]["teacher"]
+    assert all(torch.equal(teacher_a[k], teacher_b[k]) for k in teacher_a)
+    assert not all(torch.equal(teacher_a[k], a["models"]["backbone"].get(k.removeprefix("0."), teacher_a[k]))
+                   for k in teacher_a if k.startswith("0."))  # a moving average, not a copy of the student
+    for name in ("backbone", "projector", "predictor"):
+        assert all(torch.equal(a["models"][name][k], b["models"][name][k]) for k in a["models"][name])
+
+
+def test_a_label_free_folder_pretrains_and_the_backbone_serves_features_and_a_classifier(tmp_path, phalanx):
+    from conftest import write_digit_pngs
+
+    root = write_digit_pngs(tmp_path / "labelled", per_class=12, val=True)
+    flat = tmp_path / "flat" / "train"
+    flat.mkdir(parents=True)
+    for i, png in enumerate(sorted((root / "train").rglob("*.png"))):
+        (flat / f"{i:04d}.png").write_bytes(png.read_bytes())  # no class folders: no labels
+    (tmp_path / "flat" / "val").symlink_to(root / "val")  # labelled val/: monitoring only
+    pretrained = phalanx("train", "--task", "simclr", "--dataroot", tmp_path / "flat", "--epochs", 1, "--batch-size",
+                         32, "--checkpoints-dir", tmp_path / "ck", "--name", "ssl", *SMALL)
+    assert pretrained.code == 0, pretrained.err
+    assert "train/ has no labels" in pretrained.out and "leave-one-out kNN within val" in pretrained.out
+    assert "knn_acc" in records(tmp_path / "ck/ssl", "val")[-1]
+    best = tmp_path / "ck/ssl/best.pt"
+    features = phalanx("predict", "--checkpoint", best, root / "val" / "digit3", "--output", tmp_path / "f.npy")
+    assert features.code == 0, features.err
+    names = (tmp_path / "f.txt").read_text().splitlines()
+    assert np.load(tmp_path / "f.npy").shape == (len(names), 128) and all("digit3" in n for n in names)
+    probe = phalanx("train", "--dataroot", root, "--weights", best, "--freeze-backbone", "--epochs", 1,
+                    "--checkpoints-dir", tmp_path / "ck", "--name", "probe", *SMALL)
+    assert probe.code == 0, probe.err
+    assert "a --task simclr run's backbone; its projector left out" in probe.out
+    exported = phalanx("export", "--checkpoint", best, "--output", tmp_path / "backbone.ts")
+    assert exported.code == 0, exported.err
+
+
+def test_pretraining_helps_a_linear_probe_with_few_labels(tmp_path, phalanx):
+    # 144 labelled digits (10% of the training split) against the same probe on a random backbone.
+    assert phalanx("train", "--task", "simclr", "--epochs", 3, "--batch-size", 64, "--checkpoints-dir", tmp_path,
+                   "--name", "ssl", *SMALL).code == 0
+    probe = ["--freeze-backbone", "--epochs", 8, "--val-fraction", 0.9, "--batch-size", 16, "--checkpoints-dir",
+             tmp_path, *SMALL]
+    assert phalanx("train", "--name", "pretrained", "--weights", tmp_path / "ssl/best.pt", *probe).code == 0
+    assert phalanx("train", "--name", "random", *probe).code == 0
+    pretrained, random = (records(tmp_path / n, "val")[-1]["acc"] for n in ("pretrained", "random"))
+    assert pretrained > random + 0.1, (pretrained, random)
