@@ -15,8 +15,11 @@ setup(
         "visdom>=0.2.4",
         "tornado<6.6",  # 6.6 makes visdom 0.2.4's page answer 403
         "boto3>=1.28",
+        "pycocotools>=2.0.7",  # --task detect's COCO mAP
     ],
     extras_require={"test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40",
-                             "hypothesis>=6"]},
+                             "hypothesis>=6",
+                             "lightly>=1.5",  # the reference NT-Xent that --task simclr is compared with
+                             ]},
     entry_points={"console_scripts": ["phalanx=phalanx.cli:entry"]},
 )

@@ -41,7 +41,9 @@ def export(opts: ExportOptions) -> list[Path]:
     written = []
     for name, (module, example) in modules.items():
         path = output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
-        _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name)
+        scripted = getattr(trained.task, "script_export", False)
+        _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name,
+               scripted)
         meta = {**trained.task.export_metadata(trained), "network": name, "task": trained.config.task,
                 "format": opts.format, "checkpoint": str(trained.path), "input_shape": list(example.shape[1:])}
         atomic_write_text(path.with_name(path.name + ".json"), json.dumps(meta, indent=2) + "\n")
@@ -51,13 +53,16 @@ def export(opts: ExportOptions) -> list[Path]:
     return written
 
 
-def _write(path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str) -> None:
+def _write(path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str,
+           scripted: bool = False) -> None:
+    """``scripted``: a network whose input is not one tensor (a detector's list of images) is
+    scripted (``torch.jit.script``), not traced."""
     try:
         if fmt == "torchscript":
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch 2.10+ calls TorchScript deprecated
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                program = torch.jit.trace(module, example)
+                program = torch.jit.script(module) if scripted else torch.jit.trace(module, example)
                 atomic_write(path, lambda fh: torch.jit.save(program, fh))
         else:
             batch = torch.export.Dim("batch", min=1, max=4096)

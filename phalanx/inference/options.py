@@ -35,6 +35,7 @@ class PredictOptions:
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
     progress: bool = option(True, "Show a progress bar on stderr.")
+    score_threshold: float = option(0.3, "--task detect: detections below this score are left out.", metavar="S")
     tile_overlap: int = option(32, "--task translate: images larger than the training size are translated in tiles "
                                "of that size overlapping by this many pixels, blended.", metavar="PIXELS")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import PhalanxError
 from ..fields import flag, parse_text, suggest
-from .options import BYOLOptions, ClassifyOptions, SimCLROptions, TranslateOptions
+from .options import BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions, TranslateOptions
 
 OPTION = "--task"
 
@@ -46,6 +46,16 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("byol", "Self-supervised: BYOL (--task byol)",
              "pretraining with a momentum teacher, no negatives", BYOLOptions,
              "phalanx.tasks.ssl:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
+    TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
+             DetectOptions, "phalanx.tasks.detect:DetectTask",
+             # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
+             {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
+              "batch_size": 4, "warmup_epochs": 1.0}),
+    TaskInfo("segment", "Segmentation (--task segment)", "semantic segmentation on image + mask pairs",
+             SegmentOptions, "phalanx.tasks.segment:SegmentTask",
+             # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
+             {"model": "lraspp_mobilenet_v3_large", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
+              "batch_size": 8, "image_size": 256}),
 ]}
 DEFAULT = "classify"
 

@@ -8,6 +8,7 @@ worker and into every checkpoint. Checks that need no data are made here, where 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import PhalanxError
@@ -126,3 +127,31 @@ class BYOLOptions:
             raise _bad("teacher_momentum", f"must be in [0, 1] (got {self.teacher_momentum})")
         if self.blur != -1.0 and not 0 <= self.blur <= 1:
             raise _bad("blur", f"must be in [0, 1], or -1 (got {self.blur})")
+
+
+@dataclass(frozen=True)
+class DetectOptions:
+    annotations: str | None = option(None, "The training split's COCO JSON, when it is not DIR/train/annotations.json.",
+                                     metavar="FILE")
+    val_annotations: str | None = option(None, "The validation split's COCO JSON, when it is not "
+                                         "DIR/val/annotations.json.", metavar="FILE")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name in ("annotations", "val_annotations"):  # absolute: evaluate and workers run elsewhere
+            if getattr(self, name):
+                object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class SegmentOptions:
+    num_classes: int = option(0, "Classes of the masks, background (0) included (0: the largest value found in the "
+                              "masks, plus one).", metavar="N")
+    ignore_index: int = option(255, "Mask value of pixels that neither train nor count in the metrics.", metavar="V")
+    aux_loss: bool = option(False, "torchvision's auxiliary classifier (fcn, deeplabv3), its loss weighted 0.5.")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _not_negative(self, "num_classes", "ignore_index")
+        if self.num_classes == 1:
+            raise _bad("num_classes", "1 class is the background alone; give 2 or more (or 0 to count them)")

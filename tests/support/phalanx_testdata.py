@@ -56,3 +56,57 @@ def translation_pairs(root, layout: str = "aligned", size: int = 32, per_split: 
                     folder.mkdir(parents=True, exist_ok=True)
                     Image.fromarray(array, "L").save(folder / f"{i:04d}.png")
     return Path(root)
+
+
+SCENE_DIGITS = (0, 1, 4)  # visually distinct digits: categories 1, 2, 3
+
+
+def digit_scenes(root, counts: dict | None = None, size: int = 64, seed: int = 0):
+    """Scenes made from phalanx's built-in digits (real handwriting): 1-3 digits 0, 1 or 4, each
+    16-28 px, pasted at random places on a dim noisy canvas; every eighth scene is empty. Writes
+    ``<split>/images/<i>.png``, COCO ``<split>/annotations.json`` (the pasted squares' boxes) and
+    ``<split>/masks/<i>.png`` (a digit's ink pixels get its category, 1-3; the rest 0)."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from PIL import Image
+
+    from phalanx.data import load_digits
+
+    images, labels = load_digits()
+    pool = {d: [i for i in range(len(labels)) if int(labels[i]) == d] for d in SCENE_DIGITS}
+    rng = np.random.default_rng(seed)
+    counts = counts or {"train": 96, "val": 24}
+    categories = [{"id": c + 1, "name": f"digit{d}"} for c, d in enumerate(SCENE_DIGITS)]
+    for split, count in counts.items():
+        folder = Path(root) / split
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        (folder / "masks").mkdir(parents=True, exist_ok=True)
+        coco = {"images": [], "annotations": [], "categories": categories}
+        for n in range(count):
+            canvas = rng.normal(0.1, 0.04, (size, size)).clip(0, 1)
+            mask = np.zeros((size, size), dtype=np.uint8)
+            boxes = []
+            for _ in range(0 if n % 8 == 7 else int(rng.integers(1, 4))):
+                category = int(rng.integers(0, len(SCENE_DIGITS)))
+                digit = images[pool[SCENE_DIGITS[category]][int(rng.integers(0, len(pool[SCENE_DIGITS[category]])))]]
+                side = int(rng.integers(16, 29))
+                x, y = (int(v) for v in rng.integers(0, size - side, 2))
+                if any(x < bx + bw and bx < x + side and y < by + bh and by < y + side for bx, by, bw, bh, _ in boxes):
+                    continue  # no overlaps: each box holds one digit
+                patch = torch.nn.functional.interpolate(digit[None], size=(side, side), mode="bilinear",
+                                                        align_corners=False)[0, 0].clamp(0, 1).numpy()
+                canvas[y:y + side, x:x + side] = np.maximum(canvas[y:y + side, x:x + side], patch)
+                mask[y:y + side, x:x + side][patch > 0.5] = category + 1
+                boxes.append((x, y, side, side, category + 1))
+            name = f"{n:04d}.png"
+            Image.fromarray((np.stack([canvas] * 3, -1) * 255).astype(np.uint8), "RGB").save(folder / "images" / name)
+            Image.fromarray(mask, "L").save(folder / "masks" / name)
+            coco["images"].append({"id": n + 1, "file_name": name, "width": size, "height": size})
+            for x, y, w, h, category in boxes:
+                coco["annotations"].append({"id": len(coco["annotations"]) + 1, "image_id": n + 1,
+                                            "category_id": category, "bbox": [x, y, w, h], "area": w * h,
+                                            "iscrowd": 0})
+        (folder / "annotations.json").write_text(json.dumps(coco))
+    return Path(root)

@@ -201,3 +201,32 @@ class _DtypeProbe(SmallCNN):
 
 def dtype_probe(num_classes, in_channels):
     return _DtypeProbe(num_classes=num_classes, in_channels=in_channels)
+
+
+def tiny_detector(num_classes):
+    """Faster R-CNN (torchvision's) on a three-layer backbone, for 64-pixel scenes: trains on a CPU
+    in seconds. A user's own detector, as ``--model phalanx_testmodels:tiny_detector``."""
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.ops import MultiScaleRoIAlign
+
+    backbone = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU())
+    backbone.out_channels = 64
+    return FasterRCNN(backbone, min_size=64, max_size=64, box_head=TwoMLPHead(64 * 7 * 7, 128),
+                      box_predictor=FastRCNNPredictor(128, num_classes),
+                      rpn_anchor_generator=AnchorGenerator(sizes=((16, 24, 32),), aspect_ratios=((1.0,),)),
+                      box_roi_pool=MultiScaleRoIAlign(featmap_names=["0"], output_size=7, sampling_ratio=2),
+                      rpn_pre_nms_top_n_train=300, rpn_post_nms_top_n_train=100, rpn_pre_nms_top_n_test=100,
+                      rpn_post_nms_top_n_test=50, box_batch_size_per_image=64, box_detections_per_img=20)
+
+
+def tiny_segmenter(num_classes):
+    """A four-layer fully convolutional segmenter: logits at the input's size."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, padding=2, dilation=2),
+        torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=4, dilation=4), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, num_classes, 1))
