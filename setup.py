@@ -17,9 +17,9 @@ setup(
         "boto3>=1.28",
         "pycocotools>=2.0.7",  # --task detect's COCO mAP
     ],
-    extras_require={"test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40",
-                             "hypothesis>=6",
-                             "lightly>=1.5",  # the reference NT-Xent that --task simclr is compared with
-                             ]},
+    extras_require={"timm": ["timm>=1.0"],  # --model timm/NAME
+                    "test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40", "hypothesis>=6",
+                             "timm>=1.0",  # --model timm/NAME
+                             "lightly>=1.5"]},  # the reference NT-Xent that --task simclr is compared with
     entry_points={"console_scripts": ["phalanx=phalanx.cli:entry"]},
 )

@@ -119,7 +119,8 @@ Examples:
                    "runs (<checkpoints-dir>). Repeat to compare runs.")
 @click.option("--server", default="http://localhost", show_default=True,
               help="Visdom server; on this machine one is started (and stopped) if none answers.")
-@click.option("--port", default=8097, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8097, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the visdom server (the one --server names, or the one started here).")
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.05),
               help="Seconds between looks for new snapshots.")
 @click.option("--once", is_flag=True, help="Plot everything there is into a running server, then exit.")
@@ -211,6 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `phalanx`: the help, as --help shows it
         click.echo(exc.ctx.get_help() if exc.ctx else cli.get_help(click.Context(cli)))
         return 0
+    except click.exceptions.NoSuchOption as exc:
+        command = exc.ctx.command.name if exc.ctx else ""
+        if exc.option_name.replace("_", "-") == "--use-torchrun" and command != "trainlaunch":
+            say_error(f"--use-torchrun is an option of `phalanx trainlaunch` (DDP through torchrun), not of "
+                      f"`phalanx {command}`: phalanx trainlaunch ... --use-torchrun \"--nproc_per_node 2\"")
+        else:
+            say_error(exc.format_message())
+        return exc.exit_code
     except click.ClickException as exc:
         say_error(exc.format_message())
         return exc.exit_code

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,8 @@ class RunConfig:
             object.__setattr__(self, "num_workers", str(self.num_workers))
         if self.dataset is None:
             object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
+        if isinstance(self.dataroot, str) and self.dataroot:  # recorded absolute: evaluate and workers may run from another directory
+            object.__setattr__(self, "dataroot", os.path.abspath(self.dataroot))
         _validate(self)
 
     # --- derived values
@@ -250,7 +253,7 @@ def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
     if not isinstance(task, str):
         raise PhalanxError(f"expected a task name, got {task!r}", "--task")
     tasks.check_name(task)
-    defaults = {k: v for k, v in tasks.defaults_of(task).items() if k not in general}
+    defaults = {k: v for k, v in tasks.defaults_of(task, general).items() if k not in general}
     return RunConfig(**{**defaults, **general, "task_options": task_values})
 
 

@@ -20,11 +20,14 @@ from .errors import PhalanxError
 OPTION = "--weights"
 
 
-def weights_file(spec: str) -> Path:
-    """The file behind ``--weights``: a path, or a torchvision weights name found in the hub cache."""
+def weights_file(spec: str, model: str = "") -> Path:
+    """The file behind ``--weights``: a path, a torchvision weights name found in torch's hub cache,
+    or ``timm`` (a ``timm/NAME`` model's pretrained weights in the local Hugging Face cache)."""
     path = Path(spec)
     if path.is_file():
         return path
+    if spec == "timm":
+        return _timm_weights(model)
     if "_Weights." not in spec:
         raise PhalanxError(f"{spec} does not exist (a file, or a torchvision weights name such as "
                            "ResNet18_Weights.IMAGENET1K_V1)", OPTION)
@@ -41,11 +44,44 @@ def weights_file(spec: str) -> Path:
     return cached
 
 
+def _timm_weights(model: str) -> Path:
+    """A timm model's weights, from the Hugging Face cache ($HF_HUB_CACHE, else ~/.cache/huggingface/hub)
+    only: phalanx never downloads."""
+    from .models import TIMM, timm_preferences
+
+    if not model.startswith(TIMM):
+        raise PhalanxError(f"'timm' loads a timm/NAME model's pretrained weights; --model is {model!r}", OPTION)
+    preferences = timm_preferences(model)
+    repo = (preferences or {}).get("hf_hub_id")
+    if not repo:
+        raise PhalanxError(f"timm has no pretrained weights for {model[len(TIMM):]} on the Hugging Face hub", OPTION)
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    # Read now, not when huggingface_hub was imported: the environment may have changed since.
+    cache = os.environ.get("HF_HUB_CACHE") or (os.environ.get("HF_HOME") and os.path.join(os.environ["HF_HOME"], "hub")) \
+        or HF_HUB_CACHE
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        found = try_to_load_from_cache(repo, filename, cache_dir=cache)
+        if isinstance(found, str):
+            return Path(found)
+    folder = Path(cache) / f"models--{repo.replace('/', '--')}"
+    raise PhalanxError(f"{repo} is not in the Hugging Face cache; phalanx does not download: put "
+                       f"https://huggingface.co/{repo}/resolve/main/model.safetensors at "
+                       f"{folder}/snapshots/<revision>/model.safetensors with the revision in {folder}/refs/main "
+                       f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
+
+
 def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str]:
     """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
     says, and what of a checkpoint of another task was taken (a self-supervised run's backbone)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        if path.suffix == ".safetensors":  # timm's and the hub's format: tensors only, nothing runs
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or a pickle with classes in it
         from .checkpoint import unloadable
 
@@ -66,11 +102,11 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
     return {k.removeprefix("module."): v for k, v in state.items()}, classes, note
 
 
-def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
+def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: str = "") -> str:
     """Load what fits; report what was loaded, replaced, left as built. A head trained on other
     classes starts anew: of another shape, or (a phalanx checkpoint tells) of other class names,
     whose rows would otherwise mean the wrong classes."""
-    path = weights_file(spec)
+    path = weights_file(spec, model_spec)
     state, trained_on, note = _state_of(path)
     own = model.state_dict()
     head = f"{head_module(model)[0]}."
@@ -78,15 +114,22 @@ def load_weights(model: nn.Module, spec: str, classes: list[str]) -> str:
     fits = {k for k, v in state.items() if k in own and own[k].shape == v.shape
             and not (other_classes and k.startswith(head))}
     loaded = {k: state[k] for k in fits}
-    replaced = [k for k in state if k in own and k not in fits]
+    # RGB weights for a one-channel input (grayscale data): summed over the colours, as timm adapts them.
+    adapted = [k for k, v in state.items() if k in own and k not in fits and v.dim() == 4 and own[k].dim() == 4
+               and v.shape[1] == 3 and own[k].shape[1] == 1 and v.shape[0] == own[k].shape[0]
+               and v.shape[2:] == own[k].shape[2:]]
+    loaded.update({k: state[k].sum(1, keepdim=True) for k in adapted})
+    replaced = [k for k in state if k in own and k not in fits and k not in adapted]
     untouched = [k for k in own if k not in loaded and k not in replaced]
+    loaded_count = len(loaded) - len(adapted)
     if not loaded:
         raise PhalanxError(f"no tensor in {path} fits this model (is it the --model it was trained with?)", OPTION)
     model.load_state_dict(loaded, strict=False)
     shapes = ", ".join(f"{k} {_shape(state[k])} -> {_shape(own[k])}" for k in replaced[:3])
     why = "trained on other classes, trained anew" if other_classes else "another shape, trained anew"
-    return (f"phalanx: weights {path}{note}: {len(loaded)} tensors loaded, {len(replaced)} replaced"
+    return (f"phalanx: weights {path}{note}: {loaded_count} tensors loaded, {len(replaced)} replaced"
             + (f" ({why}: {shapes})" if replaced else "")
+            + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused")
 
 

@@ -119,7 +119,10 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
     plan = plan_launch(cfg, torchrun_options)
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
-        print("\n".join(describe(cfg, plan)))
+        from .run import describe_checks
+
+        _, checked = describe_checks(cfg)  # data, networks and run directory, as train --dry-run checks them
+        print("\n".join(describe(cfg, plan) + checked))
         missing = missing_gpus(cfg.gpu_ids)
         if missing:
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)

@@ -40,14 +40,19 @@ def _torchvision_names() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+TIMM = "timm/"  # --model timm/NAME: a model of timm's zoo (pip install 'phalanx[timm]')
+
+
 def required_channels(spec: str) -> int | None:
     """Input channels a model insists on (torchvision classifiers take RGB), or None for any."""
-    return None if spec == "smallcnn" or ":" in spec else 3
+    return None if spec == "smallcnn" or ":" in spec or spec.startswith(TIMM) else 3
 
 
 def build_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
     if spec == "smallcnn":
         return SmallCNN(num_classes=num_classes, in_channels=in_channels)
+    if spec.startswith(TIMM):
+        return _timm_model(spec[len(TIMM):], num_classes, in_channels)
     if ":" in spec:
         return _user_model(spec, num_classes, in_channels)
     names = _torchvision_names()
@@ -59,6 +64,41 @@ def build_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
 
     # weights=None: no download at run time; a run trains from scratch.
     return torchvision.models.get_model(spec, weights=None, num_classes=num_classes)
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError:
+        raise PhalanxError("timm/ models need timm: pip install 'phalanx[timm]' (or pip install timm)", "--model") \
+            from None
+    return timm
+
+
+def _timm_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
+    """A timm model, as timm's train.py builds it: ``num_classes`` and ``in_chans`` passed to
+    ``create_model``; never pretrained here (``--weights timm`` loads from the local cache)."""
+    timm = _timm()
+    if not timm.is_model(name.split(".")[0]):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join('timm/' + c for c in close)}?" if close else "see timm.list_models()"
+        raise PhalanxError(f"timm has no model '{name}'; {hint}", "--model")
+    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels)
+
+
+def timm_preferences(spec: str) -> dict | None:
+    """A timm model's pretrained configuration: mean, std, input size, crop_pct, and where its
+    weights live on the Hugging Face hub. None for other models."""
+    if not spec.startswith(TIMM):
+        return None
+    _timm()
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(spec[len(TIMM):])
+    if cfg is None:
+        return None
+    return {"mean": list(cfg.mean), "std": list(cfg.std), "size": int(cfg.input_size[-1]), "crop_pct": cfg.crop_pct,
+            "hf_hub_id": cfg.hf_hub_id}
 
 
 def _user_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:

@@ -85,18 +85,28 @@ def describe_run(cfg: RunConfig) -> list[str]:
     login node, before the job reaches its GPUs."""
     env = placement()
     plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
-    task = build_task(cfg)
-    data, models = build_networks(cfg, task)
     world = plan.world_size
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
-             f"devices: {plan.describe()}",
-             f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
-             f"accumulation x{world} processes); {steps_per_epoch(len(data.train), cfg.batch_size, world, cfg.grad_accum)} "
-             "optimizer steps per epoch",
-             f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
-             f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup",
-             f"data: {data.description}"]
+             f"devices: {plan.describe()}"]
+    data, checked = describe_checks(cfg)
+    lines += [f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
+              f"accumulation x{world} processes); {steps_per_epoch(len(data.train), cfg.batch_size, world, cfg.grad_accum)} "
+              "optimizer steps per epoch",
+              f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
+              f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup", *checked]
+    missing = missing_gpus(cfg.gpu_ids)
+    if missing:
+        lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
+    return lines
+
+
+def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
+    """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
+    input fails here as it would), and the run directory (said, as a real run would stop there)."""
+    task = build_task(cfg)
+    data, models = build_networks(cfg, task)
+    lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
     try:
@@ -107,10 +117,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"
     lines.append(f"run dir: {cfg.run_dir}: {action}")
-    missing = missing_gpus(cfg.gpu_ids)
-    if missing:
-        lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
-    return lines
+    return data, lines
 
 
 def _backend(cfg: RunConfig) -> str:
@@ -157,8 +164,9 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
         trainer = Trainer(cfg, strategy, task, data, models, outputs, run_id, say, stop)
         task_part = f"task {cfg.task}; " if cfg.task != "classify" else ""
+        workers = f"{trainer.num_workers} loader worker{'s' if trainer.num_workers != 1 else ''}"
         say(f"phalanx: {task_part}{data.description}; model {cfg.model if cfg.task == 'classify' else ', '.join(models)}; "
-            f"{strategy.describe()}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
+            f"{strategy.describe()}; {workers}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
         if cfg.precision == "fp16" and strategy.device.type == "cpu":
             say("phalanx: warning: --precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's "
                 "measurements; bf16 is the CPU's fast half precision")

@@ -271,6 +271,7 @@ class Trainer:
                                self.cfg.progress and self.strategy.is_main, self.cfg.log_interval)
         started = window_start = time.perf_counter()
         manual = self.task.manual_optimization
+        steps_left = sum(micro.ends_step for micro in plan)
         for micro, batch in zip(plan, self.train_loader):
             batch = self.ctx.to_device(batch)
             # Dropout, batch mixing and the like draw from a stream that is a function of the
@@ -291,10 +292,14 @@ class Trainer:
             if not micro.ends_step:
                 continue
             self._optimizer_step(epoch, micro, manual)
+            steps_left -= 1
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
             stop_now = self.stop.signum != 0 and self.world_size == 1
-            if self.step % self.cfg.log_every == 0 or micro.end == total or stop_now:
+            # No window of less than half --log-every steps at an epoch's end (a spike of a few
+            # samples on the dashboard): the last log step before it waits for the epoch's end.
+            log_step = self.step % self.cfg.log_every == 0 and steps_left >= self.cfg.log_every / 2
+            if log_step or micro.end == total or stop_now:
                 window_start, stop = self._log_train(epoch, window, window_start)
                 if stop and micro.end < total:
                     progress.close()

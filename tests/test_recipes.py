@@ -175,13 +175,38 @@ def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx
     assert torch.load(tmp_path / "experiment/latest.pt")["data"]["mean"] == [0.485, 0.456, 0.406]  # auto: imagenet
 
 
-def test_mixing_smoothing_erasing_and_channels_last_train(phalanx, tmp_path):
-    result = phalanx("train", "--mixup-alpha", 0.2, "--cutmix-alpha", 1.0, "--label-smoothing", 0.1,
-                     "--random-erasing", 0.25, "--augment", "trivialaugment", "--no-hflip", "--channels-last",
-                     "--image-size", 16, "--epochs", 3, "--checkpoints-dir", tmp_path, "--no-progress")
+def test_mixing_and_erasing_change_the_images_the_model_sees(phalanx, tmp_path, monkeypatch):
+    from phalanx_testmodels import sample_id
+
+    def seen(name, *extra):
+        monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / f"record-{name}"))
+        result = phalanx("train", "--model", "phalanx_testmodels:recorder", "--name", name, "--epochs", 1,
+                         "--augment", "none", "--image-size", 16, "--val-fraction", 0.9, "--checkpoints-dir", tmp_path,
+                         "--no-progress", *extra)
+        assert result.code == 0, result.err
+        return [line[2:] for path in (tmp_path / f"record-{name}").iterdir() for line in path.read_text().splitlines()
+                if line.startswith("T ")]
+
+    train = build_datasets(RunConfig(image_size=16, augment="none", val_fraction=0.9), None).train
+    images = {sample_id(train[i][0]) for i in range(len(train))}
+    plain = seen("plain")
+    assert len(plain) == len(train) and set(plain) <= images  # the check sees plain images...
+    for recipe in (["--mixup-alpha", 0.2], ["--cutmix-alpha", 1.0], ["--random-erasing", 0.5]):
+        changed = sum(i not in images for i in seen(recipe[0][2:], *recipe))
+        assert changed > 0.3 * len(train), recipe  # ...and that each recipe changes most of them (erasing: p 0.5)
+
+
+def test_label_smoothing_changes_the_loss_and_channels_last_reaches_the_model(phalanx, tmp_path, monkeypatch):
+    common = ["--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1]
+    assert phalanx("train", "--name", "plain", *common).code == 0
+    assert phalanx("train", "--name", "smooth", "--label-smoothing", 0.1, *common).code == 0
+    plain, smooth = (records(tmp_path / n, "train")[0]["loss"] for n in ("plain", "smooth"))
+    assert plain != smooth  # the same first batch and weights: only the smoothed targets differ
+    monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "formats"))
+    result = phalanx("train", "--name", "cl", "--model", "phalanx_testmodels:format_probe", "--channels-last",
+                     "--dataset", "synthetic", "--synthetic-samples", 64, "--image-size", 8, *common)  # RGB: 3 channels
     assert result.code == 0, result.err
-    assert "augment trivialaugment" in result.out
-    assert records(tmp_path / "experiment", "val")[-1]["acc"] > 0.4  # chance is 0.1; all of it in 3 short epochs
+    assert {p.read_text() for p in (tmp_path / "formats").iterdir()} == {"channels_last"}
 
 
 def test_ema_is_evaluated_checkpointed_and_resumed_exactly(phalanx, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -396,3 +397,16 @@ def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_
     assert plots["validation L1"]["traces"][0]["points"] == 2
     assert captions == [f"digit {i}: input | reconstruction" for i in range(8)]
     assert "best validation L1 reconstruction error" in status and "adversarial_autoencoder" in status
+
+
+def test_the_servers_root_page_links_to_every_run(tmp_path, visdom_server, phalanx):
+    # A DeepLIIF user opens http://localhost:8097 out of habit: visdom's main env lists the runs.
+    for name in ("a", "b"):
+        assert phalanx("train", "--name", name, "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    shown = run_phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
+    assert shown.code == 0, shown.err
+    page = json.loads(client(visdom_server).get_window_data(win="phalanx_runs", env="main"))["content"]
+    for name in ("a", "b"):
+        env = f"phalanx-{name}-{snapshot_history(tmp_path / name / 'pickle').run_id}"
+        assert f'/env/{env}">{name}</a>' in page
+    assert "/env/phalanx-compare" in page

@@ -100,12 +100,14 @@ class Mapped(Dataset):
         return self.transform(image), label
 
 
-def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float = 0.0) -> DataBundle:
+def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float = 0.0,
+                   model: dict | None = None) -> DataBundle:
     """``channels``: what the model insists on (3 for torchvision models), or None for any;
-    ``random_erasing``: the probability of erasing a rectangle of a training image."""
+    ``random_erasing``: the probability of erasing a rectangle of a training image; ``model``: the
+    model's own preferences for what the options leave to auto (timm: size, crop_pct, mean, std)."""
     source = load(cfg, channels)
-    size, augment, crop_pct = transforms.resolve(cfg, source.native_size, source.channels, cfg.dataset)
-    stats = transforms.normalisation(cfg, source.channels)
+    size, augment, crop_pct = transforms.resolve(cfg, source.native_size, source.channels, cfg.dataset, model)
+    stats = transforms.normalisation(cfg, source.channels, model)
     if stats is None:  # --normalize dataset: the training split's own, resized but not augmented
         bare = Pipeline(size, "none", 1.0, (0.0,) * source.channels, (1.0,) * source.channels)
         resized = transforms.build(bare, cfg, train=False)
@@ -117,7 +119,8 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
             files.min_side = pipeline.min_decoded_side(cfg.crop_scale)
     plain = transforms.build(Pipeline(size, "none", 1.0, pipeline.mean, pipeline.std), cfg, train=False)
     evaluate = transforms.build(pipeline, cfg, train=False)
-    augmented = transforms.build(pipeline, cfg, train=True, random_erasing=random_erasing) if pipeline.random else None
+    randomised = pipeline.random or random_erasing > 0
+    augmented = transforms.build(pipeline, cfg, train=True, random_erasing=random_erasing) if randomised else None
     if source.in_memory is not None:  # deterministic transforms on whole tensors, once
         train_images, val_images = source.in_memory
         from .sources import Tensors
@@ -127,9 +130,10 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
     else:
         plain_train, val = Mapped(source.train, plain), Mapped(source.val, evaluate)
     train = TrainView(plain_train, source.train, augmented, cfg.seed)
-    description = source.description
+    description = source.description.replace(f"{source.native_size}x{source.native_size}", f"{size}x{size}")
     if pipeline.random:
-        description += f", augment {augment}"
+        flip = " + horizontal flip (--no-hflip where a flip changes the label: digits, text)" if cfg.hflip else ""
+        description += f", augment {augment}: random crop{flip}"
     return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
 
 

@@ -45,18 +45,23 @@ class Pipeline:
         return math.ceil(self.size / min(self.crop_pct, 1.0))
 
 
-def resolve(cfg: RunConfig, native_size: int, channels: int, dataset: str) -> tuple[int, str, float]:
-    """(image size, augmentation, evaluation crop fraction) for this run."""
-    size = cfg.image_size or native_size
+def resolve(cfg: RunConfig, native_size: int, channels: int, dataset: str,
+            model: dict | None = None) -> tuple[int, str, float]:
+    """(image size, augmentation, evaluation crop fraction) for this run; ``model``: what the model
+    prefers where the options say auto (timm's pretrained config: ``size``, ``crop_pct``)."""
+    model = model or {}
+    size = cfg.image_size or (model.get("size") if dataset == "folder" else None) or native_size
     augment = cfg.augment
     if augment == "auto":
         augment = "basic" if dataset in ("folder", "cifar10") else "none"
-    crop_pct = cfg.val_crop_pct or (1.0 if size <= SMALL else 0.875)
+    crop_pct = cfg.val_crop_pct or model.get("crop_pct") or (1.0 if size <= SMALL else 0.875)
     return size, augment, crop_pct
 
 
-def normalisation(cfg: RunConfig, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """Mean and std from the options, or None when the data set's own must be computed."""
+def normalisation(cfg: RunConfig, channels: int,
+                  model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Mean and std from the options, or None when the data set's own must be computed; ``model``:
+    a model's own statistics (timm's pretrained config), taken by auto."""
     if cfg.mean:
         if len(cfg.mean) != channels:
             from ..errors import PhalanxError
@@ -64,6 +69,11 @@ def normalisation(cfg: RunConfig, channels: int) -> tuple[tuple[float, ...], tup
             raise PhalanxError(f"has {len(cfg.mean)} values for {channels}-channel images", "--mean")
         return cfg.mean, cfg.std
     kind = cfg.normalize
+    if kind == "auto" and model and model.get("mean"):
+        mean, std = tuple(model["mean"]), tuple(model["std"])
+        if channels == 1:  # one channel: the mean of the colour statistics, as timm does
+            return (sum(mean) / 3,), (sum(std) / 3,)
+        return mean, std
     if kind == "auto":
         kind = "imagenet" if cfg.weights else "half"
     if kind == "imagenet":
@@ -120,13 +130,16 @@ def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
 
 def build(pipeline: Pipeline, cfg: RunConfig, train: bool,
           random_erasing: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The transform of one image: uint8 or [0, 1] float in, normalised float32 out."""
-    if not train or not pipeline.random:
+    """The transform of one image: uint8 or [0, 1] float in, normalised float32 out. Random erasing
+    applies with or without the other augmentation (--augment none --random-erasing 0.25 erases)."""
+    erasing = train and random_erasing > 0
+    if not train or (not pipeline.random and not erasing):
         crop_pct = pipeline.crop_pct if not train else 1.0
         return Prepare(round(pipeline.size / crop_pct), pipeline.size, pipeline.mean, pipeline.std)
     from torchvision.transforms import v2
 
-    steps = _geometry(pipeline, cfg)
+    size = pipeline.size
+    steps = _geometry(pipeline, cfg) if pipeline.random else [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pipeline.mean), list(pipeline.std))]
     if random_erasing > 0:
         steps.append(v2.RandomErasing(p=random_erasing))

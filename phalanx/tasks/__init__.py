@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import flag, parse_text, suggest
@@ -29,11 +29,27 @@ class TaskInfo:
     options: type  # the frozen dataclass of its own options
     target: str  # "module:Class"
     defaults: dict[str, Any] = field(default_factory=dict)  # general options it sets otherwise
+    # general options it sets otherwise depending on what else was given (the LR of a model and batch)
+    adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _classifier_lr(given: dict[str, Any]) -> dict[str, Any]:
+    """A torchvision classifier's default LR: torchvision's reference recipe (0.1 for a batch of
+    256, linearly less for less), with a one-epoch warmup. smallcnn keeps 0.1."""
+    model = given.get("model", "smallcnn")
+    if "lr" in given or model == "smallcnn" or ":" in str(model):
+        return {}
+    batch = given.get("batch_size", 32)
+    accumulated = given.get("grad_accum", 1)
+    if not isinstance(batch, int) or not isinstance(accumulated, int) or batch <= 0 or accumulated <= 0:
+        return {}  # a bad value: RunConfig names it
+    return {"lr": round(0.1 * batch * accumulated / 256, 8), **({} if "warmup_epochs" in given else
+                                                                 {"warmup_epochs": 1.0})}
 
 
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask"),
+             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=_classifier_lr),
     TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
              "phalanx.tasks.translate:TranslateTask",
@@ -116,10 +132,12 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
     return dataclasses.asdict(info.options(**values))
 
 
-def defaults_of(task: str) -> dict[str, Any]:
-    """General options this task gives other defaults (pix2pix's Adam and LR for translate, ...)."""
+def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """General options this task gives other defaults (pix2pix's Adam and LR for translate, a
+    torchvision classifier's LR for its batch, ...), given the options set explicitly."""
     if task in BUILTIN:
-        return dict(BUILTIN[task].defaults)
+        info = BUILTIN[task]
+        return {**info.defaults, **(info.adapt({**info.defaults, **(given or {})}) if info.adapt else {})}
     return dict(getattr(task_class(task), "defaults", {}) or {})  # your own task's (imports it)
 
 

@@ -8,7 +8,7 @@ import csv
 import io
 import json
 import random
-import sys
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -25,7 +25,7 @@ from ..data.inputs import InputImages, collate_inputs
 from ..data.manifest import checked
 from ..errors import PhalanxError
 from ..finetune import Backbone, load_weights, param_groups
-from ..models import build_model, required_channels
+from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from ..progress import ProgressBar
 from . import BUILTIN
@@ -52,11 +52,14 @@ class ClassifyTask(Task):
         self.classes: list[str] = []
         self.mix = None
         self.backbone: Backbone | None = None
+        self.flips = False
 
     # --- data and models
     def build_data(self) -> TaskData:
-        data = build_datasets(self.cfg, required_channels(self.cfg.model), self.options.random_erasing)
+        data = build_datasets(self.cfg, required_channels(self.cfg.model), self.options.random_erasing,
+                              timm_preferences(self.cfg.model))
         self.classes = data.classes
+        self.flips = data.pipeline.random and self.cfg.hflip
         num = self.num_classes(data)
         self.mix = _mixer(self.options, num)
         description = data.description + (f", {num} outputs" if num != data.num_classes else "")
@@ -76,10 +79,14 @@ class ClassifyTask(Task):
         return {"model": model}
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
-        return [load_weights(models["model"], spec, data.info["classes"])]
+        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.model)]
 
     def notes(self) -> list[str]:
-        return [f"phalanx: {self.backbone.description}"] if self.backbone is not None else []
+        notes = [f"phalanx: {self.backbone.description}"] if self.backbone is not None else []
+        if self.flips and looks_like_characters(self.classes):
+            notes.append(f"phalanx: warning: the classes ({', '.join(self.classes[:4])}, ...) look like digits or "
+                         "letters, which a horizontal flip turns into other shapes; --no-hflip keeps them as they are")
+        return notes
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
         return {"model": param_groups(models["model"], self.options.head_lr_mult)}
@@ -250,6 +257,14 @@ class ClassifyTask(Task):
         self.classes = list(info["classes"])
 
 
+CHARACTER = re.compile(r"^(?:(?:digit|number|num|char|character|letter|class)[ _-]?)?[0-9A-Za-z]$", re.IGNORECASE)
+
+
+def looks_like_characters(classes: list[str]) -> bool:
+    """Class names such as 0-9, a-z or digit3: a flip changes what such images show."""
+    return len(classes) >= 2 and all(CHARACTER.match(name) for name in classes)
+
+
 def data_info(data: DataBundle) -> dict[str, Any]:
     """What the data resolved to (classes, image size, normalisation): inference needs it."""
     p = data.pipeline
@@ -331,7 +346,3 @@ def spread_sample(labels: list[int] | None, length: int, count: int, seed: int) 
             if queue and len(chosen) < count:
                 chosen.append(queue.pop(0))
     return chosen
-
-
-def _warn(message: str) -> None:
-    print(f"phalanx: warning: {message}", file=sys.stderr, flush=True)

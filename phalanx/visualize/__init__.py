@@ -7,6 +7,7 @@ can be read (a laptop, another node, from S3). Modules: ``sources`` (bounded, sa
 
 from __future__ import annotations
 
+import html
 import json
 import signal
 import time
@@ -102,7 +103,7 @@ def visualize(opts: VisualizeOptions) -> int:
     owned = None
     try:
         owned = start_server_if_needed(opts.server, opts.port, opts.once, opts.listen_all, opts.visdom_log)
-        base = f"http://127.0.0.1:{opts.port}" if owned else f"{opts.server}:{opts.port}"
+        base = f"http://localhost:{opts.port}" if owned else f"{opts.server}:{opts.port}"
         _follow(opts, runs, visdom_client(opts.server, opts.port), base)
         return 0
     finally:
@@ -114,6 +115,7 @@ def _follow(opts: VisualizeOptions, runs: Runs, viz: Any, base: str) -> None:
     plots: dict[str, RunPlots] = {}
     compare = ComparePlots(viz) if runs.comparing else None
     waiting_said, urls_said = False, set()
+    index = RunIndex(viz, base)
     while True:
         histories = runs.histories(warn=True)
         runs.warn_problems()  # also those found before the loop
@@ -126,6 +128,7 @@ def _follow(opts: VisualizeOptions, runs: Runs, viz: Any, base: str) -> None:
             if env not in urls_said:  # before plotting: the page can be opened as it fills
                 urls_said.add(env)
                 print(f"phalanx: {history.options.get('name', 'run')}: {base}/env/{env}", flush=True)
+                index.add(str(history.options.get("name", "run")), env)
             added = run_plots.update(history)
             if added:
                 print(f"phalanx: {added} new point(s) in visdom env {run_plots.env} ({len(history.records)} records)",
@@ -135,9 +138,26 @@ def _follow(opts: VisualizeOptions, runs: Runs, viz: Any, base: str) -> None:
             if compare.env not in urls_said:
                 urls_said.add(compare.env)
                 print(f"phalanx: runs compared: {base}/env/{compare.env}", flush=True)
+                index.add("runs compared", compare.env)
         if opts.once:
             return
         time.sleep(opts.interval)
+
+
+class RunIndex:
+    """The server's root page (visdom's ``main`` env, what http://localhost:8097 opens): a link to
+    every run's page, as a DeepLIIF user looks there first."""
+
+    def __init__(self, viz: Any, base: str):
+        self.viz, self.base = viz, base
+        self.pages: dict[str, str] = {}
+
+    def add(self, name: str, env: str) -> None:
+        self.pages[env] = name
+        links = "".join(f'<li><a href="{html.escape(self.base)}/env/{html.escape(env)}">{html.escape(label)}</a> '
+                        f"({html.escape(env)})</li>" for env, label in self.pages.items())
+        self.viz.text(f'<div class="phalanx-runs"><b>phalanx runs</b><ul>{links}</ul></div>', win="phalanx_runs",
+                      env="main", opts={"title": "phalanx runs"})
 
 
 def _label(history: History, histories: dict[str, History]) -> str:

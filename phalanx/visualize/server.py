@@ -88,7 +88,7 @@ def start_server_if_needed(server: str, port: int, once: bool, listen_all: bool,
         raise PhalanxError(f"no visdom server answers at {server}:{port}; --once plots into a running server "
                            f"(start one: {sys.executable} -m visdom.server)", "--server")
     owned = OwnedServer(port, listen_all, visdom_log)
-    print(f"phalanx: started a visdom server at http://127.0.0.1:{port}"
+    print(f"phalanx: started a visdom server at http://localhost:{port}"
           + (f" (log: {owned.log_path})" if visdom_log else ""), flush=True)
     return owned
 

@@ -230,3 +230,23 @@ def tiny_segmenter(num_classes):
         torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, padding=2, dilation=2),
         torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=4, dilation=4), torch.nn.ReLU(),
         torch.nn.Conv2d(32, num_classes, 1))
+
+
+class _FormatProbe(SmallCNN):
+    """Writes the memory format of its first training input to $PHALANX_TEST_RECORD/format-<pid>.txt."""
+
+    probed = False
+
+    def forward(self, x):
+        if self.training and not self.probed:
+            self.probed = True
+            os.makedirs(os.environ["PHALANX_TEST_RECORD"], exist_ok=True)
+            fmt = "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not \
+                x.is_contiguous() else "contiguous"
+            with open(os.path.join(os.environ["PHALANX_TEST_RECORD"], f"format-{os.getpid()}.txt"), "w") as fh:
+                fh.write(fmt)
+        return super().forward(x)
+
+
+def format_probe(num_classes, in_channels):
+    return _FormatProbe(num_classes=num_classes, in_channels=in_channels)

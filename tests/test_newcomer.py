@@ -1,0 +1,135 @@
+"""What a new user hit (issue: "CI green on every CPU, and what a new user hit this round"): each
+item as a test that failed before its fix."""
+
+from __future__ import annotations
+
+import shutil
+
+from conftest import USER_MODELS, records, run_phalanx, snapshot_tree, write_digit_pngs
+from phalanx.visualize import LocalSource
+
+
+def test_the_validation_images_pane_shows_every_class_of_a_val_folder(tmp_path, phalanx):
+    root = write_digit_pngs(tmp_path / "data", per_class=8, val=True)  # val/ sorted by class: digit0 first
+    assert phalanx("train", "--dataroot", root, "--epochs", 1, "--augment", "none", "--checkpoints-dir", tmp_path / "ck",
+                   "--no-progress").code == 0
+    history = LocalSource(tmp_path / "ck/experiment/pickle").history(warn=False)
+    shown = [item["label"] for item in [r for r in history.records if r["kind"] == "images"][-1]["items"]]
+    assert len(shown) == 16 and set(shown) == {f"digit{d}" for d in range(10)}
+
+
+def test_a_relative_dataroot_is_recorded_absolute_and_a_missing_one_is_named(tmp_path):
+    write_digit_pngs(tmp_path / "digits", per_class=10)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    trained = run_phalanx("train", "--dataroot", "../digits", "--epochs", 1, "--no-hflip", "--no-progress",
+                          cwd=tmp_path / "work")
+    assert trained.code == 0, trained.err
+    checkpoint = tmp_path / "work/checkpoints/experiment/best.pt"
+    evaluated = run_phalanx("evaluate", "--checkpoint", checkpoint, cwd=tmp_path / "elsewhere")
+    assert evaluated.code == 0, evaluated.err
+    shutil.move(tmp_path / "digits", tmp_path / "moved")
+    missing = run_phalanx("evaluate", "--checkpoint", checkpoint, cwd=tmp_path / "elsewhere")
+    assert missing.code == 2 and missing.err.count("\n") == 1
+    assert f"recorded in the checkpoint as {tmp_path / 'digits'}" in missing.err and "pass --dataroot" in missing.err
+
+
+def test_export_refuses_an_extension_it_does_not_write(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path / "ck", "--no-progress").code == 0
+    before = snapshot_tree(tmp_path)
+    result = phalanx("export", "--checkpoint", tmp_path / "ck/experiment/latest.pt", "--output", tmp_path / "m.onnx")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "--output: --format torchscript writes" in result.err and "does not write ONNX" in result.err
+    assert snapshot_tree(tmp_path) == before
+
+
+def test_trainlaunch_dry_run_checks_the_data_and_the_run_directory(tmp_path):
+    (tmp_path / "notrain").mkdir()
+    bad = run_phalanx("trainlaunch", "--dataroot", tmp_path / "notrain", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert bad.code == 2 and "no train/ folder" in bad.err
+    assert run_phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    taken = run_phalanx("trainlaunch", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert taken.code == 0 and "a real run would stop here: --name:" in taken.out and "already holds a run" in taken.out
+    assert "data: built-in digits" in taken.out and "network model: SmallCNN" in taken.out
+
+
+def test_predict_names_what_is_not_an_image_and_fails_when_nothing_was_predicted(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path / "ck", "--no-progress").code == 0
+    (tmp_path / "notes.png").write_text("these are my notes")
+    result = phalanx("predict", "--checkpoint", tmp_path / "ck/experiment/latest.pt", tmp_path / "notes.png",
+                     "--output", tmp_path / "p.csv")
+    assert result.code == 1
+    assert f"skipped {tmp_path / 'notes.png'}: not an image" in result.err and "BytesIO" not in result.err
+    assert "no image could be predicted" in result.err and not (tmp_path / "p.csv").exists()
+
+
+def test_a_checkpoint_that_is_not_one_is_said_to_be_what_it_is(tmp_path, phalanx):
+    (tmp_path / "notes.txt").write_text("remember the milk\n")
+    result = phalanx("evaluate", "--checkpoint", tmp_path / "notes.txt")
+    assert result.code == 2 and "a text file, not a torch checkpoint" in result.err and "(101)" not in result.err
+
+
+def test_resume_auto_with_no_checkpoint_says_it_starts_a_new_run(tmp_path, phalanx):
+    result = phalanx("train", "--name", "exprimentt", "--resume", "auto", "--epochs", 1, "--checkpoints-dir", tmp_path,
+                     "--no-progress")
+    assert result.code == 0
+    assert f"--resume auto: no checkpoint in {tmp_path / 'exprimentt'}: starting a new run" in result.out
+
+
+def test_flips_are_said_and_warned_about_when_the_classes_look_like_digits(tmp_path, phalanx):
+    root = write_digit_pngs(tmp_path / "data", per_class=4)
+    result = phalanx("train", "--dataroot", root, "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0
+    assert "augment basic: random crop + horizontal flip (--no-hflip where a flip changes the label" in result.out
+    assert "look like digits or letters" in result.out
+    quiet = phalanx("train", "--dataroot", root, "--epochs", 1, "--no-hflip", "--name", "b", "--checkpoints-dir",
+                    tmp_path, "--no-progress")
+    assert "look like digits" not in quiet.out and "horizontal flip" not in quiet.out
+
+
+def test_a_torchvision_classifier_gets_its_reference_learning_rate_for_the_batch(tmp_path, phalanx):
+    plan = phalanx("train", "--model", "resnet18", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert plan.code == 0 and "learning rate: 0.0125 (--lr 0.0125" in plan.out and ", 1 warmup" in plan.out
+    bigger = phalanx("train", "--model", "resnet18", "--batch-size", 128, "--print-config")
+    assert "lr: 0.05\n" in bigger.out
+    chosen = phalanx("train", "--model", "resnet18", "--lr", 0.1, "--print-config")
+    assert "lr: 0.1\n" in chosen.out and "warmup_epochs: 0.0\n" in chosen.out
+
+
+def test_without_a_terminal_an_epoch_prints_a_progress_line_every_few_seconds(tmp_path):
+    result = run_phalanx("train", "--model", "phalanx_testmodels:slow", "--epochs", 1, "--log-interval", 0.5,
+                         "--checkpoints-dir", tmp_path, env={**USER_MODELS, "PHALANX_TEST_DELAY": "0.05"})
+    assert result.code == 0, result.err
+    lines = [line for line in result.err.splitlines() if line.startswith("epoch 1/1: ")]
+    assert lines and all("micro-batches" in line and "samples/s" in line for line in lines)  # 45 steps: 2+ s
+
+
+def test_use_torchrun_on_train_points_to_trainlaunch(phalanx):
+    result = phalanx("train", "--use-torchrun", "--nproc_per_node 2")
+    assert result.code == 2 and "--use-torchrun is an option of `phalanx trainlaunch`" in result.err
+
+
+def test_config_file_errors_name_the_file_the_line_and_the_key(tmp_path, phalanx):
+    (tmp_path / "run.yaml").write_text("lr: 0.1\nepochs: three\n")
+    result = phalanx("train", "--config", tmp_path / "run.yaml")
+    assert result.code == 2 and f"--config {tmp_path / 'run.yaml'}, line 2: epochs: expected int" in result.err
+    (tmp_path / "broken.yaml").write_text("lr: 0.1\nepochs: [1,\nname: x\n")
+    result = phalanx("train", "--config", tmp_path / "broken.yaml")
+    assert result.code == 2 and "broken.yaml: line 4: does not parse" in result.err  # where PyYAML stops
+    flag_wins = phalanx("train", "--config", tmp_path / "run.yaml", "--epochs", 1, "--print-config")
+    assert flag_wins.code == 0  # the bad value was overridden
+
+
+def test_the_last_window_of_an_epoch_is_never_a_spike_of_a_few_samples(tmp_path, phalanx):
+    assert phalanx("train", "--epochs", 2, "--log-every", 20, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    train = records(tmp_path / "experiment", "train")
+    # 45 steps an epoch: logs at steps 20 and 45 (not 40 and 45: a window of 5), then 60, 80 and 90.
+    assert [round(r["epoch_progress"] * 1438) for r in train] == [640, 1438, 1918, 2558, 2876]
+    assert all(r["samples"] >= 9 * 32 for r in train)  # at least half a window (the last batch is 30)
+
+
+def test_visualize_port_has_a_help_text():
+    from phalanx.cli import cli
+
+    port = next(p for p in cli.commands["visualize"].params if p.name == "port")
+    assert port.help and "visdom" in port.help
