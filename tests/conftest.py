@@ -112,6 +112,35 @@ def write_digit_pngs(root: Path, per_class: int | None = None, val: bool = False
     return root
 
 
+def gate(folder: Path, step: int) -> dict[str, str]:
+    """The environment that pauses a test model at its ``step``-th training forward (per process)
+    until ``release(folder)``: tests/support/phalanx_testmodels.py's ``gate``."""
+    return {"PHALANX_TEST_GATE": str(folder), "PHALANX_TEST_GATE_STEP": str(step)}
+
+
+def paused(folder: Path, ranks: int = 1, timeout: float = 180) -> None:
+    wait_until(lambda: all((folder / f"paused-rank{r}").exists() for r in range(ranks)), timeout,
+               f"{ranks} process(es) to pause at the gate")
+
+
+def release(folder: Path) -> None:
+    (folder / "go").touch()
+
+
+def near_ties(checkpoint: Path, margin: float = 1e-4) -> int:
+    """How many validation images of a digits checkpoint have their two best logits within ``margin``:
+    where two correct computations (other batches, other thread counts) may pick another class."""
+    import torch
+
+    from phalanx.inference.model import load_trained
+
+    trained = load_trained(str(checkpoint))
+    val = type(trained.task)(trained.config).build_data().val
+    with torch.no_grad():
+        top = trained.models["model"](torch.stack([image for image, _ in val])).topk(2, dim=1).values
+    return int(((top[:, 0] - top[:, 1]) < margin).sum())
+
+
 def free_port() -> int:
     import socket
 

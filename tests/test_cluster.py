@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, USER_MODELS, free_port, records, wait_until
+from conftest import REPO, USER_MODELS, free_port, gate, paused, records, release, wait_until
 from phalanx.cluster import detect, first_host, launcher_name, tasks_on_node
 from phalanx.errors import PhalanxError
 
@@ -86,7 +86,8 @@ def slurm(tmp_path_factory):
     (lab / "munge").chmod(0o711)
     host = socket.gethostname().split(".")[0]
     conf = lab / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(lab=lab, host=host, cpus=os.cpu_count(), ctld=free_port(), slurmd=free_port()))
+    cpus = len(os.sched_getaffinity(0))  # what slurmd finds: a container may hold fewer than the machine
+    conf.write_text(SLURM_CONF.format(lab=lab, host=host, cpus=cpus, ctld=free_port(), slurmd=free_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     key = lab / "munge" / "munge.key"
     subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, capture_output=True)
@@ -139,7 +140,7 @@ ReturnToService=2
 JobRequeue=1
 KillWait=30
 MailProg=/bin/true
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=2048 State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1 State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -191,14 +192,14 @@ def test_srun_phalanx_trainlaunch_runs_one_torchrun_per_node(slurm, tmp_path):
 
 def test_a_job_requeued_mid_run_resumes_with_nothing_lost(slurm, tmp_path):
     job = submit(slurm, "train.sbatch", tmp_path, "--epochs", "3", "--model", "phalanx_testmodels:slow",
-                 "--log-every", "1", env={"PHALANX_CHECKPOINTS": str(tmp_path), "PHALANX_TEST_DELAY": "0.03"})
+                 "--log-every", "1", env={"PHALANX_CHECKPOINTS": str(tmp_path), **gate(tmp_path / "gate", 30)})
     run = tmp_path / f"phalanx-{job}"
-    wait_until(lambda: (run / "metrics.jsonl").exists() and any(r["epoch"] == 2 for r in records(run, "train")),
-               240, "epoch 2")
+    paused(tmp_path / "gate", ranks=2, timeout=240)  # both tasks in the 7th step of epoch 2
     subprocess.run(["scontrol", "requeue", job], env=slurm, check=True)  # SIGTERM to every task, then again
+    release(tmp_path / "gate")  # the requeued job passes the gate: it stays open
     assert wait_for_job(slurm, job, timeout=300) == "COMPLETED"
     output = (tmp_path / f"phalanx-{job}.out").read_text()  # both runs: --open-mode=append
-    assert "stopped by SIGTERM at step" in output or "stopped by SIGTERM" in output
+    assert "stopped by SIGTERM at step" in output
     assert "resumed from" in output
     assert_every_epoch_once(run, 3, world=2)
     steps = [r["step"] for r in records(run, "train")]
@@ -218,10 +219,8 @@ def test_mpirun_starts_two_phalanx_train_processes_that_form_one_group(tmp_path)
     assert refused.returncode != 0
     assert "phalanx: environment: started by mpirun (Open MPI): MASTER_ADDR is not set" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "experiment").exists()
-    started = time.monotonic()
     done = subprocess.run(base + ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}"] + argv, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "DDP rank 0/2" in done.stdout and done.stdout.count("phalanx: done") == 1
     assert [r["world_size"] for r in records(tmp_path / "experiment", "val")] == [2]
-    assert time.monotonic() - started < 200

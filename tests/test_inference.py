@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import records, run_phalanx, write_digit_pngs
+from conftest import near_ties, records, run_phalanx, write_digit_pngs
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,10 @@ def test_ddp_evaluate_counts_every_image_once_and_equals_one_process(trained, tm
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["images"] == one["images"] == 359
-    assert two["confusion_matrix"] == one["confusion_matrix"] and two["top1"] == one["top1"]
+    # Exact, but for near-ties of the two best logits (none, here), which other batches may flip.
+    flips = sum(abs(a - b) for row_a, row_b in zip(one["confusion_matrix"], two["confusion_matrix"])
+                for a, b in zip(row_a, row_b))
+    assert flips <= 2 * near_ties(trained / "latest.pt")
     assert ddp.stdout.count("top-1") == 1  # rank 0 reports
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import USER_MODELS, records, run_phalanx, start_phalanx, wait_until, write_digit_pngs
+from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx, write_digit_pngs
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
 
@@ -56,11 +56,11 @@ def test_a_mid_epoch_resume_continues_the_same_augmented_stream(tmp_path, phalan
     common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
               "--no-progress", "--log-every", 1, "--mixup-alpha", 0.4, "--random-erasing", 0.5]
     cut = start_phalanx("train", "--name", "cut", *common,
-                        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), "PHALANX_TEST_DELAY": "0.03"})
+                        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), **gate(tmp_path / "gate", 20)})
     try:
-        wait_until(lambda: (tmp_path / "cut/metrics.jsonl").exists() and any(
-            r["epoch_progress"] > 0.3 for r in records(tmp_path / "cut", "train")), 120, "part of epoch 1")
+        paused(tmp_path / "gate")  # in the 20th step of epoch 1 (of 45)
         cut.send_signal(signal.SIGTERM)
+        release(tmp_path / "gate")
         assert cut.wait(timeout=60) == 143
     finally:
         cut.kill()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import USER_MODELS, records, run_phalanx, start_phalanx, wait_until
+from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx
 import reference
 
 TRAIN_SAMPLES = 1438  # the built-in digits after the 20% hold-out
@@ -70,12 +70,13 @@ def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_sche
     common = ["--model", "phalanx_testmodels:recorder", "--epochs", 3, "--batch-size", 32, "--log-every", 1,
               "--no-progress", "--checkpoints-dir", tmp_path, "--name", "run"]
     run = tmp_path / "run"
+    steps = 45 if before == 1 else 23  # per epoch
     cut = start_phalanx(*command(before), *common,
-                        env={"PHALANX_TEST_RECORD": str(tmp_path / "first"), "PHALANX_TEST_DELAY": "0.02"})
+                        env={"PHALANX_TEST_RECORD": str(tmp_path / "first"), **gate(tmp_path / "gate", steps + 8)})
     try:
-        wait_until(lambda: (run / "metrics.jsonl").exists() and any(
-            r["epoch"] == 2 and r["epoch_progress"] > 1.2 for r in records(run, "train")), 120, "epoch 2")
+        paused(tmp_path / "gate", ranks=before)  # every rank in the 8th step of epoch 2
         cut.send_signal(signal.SIGTERM)
+        release(tmp_path / "gate")
         _, err = cut.communicate(timeout=90)
     finally:
         cut.kill()

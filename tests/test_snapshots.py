@@ -137,7 +137,7 @@ def test_a_shared_reference_bomb_is_refused_quickly():
     started = time.monotonic()
     with pytest.raises(UnsafeSnapshot, match="more than"):
         loads(data)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # refused early; unbounded, the walk would take hours
 
 
 @pytest.mark.parametrize("records", [

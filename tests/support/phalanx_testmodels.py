@@ -10,8 +10,26 @@ import time
 from phalanx.models import SmallCNN
 
 
+def gate(model) -> None:
+    """At training forward $PHALANX_TEST_GATE_STEP of this process, write $PHALANX_TEST_GATE/paused-rank<R>
+    and wait until $PHALANX_TEST_GATE/go exists: a test signals or kills a process at a point known in
+    advance, on any machine, instead of racing a timer (conftest.paused, conftest.release)."""
+    step, folder = os.environ.get("PHALANX_TEST_GATE_STEP"), os.environ.get("PHALANX_TEST_GATE")
+    if not step or not folder or not model.training:
+        return
+    model._forwards = getattr(model, "_forwards", 0) + 1
+    if model._forwards != int(step):
+        return
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, f"paused-rank{os.environ.get('RANK', '0')}"), "w").close()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 class _Slow(SmallCNN):
     def forward(self, x):
+        gate(self)
         time.sleep(float(os.environ.get("PHALANX_TEST_DELAY", "0.02")))
         return super().forward(x)
 
@@ -86,6 +104,7 @@ class _Recorder(SmallCNN):
                 fh.write("".join(line + "\n" for line in lines))
 
     def forward(self, x):
+        gate(self)
         time.sleep(float(os.environ.get("PHALANX_TEST_DELAY", "0")))  # slow enough to interrupt
         if self.training:
             grad = self.features[0].weight.grad
