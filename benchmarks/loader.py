@@ -9,6 +9,12 @@ loader workers: phalanx's folder data set; torchvision's ImageFolder with v2 tra
 path every peer ships); torchvision's decode_jpeg with v2 transforms; and phalanx's training
 view with each augmentation recipe. Contenders are interleaved and repeated; medians with min-max.
 
+End to end: training a model that costs nothing (AdaptiveAvgPool2d(8) + Linear) on the small JPEG
+folder, one process, no loader workers, one thread, batch 64, SGD: a hand-written loop
+(``decode_jpeg`` + ``v2.Resize((32, 32))`` + normalise + a step) against ``phalanx train`` with
+``--augment none``, with ``--no-fast-decode``, and with its default augmentation (basic: pad-crop and
+flip); each a fresh process, samples/s of its second epoch (the first warms up).
+
 Startup: ``phalanx train --num-workers 2`` on folders of 10,000 and 100,000 small files, from process
 start to the first optimizer step, and the private memory (USS) of each loader worker after 50
 batches, for this phalanx and for the one before the input-pipeline work (``--before REV``).
@@ -131,6 +137,71 @@ def throughput(repeats: int) -> dict:
     return raw
 
 
+# --- end to end: the input path with a training step that costs nothing ---------------------------
+
+NOTHING = """import torch
+def model(num_classes, in_channels):
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(in_channels * 64, num_classes))
+"""
+
+HAND_LOOP = r'''
+import sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import ImageFolder
+from torchvision.io import decode_jpeg, read_file
+from torchvision.transforms import v2
+torch.set_num_threads(1)
+files = ImageFolder(sys.argv[1] + "/train").samples
+prepare = v2.Compose([v2.Resize((32, 32), antialias=True), v2.ToDtype(torch.float32, scale=True),
+                      v2.Normalize([0.5] * 3, [0.5] * 3)])
+class Jpeg(Dataset):
+    def __len__(self): return len(files)
+    def __getitem__(self, i): return prepare(decode_jpeg(read_file(files[i][0]))), files[i][1]
+model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(192, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+loader = DataLoader(Jpeg(), batch_size=64, shuffle=True, num_workers=0)
+for epoch in (1, 2):
+    started, count = time.perf_counter(), 0
+    for images, labels in loader:
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        count += len(labels)
+print(count / (time.perf_counter() - started))
+'''
+
+END_TO_END = {"hand-written loop": None, "phalanx --augment none": ["--augment", "none"],
+              "phalanx --augment none --no-fast-decode": ["--augment", "none", "--no-fast-decode"],
+              "phalanx default (basic: pad-crop + flip)": []}
+
+
+def end_to_end(repeats: int) -> dict:
+    import re
+
+    root = jpeg_folder("small")
+    (DATA / "nothing_model.py").write_text(NOTHING)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}", "PHALANX_CACHE": str(DATA / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    raw: dict = {}
+    for rep in range(repeats):
+        for name, flags in END_TO_END.items():
+            if flags is None:
+                done = subprocess.run([PYTHON, "-c", HAND_LOOP, str(root)], env=env, capture_output=True, text=True,
+                                      check=True)
+                value = float(done.stdout.strip().splitlines()[-1])
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model",
+                                           "--dataroot", str(root), "--image-size", "32", "--num-workers", "0",
+                                           "--epochs", "2", "--batch-size", "64", "--val-fraction", "0.01",
+                                           "--checkpoints-dir", tmp, "--no-progress", *flags], env=env,
+                                          capture_output=True, text=True, check=True)
+                value = float(re.search(r"epoch 2/2 .* ([\d,]+) samples/s", done.stdout).group(1).replace(",", ""))
+            raw.setdefault(name, []).append(value)
+            print(f"[end to end {rep + 1}/{repeats}] {name}: {value:.0f} samples/s", flush=True)
+    return raw
+
+
 # --- startup: time to first step, and loader workers' private memory ------------------------------
 
 def uss_mb(pid: int) -> float:
@@ -215,6 +286,12 @@ def markdown(results: dict) -> str:
             data_set, workers, name = key.split("|")
             width, height, size = SETS[data_set]
             lines.append(f"| {width}x{height} -> {size} | {workers} | {name} | {cell(stat, '.0f')} |")
+    if "end_to_end" in results:
+        hand = results["end_to_end"]["hand-written loop"]["median"]
+        lines += ["", "| training on 160x160 JPEGs -> 32, nothing to compute | samples/s | / hand-written |",
+                  "| --- | --- | --- |"]
+        for name, stat in results["end_to_end"].items():
+            lines.append(f"| {name} | {cell(stat, '.0f')} | {stat['median'] / hand:.2f} |")
     if "startup" in results:
         lines += ["", "| files | phalanx | first step (s) | loader worker USS (MB) |", "| --- | --- | --- | --- |"]
         for key, stats in results["startup"].items():
@@ -227,7 +304,7 @@ def markdown(results: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", choices=("throughput", "startup"))
+    parser.add_argument("--only", choices=("throughput", "endtoend", "startup"))
     parser.add_argument("--before", default="0224ace", help="the phalanx to compare startup with")
     opts = parser.parse_args()
     import platform
@@ -236,6 +313,8 @@ def main() -> int:
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
     if opts.only in (None, "throughput"):
         results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats).items()}
+    if opts.only in (None, "endtoend"):
+        results["end_to_end"] = {k: summary(v) for k, v in end_to_end(opts.repeats).items()}
     if opts.only in (None, "startup"):
         raw = startup(max(1, opts.repeats // 2), opts.before)
         results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}

@@ -127,3 +127,20 @@ def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(mo
     assert loader_workers(RunConfig(), local_processes=1, training_threads=1) == 7  # one GPU
     assert loader_workers(RunConfig(), local_processes=4, training_threads=1) == 1  # four GPU workers
     assert loader_workers(RunConfig(num_workers="3"), local_processes=8, training_threads=1) == 3
+
+
+def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypatch):
+    """PadCropFlip (phalanx's fast path) against the recipe it replaces, written out: pad with black,
+    crop at the drawn corner, flip when drawn; every draw."""
+    from phalanx.data.transforms import PadCropFlip
+
+    prepare = Prepare(8, 8, (0.5,), (0.25,))
+    image = torch.arange(64, dtype=torch.uint8).view(1, 8, 8) * 3
+    augment = PadCropFlip(prepare, 2, flip=True)
+    span = 5
+    for draw in range(span * span * 2):
+        monkeypatch.setattr(torch, "randint", lambda *args, draw=draw, **kwargs: torch.tensor(draw))
+        top, left, flipped = draw // (2 * span), draw // 2 % span, draw % 2 == 1
+        expected = torch.nn.functional.pad(image, (2,) * 4)[:, top:top + 8, left:left + 8]
+        expected = prepare.scale(expected.flip(-1) if flipped else expected)
+        assert torch.equal(augment(image), expected), draw

@@ -78,7 +78,8 @@ def decode(data: bytes, mode: str, min_side: int | None, fast: bool) -> torch.Te
         if size and min(size) >= DRAFT_REDUCTION * min_side:
             with Image.open(io.BytesIO(data)) as img:
                 img.draft(mode, (img.size[0] // DRAFT_REDUCTION, img.size[1] // DRAFT_REDUCTION))
-                return _to_tensor(img.convert(mode))
+                img.load()
+                return _to_tensor(img if img.mode == mode else img.convert(mode))
         torchvision_jpeg = _torchvision_jpeg()
         if torchvision_jpeg is not None:
             decode_jpeg, modes = torchvision_jpeg
@@ -87,7 +88,8 @@ def decode(data: bytes, mode: str, min_side: int | None, fast: bool) -> torch.Te
                 return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
                                    mode=modes.RGB if mode == "RGB" else modes.GRAY)
     with Image.open(io.BytesIO(data)) as img:
-        return _to_tensor(img.convert(mode))
+        img.load()
+        return _to_tensor(img if img.mode == mode else img.convert(mode))
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
@@ -128,10 +130,14 @@ def _torchvision_jpeg():
 
 
 def _to_tensor(img) -> torch.Tensor:
+    """A PIL image as a (C, H, W) uint8 tensor over its pixels' one copy, in height-width-channel
+    memory order (channels-last: the order the antialiased resize is fastest in); never written to."""
     array = np.asarray(img)
     if array.ndim == 2:
         array = array[:, :, None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+    with warnings.catch_warnings():  # read-only memory: the tensors made from it are only read
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array).permute(2, 0, 1)
 
 
 class ImageFiles(Dataset):
