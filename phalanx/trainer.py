@@ -211,8 +211,9 @@ class Trainer:
                                  **self._peak_memory()}, flush=True)
             self._save(metrics)
             shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
+            speed = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
             self.say(f"epoch {epoch}/{self.cfg.epochs}  {shown}  {self.task.summary(metrics)}  lr {self._lr():.4g}  "
-                     f"{rate:,.0f} samples/s  {time.perf_counter() - started:.1f}s")
+                     f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
             summary = {"epochs": epoch, **train, "metrics": metrics}
             if epoch < self.cfg.epochs and self._agreed_stop(self.stop.signum):
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
