@@ -4,7 +4,8 @@ about 20 minutes on 2 cores).
     .venv/bin/python benchmarks/detect.py [--repeats 7]
 
 The same model (torchvision's ``fasterrcnn_mobilenet_v3_large_320_fpn``, from scratch, 4 categories
-with the background), the same scenes (96 of the built-in digits pasted on 64-pixel canvases, COCO
+with the background, resized to 128 px inside the model: ``min_size = max_size = 128``, phalanx's
+``--image-size 128``), the same scenes (96 of the built-in digits pasted on 64-pixel canvases, COCO
 boxes; tests/support/phalanx_testdata.py), batch 4, SGD 0.01 (momentum 0.9, weight decay 1e-4), no
 augmentation, 3 epochs, one compute thread, no loader workers. The reference is the training loop
 of torchvision's ``references/detection/engine.py`` written out (the model's losses summed, backward,
@@ -29,14 +30,14 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PYTHON = sys.executable
 DATA = HERE / ".data"
-EPOCHS, BATCH, MODEL = 3, 4, "fasterrcnn_mobilenet_v3_large_320_fpn"
+EPOCHS, BATCH, MODEL, SIZE = 3, 4, "fasterrcnn_mobilenet_v3_large_320_fpn", 128
 
 REFERENCE = r'''
 import json, sys, time, torch
 from PIL import Image
 import numpy as np
 from torchvision.models import get_model
-root, epochs, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+root, epochs, batch, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5])
 torch.set_num_threads(1)
 coco = json.load(open(root + "/train/annotations.json"))
 boxes = {i["id"]: [] for i in coco["images"]}
@@ -51,9 +52,11 @@ class Scenes(torch.utils.data.Dataset):
         xyxy = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in found)],
                             dtype=torch.float32).reshape(-1, 4)
         return image.permute(2, 0, 1).float() / 255, {"boxes": xyxy,
-                                                       "labels": torch.tensor([a["category_id"] for a in found])}
+                                                       "labels": torch.tensor([a["category_id"] for a in found],
+                                                                                dtype=torch.int64)}
 torch.manual_seed(0)
-model = get_model(sys.argv[4], weights=None, weights_backbone=None, num_classes=4).train()
+model = get_model(sys.argv[4], weights=None, weights_backbone=None, num_classes=4, min_size=size,
+                  max_size=size).train()
 optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01, momentum=0.9,
                             weight_decay=1e-4)
 loader = torch.utils.data.DataLoader(Scenes(), batch_size=batch, shuffle=True, num_workers=0,
@@ -87,7 +90,7 @@ def env() -> dict:
 
 def phalanx(root: Path, work: Path) -> float:
     done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--task", "detect", "--model", MODEL, "--dataroot",
-                           str(root), "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--lr", "0.01",
+                           str(root), "--epochs", str(EPOCHS), "--image-size", str(SIZE), "--batch-size", str(BATCH), "--lr", "0.01",
                            "--warmup-epochs", "0", "--lr-schedule", "constant", "--augment", "none", "--num-workers",
                            "0", "--checkpoints-dir", str(work), "--no-progress"], env=env(), capture_output=True,
                           text=True)
@@ -98,8 +101,10 @@ def phalanx(root: Path, work: Path) -> float:
 
 
 def reference(root: Path) -> float:
-    done = subprocess.run([PYTHON, "-c", REFERENCE, str(root), str(EPOCHS), str(BATCH), MODEL], env=env(),
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([PYTHON, "-c", REFERENCE, str(root), str(EPOCHS), str(BATCH), MODEL, str(SIZE)], env=env(),
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])["images_per_s"]
 
 
@@ -120,7 +125,7 @@ def main() -> int:
     def cell(values: list[float], fmt: str) -> str:
         return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
-    lines = [f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores; {MODEL}, 96 scenes of 64 px, "
+    lines = [f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores; {MODEL}, 96 scenes of 64 px at {SIZE} px, "
              f"batch {BATCH}, {EPOCHS} epochs, {opts.repeats} interleaved repeats", "",
              "| contender | images/s | / reference, per repeat |", "| --- | --- | --- |",
              f"| torchvision reference loop | {cell(raw['torchvision reference loop'], '.2f')} | baseline |",

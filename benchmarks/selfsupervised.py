@@ -1,7 +1,7 @@
 """Self-supervised pretraining: phalanx ``--task simclr`` against the same SimCLR written with Lightly,
 and what the pretraining gives a classifier with few labels (run by hand; about 30 minutes on 2 cores).
 
-    .venv/bin/python benchmarks/ssl.py [--repeats 7] [--only speed|transfer]
+    .venv/bin/python benchmarks/selfsupervised.py [--repeats 7] [--only speed|transfer]
 
 Speed and kNN accuracy: the built-in digits as 32x32 RGB PNG folders (1,438 to train, 359 to
 validate), the backbone phalanx's smallcnn without its last layer, a projection head Linear-BN-ReLU-
@@ -13,7 +13,7 @@ epochs after the first; kNN accuracy after the last epoch.
 
 Transfer: the digits with 10% of the training split labelled (144 images): a linear probe (frozen
 backbone, 20 epochs) and a fine-tune (20 epochs) from the SimCLR backbone above and from a random
-one; three seeds each. Results: benchmarks/results/ssl.{json,md}.
+one; three seeds each. Results: benchmarks/results/selfsupervised.{json,md}.
 """
 
 from __future__ import annotations
@@ -218,8 +218,8 @@ def main() -> int:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     suffix = f"-{opts.only}" if opts.only else ""
-    (out / f"ssl{suffix}.json").write_text(json.dumps(results, indent=2))
-    (out / f"ssl{suffix}.md").write_text("\n".join(lines) + "\n")
+    (out / f"selfsupervised{suffix}.json").write_text(json.dumps(results, indent=2))
+    (out / f"selfsupervised{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
