@@ -18,7 +18,7 @@ from typing import Any
 
 from . import tasks
 from .errors import PhalanxError
-from .fields import check_fields, flag, option, parse_list, suggest
+from .fields import flag, option, parse_list, suggest
 
 DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
 AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
@@ -28,8 +28,9 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class RunConfig:
     # --- the run and where it lives
-    task: str = option("classify", "What to train: classify (default), or your own task as package.module:Class "
-                       "(see the README's \"Your own task\"). Recorded in checkpoints: evaluate, predict, export and "
+    task: str = option("classify", "What to train: classify (default), translate (pix2pix), simclr, byol, "
+                       "detect, segment, or your own task as package.module:Class (see the README's \"Your own "
+                       "task\"). Recorded in checkpoints: evaluate, predict, export and "
                        "--resume need no --task.", metavar="NAME")
     task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "
                                 "your own task, or a task: section of --config).", cli=False)
@@ -40,8 +41,9 @@ class RunConfig:
                                 "checkpoint in the run directory.", identity=False, metavar="PATH|auto")
     overwrite: bool = option(False, "Replace a previous run in the run directory.", identity=False)
     # --- data
-    dataroot: str | None = option(None, "Data directory: ImageFolder layout (DIR/train/<class>/*.png, "
-                                  "optional DIR/val/) or torchvision's files for --dataset.",
+    dataroot: str | None = option(None, "Data directory: for classify an ImageFolder layout "
+                                  "(DIR/train/<class>/*.png, optional DIR/val/) or torchvision's files for "
+                                  "--dataset; the other tasks' layouts are in the README.",
                                   identity=False, metavar="DIR")
     dataset: str | None = option(None, "Dataset kind. Default: 'folder' with --dataroot, else the "
                                  "built-in 8x8 digits (offline).", choices=DATASETS)
@@ -75,8 +77,10 @@ class RunConfig:
                                "the README's tolerance of a full decode); --no-fast-decode for the full "
                                "decode.", identity=False)
     # --- model
-    model: str = option("smallcnn", "'smallcnn', a torchvision classification model (resnet18, ...), "
-                        "or 'package.module:function' returning an nn.Module.", metavar="NAME")
+    model: str = option("smallcnn", "'smallcnn', a torchvision model of the task's kind (resnet18, "
+                        "fasterrcnn_mobilenet_v3_large_320_fpn, ...), timm/NAME (timm's zoo), or "
+                        "'package.module:function' returning an nn.Module. Each task has its default.",
+                        metavar="NAME")
     weights: str | None = option(None, "Start from these weights: a state dict or phalanx checkpoint file, or a "
                                  "torchvision weights name (ResNet18_Weights.IMAGENET1K_V1) found in torch's hub "
                                  "cache. A classifier head of another size starts anew.", identity=False,

@@ -145,6 +145,14 @@ def head_module(model: nn.Module) -> tuple[str, nn.Module]:
     return linears[-1]
 
 
+def backbone_of(model: nn.Module) -> tuple[nn.Module, int]:
+    """A classifier without its last Linear layer (replaced by the identity), and its feature size."""
+    name, head = head_module(model)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    setattr(parent, name.rpartition(".")[2], nn.Identity())
+    return model, head.in_features
+
+
 class Backbone:
     """``--freeze-backbone``: everything but the head stops learning, BatchNorm statistics included."""
 

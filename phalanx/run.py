@@ -19,7 +19,7 @@ from .config import RunConfig
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
-from .parallel import (Placement, Strategy, check_gpu_ids, elastic_restart_count, missing_gpus, placement, plan_run,
+from .parallel import (Placement, Strategy, elastic_restart_count, missing_gpus, placement, plan_run,
                        strategy_for)
 from .preempt import Preempted, StopRequest
 from .sampling import steps_per_epoch
@@ -112,7 +112,7 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
     try:
         resume = rundir.plan(cfg)
         action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume
-                  else f"no checkpoint there: a new run (--resume auto)" if cfg.resume == "auto"
+                  else "no checkpoint there: a new run (--resume auto)" if cfg.resume == "auto"
                   else "replaces the run there" if cfg.overwrite and rundir.holds_a_run(cfg.run_dir) else "a new run")
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"

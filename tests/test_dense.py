@@ -94,6 +94,13 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
     direct = _direct_coco(best, scenes)
     assert list(one_result["coco"].values()) == direct  # the same numbers, not merely close
     assert max(r["mAP"] for r in records(detector / "trained", "val")) == pytest.approx(direct[0], abs=1e-12)
+    # --dataroot: a folder read as one split (DIR/val/ here, no train/ needed)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other/val").symlink_to(scenes / "val")
+    other = run_phalanx("evaluate", "--checkpoint", best, "--dataroot", tmp_path / "other", "--output",
+                        tmp_path / "other.json", env=USER_MODELS)
+    assert other.code == 0, other.err
+    assert json.loads((tmp_path / "other.json").read_text())["coco"] == one_result["coco"]
 
 
 def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torchscript(detector, scenes, tmp_path,
@@ -123,6 +130,33 @@ def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx)
     assert result.code == 0, result.err
 
 
+def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categories(tmp_path, phalanx, monkeypatch):
+    from torchvision.models import get_model, get_weight
+
+    # "COCO weights" (91 categories) made here and put where torch's hub cache keeps them.
+    name = "FasterRCNN_MobileNet_V3_Large_320_FPN_Weights.COCO_V1"
+    torch.manual_seed(123)  # not the run's seed: weights that differ from the run's own initialisation
+    coco = get_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights=None, weights_backbone=None, num_classes=91)
+    hub = tmp_path / "torch"
+    monkeypatch.setenv("TORCH_HOME", str(hub))
+    small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
+    missing = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name)
+    assert missing.code == 2 and "phalanx does not download" in missing.err
+    (hub / "hub/checkpoints").mkdir(parents=True)
+    torch.save(coco.state_dict(), hub / "hub/checkpoints" / os.path.basename(get_weight(name).url))
+    result = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name, "--image-size", 64,
+                     "--epochs", 1, "--batch-size", 2, "--lr", 1e-12, "--checkpoints-dir", tmp_path / "ck",
+                     "--no-progress")  # a learning rate that leaves the loaded weights as they were
+    assert result.code == 0, result.err
+    # The box predictor is for 3 categories + background now: replaced, and said so.
+    assert "replaced (another shape, trained anew" in result.out and "cls_score.weight 91x1024 -> 4x1024" in result.out
+    saved = torch.load(tmp_path / "ck/experiment/latest.pt", weights_only=True)["models"]["detector"]
+    # (parameters: BatchNorm's running statistics move in training whatever the learning rate)
+    loaded = {k: v.detach() for k, v in coco.named_parameters() if not k.startswith("roi_heads.box_predictor.")}
+    assert len(loaded) > 100 and all(torch.allclose(saved[k], v, atol=1e-6) for k, v in loaded.items())
+    assert saved["roi_heads.box_predictor.cls_score.weight"].shape[0] == 4
+
+
 def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scenes, tmp_path):
     common = [*SEGMENTER, "--dataroot", scenes, "--batch-size", 8, "--lr", 0.05, "--checkpoints-dir", tmp_path]
     trained = run_phalanx("train", *common, "--epochs", 8, "--name", "trained", env=USER_MODELS)
@@ -143,6 +177,10 @@ def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scene
     one_result, two_result = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert one_result["confusion_matrix"] == two_result["confusion_matrix"] and one_result["images"] == 41
     assert one_result["metrics"]["mIoU"] == two_result["metrics"]["mIoU"] == pytest.approx(max(miou), abs=1e-12)
+    other = run_phalanx("evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output",
+                        tmp_path / "other.json", env=USER_MODELS)  # the split itself as --dataroot
+    assert other.code == 0, other.err
+    assert json.loads((tmp_path / "other.json").read_text())["metrics"]["mIoU"] == one_result["metrics"]["mIoU"]
     predicted = run_phalanx("predict", "--checkpoint", best, scenes / "val/images/0001.png", "--output",
                             tmp_path / "out", env=USER_MODELS)
     assert predicted.code == 0, predicted.err

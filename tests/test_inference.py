@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +87,34 @@ def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, ph
     assert right >= 24  # 16x16 PNGs of the digits, prepared as validation prepares 8x8 ones
     csv = phalanx("predict", "--checkpoint", trained / "latest.pt", folder / "digit1", "--output", tmp_path / "p.csv")
     assert csv.code == 0 and (tmp_path / "p.csv").read_text().startswith("path,class,probability,top_k\n")
+
+
+def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, phalanx, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from phalanx.inference.model import load_trained
+
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 8, 8), dtype=np.uint8)
+    for i, image in enumerate(pixels):
+        Image.fromarray(image).save(tmp_path / f"{i}.png")
+    result = phalanx("predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features",
+                     "--output", tmp_path / "features.npy")
+    assert result.code == 0, result.err
+    names = (tmp_path / "features.txt").read_text().splitlines()
+    assert [Path(n).name for n in names] == [f"{i}.png" for i in range(5)]
+    # By hand: 8x8 grayscale as validation prepares it ([-1, 1]); the features are what the last
+    # Linear layer receives, caught with a hook on an untouched model.
+    model = load_trained(str(trained / "latest.pt")).models["model"].eval()
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    seen = []
+    last.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        model((torch.from_numpy(pixels).float()[:, None] / 255 - 0.5) / 0.5)
+    assert np.allclose(np.load(tmp_path / "features.npy"), seen[0].numpy(), atol=1e-5)
+    wrong = phalanx("predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features", "--output",
+                    tmp_path / "f.csv")
+    assert wrong.code == 2 and "must end in .npy" in wrong.err
 
 
 @pytest.mark.parametrize("kind, suffix, loader", [

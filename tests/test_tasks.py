@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, USER_MODELS, records, run_phalanx, snapshot_tree
+from conftest import REPO, records, run_phalanx, snapshot_tree
 import reference
 
 EXAMPLE = REPO / "examples" / "tasks"

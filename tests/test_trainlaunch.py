@@ -20,7 +20,6 @@ from phalanx.launch import describe, plan_launch
 from phalanx.models import SmallCNN
 from phalanx.cluster import Placement
 from phalanx.parallel import cpu_threads_per_worker, worker_device
-from phalanx.rundir import read_metrics
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
     # The exact command of the issue, from a fresh directory (default ./checkpoints/experiment).

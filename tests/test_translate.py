@@ -72,6 +72,11 @@ def test_a_translation_that_can_be_learned_is_learned(tmp_path, phalanx):
     import json
 
     assert json.loads((tmp_path / "e.json").read_text())["metrics"]["PSNR"] == pytest.approx(max(psnr), rel=1e-9)
+    # --dataroot: a folder of pairs read as one split (no train/ needed)
+    other = phalanx("evaluate", "--checkpoint", tmp_path / "ck/experiment/best.pt", "--dataroot", data / "val",
+                    "--output", tmp_path / "o.json")
+    assert other.code == 0, other.err
+    assert json.loads((tmp_path / "o.json").read_text())["metrics"]["PSNR"] == pytest.approx(max(psnr), rel=1e-9)
 
 
 def test_the_plain_layout_trains_and_predict_translates_an_image_three_times_larger(tmp_path, phalanx):
@@ -152,6 +157,10 @@ def test_export_writes_the_generator_and_it_runs_without_phalanx(tmp_path, phala
             "torch.save(out, sys.argv[3]); assert 'phalanx' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, tmp_path / "g.pt2", tmp_path / "x.pt", tmp_path / "y.pt"], check=True)
     assert (torch.load(tmp_path / "y.pt") - expected).abs().max() < 1e-5
+    no_features = phalanx("predict", "--checkpoint", tmp_path / "ck/experiment/latest.pt", data / "val", "--features",
+                          "--output", tmp_path / "f.npy")
+    assert no_features.code == 2 and "--task translate has no network that makes features" in no_features.err
+    assert not (tmp_path / "f.npy").exists()
 
 
 def _bad_pairs(root: Path) -> dict[str, Path]:

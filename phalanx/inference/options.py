@@ -27,8 +27,11 @@ class EvaluateOptions:
 @dataclass(frozen=True)
 class PredictOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    output: str = option(None, "Where to write the predictions: .csv or .jsonl (classify); a folder (translate).",
-                         metavar="PATH")
+    output: str = option(None, "Where to write the predictions: .csv or .jsonl (classify), a folder (translate, "
+                         "segment), .json (detect), .npy (simclr, byol, --features).", metavar="PATH")
+    features: bool = option(False, "Write each image's features instead (OUTPUT.npy, one row per image, the image "
+                            "list in OUTPUT.txt): a classifier without its last Linear layer, a SimCLR/BYOL "
+                            "backbone.")
     top_k: int = option(5, "How many of the most likely classes to list per image.", metavar="K")
     batch_size: int = option(64, "Images per batch.", metavar="N")
     gpu_ids: tuple[int, ...] = option((), "GPU to predict on (-1 or none: CPU).", metavar="ID")

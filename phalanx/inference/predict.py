@@ -8,16 +8,28 @@ import sys
 
 from ..data.inputs import image_paths
 from ..errors import EXIT_FAILED, PhalanxError
+from ..tasks.features import check_features_output, write_features
+from ..tasks import Task
 from .model import device_for, load_trained
 from .options import PredictOptions
 
 
 def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
     trained = load_trained(opts.checkpoint, opts.ema)
-    trained.task.check_predict_output(opts.output)
+    task = trained.task
+    if opts.features:
+        if type(task).feature_inputs is Task.feature_inputs:
+            raise PhalanxError(f"--task {trained.config.task} has no network that makes features of an image "
+                               "(classify, simclr and byol have)", "--features")
+        check_features_output(opts.output)
+    else:
+        task.check_predict_output(opts.output)
     paths = image_paths(paths_given)
     device = device_for(opts.gpu_ids)
-    predicted, skipped = trained.task.predict(trained, paths, opts, device)
+    if opts.features:
+        predicted, skipped = write_features(*task.feature_inputs(trained, paths), paths, opts, device, task.cfg)
+    else:
+        predicted, skipped = task.predict(trained, paths, opts, device)
     for path, why in skipped:
         print(f"phalanx: warning: skipped {path}: {why}", file=sys.stderr, flush=True)
     if not predicted:

@@ -21,7 +21,9 @@ any world size) or a 0-dim mean over the micro-batch's samples (weighted by them
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -60,6 +62,14 @@ class Evaluation:
 def full_precision(tensor: torch.Tensor) -> torch.Tensor:
     """Autocast's half-precision outputs as float32 for metrics; float32 and float64 as they are."""
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def fixed_sample(length: int, count: int, seed: int) -> list[int]:
+    """``count`` indices of ``range(length)``, chosen by the seed and sorted: the same samples shown
+    every epoch, so the dashboard shows the outputs change as training goes."""
+    order = list(range(length))
+    random.Random(seed).shuffle(order)
+    return sorted(order[:count])
 
 
 def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
@@ -236,9 +246,21 @@ class Task:
         no training data: ``build_models`` reads ``data.info`` only)."""
 
     def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        """``evaluate``'s data: the run's validation split, or the task's reading of ``--dataroot``."""
-        data = self.build_data()
-        return data.val, f"the run's validation split ({data.description})"
+        """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (else
+        DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
+        if dataroot:
+            root = Path(dataroot)
+            found = self.evaluation_split(trained, root / "val" if (root / "val").is_dir() else root)
+            if found is not None:
+                return found
+        data = self.build_data()  # from this command's configuration: --dataroot if given
+        return data.val, f"the run's validation split ({data.description})" if not dataroot else \
+            f"the validation split of {data.description}"
+
+    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str] | None:
+        """``evaluate --dataroot``: one folder read as a split of this task's data (no train/ needed),
+        and what it is; None: read DIR as ``build_data`` does and take its validation split."""
+        return None
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
         """``evaluate``'s results beyond the metrics (JSON-able)."""
@@ -251,6 +273,11 @@ class Task:
         """``predict``: write what the task makes of each image; returns (images predicted,
         [(path, why it was skipped)])."""
         raise PhalanxError(f"--task {self.name or type(self).__name__} has no predict", "--checkpoint")
+
+    def feature_inputs(self, trained: Any, paths: list) -> tuple[nn.Module, Dataset] | None:
+        """``predict --features``: the network whose outputs are an image's features, and the images
+        prepared for it (``data.inputs.InputImages``); None where the task has no such network."""
+        return None
 
     def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         """``export``: the networks to write (by name) with an example input each."""

@@ -24,7 +24,7 @@ from ..data.images import ImageFiles, PathTable
 from ..data.inputs import InputImages, collate_inputs
 from ..data.manifest import checked
 from ..errors import PhalanxError
-from ..finetune import Backbone, load_weights, param_groups
+from ..finetune import Backbone, backbone_of, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from ..progress import ProgressBar
@@ -206,6 +206,13 @@ class ClassifyTask(Task):
             for name, row in zip(classes, results["confusion_matrix"]):
                 lines.append(f"{name[:width - 1]:<{width}}" + "".join(f"{v:>{width}}" for v in row))
         return "\n".join(lines)
+
+    def feature_inputs(self, trained: Any, paths: list[Path]) -> tuple[nn.Module, Dataset]:
+        """The classifier without its last Linear layer, on images prepared as validation prepares them."""
+        pipeline = pipeline_of(trained.info)
+        images = InputImages(paths, "L" if trained.info["channels"] == 1 else "RGB",
+                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
+        return backbone_of(trained.models[self.primary_model])[0], images
 
     def check_predict_output(self, output: str) -> None:
         if Path(output).suffix not in (".csv", ".jsonl"):

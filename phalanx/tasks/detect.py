@@ -13,7 +13,6 @@ import contextlib
 import copy
 import io
 import json
-import random
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,7 +29,7 @@ from ..errors import PhalanxError
 from ..pictures import png
 from ..progress import ProgressBar
 from . import BUILTIN
-from .base import Evaluation, Task, TaskData, pane
+from .base import Evaluation, Task, TaskData, fixed_sample, pane
 from .options import DetectOptions
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
@@ -190,17 +189,10 @@ class DetectTask(Task):
                              [("mAP", "mAP@[.5:.95]"), ("mAP50", "mAP@.5"), ("ema_mAP", "EMA mAP@[.5:.95]")])]
 
     def visuals(self, data: TaskData) -> "DetectionSample":
-        order = list(range(len(data.val)))
-        random.Random(self.cfg.seed).shuffle(order)
-        return DetectionSample(self, [data.val[i] for i in sorted(order[:SHOWN])])
+        return DetectionSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
 
     # --- using a checkpoint
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        if not dataroot:
-            data = self.build_data()
-            return data.val, f"the run's validation split ({data.description})"
-        root = Path(dataroot)
-        split = root / "val" if (root / "val").is_dir() else root
+    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str]:
         self.val_split = load_split(split, None, skip_broken=False, categories=self.categories)
         return CocoImages(self.val_split), f"{split} ({len(self.val_split)} images)"
 

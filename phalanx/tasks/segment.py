@@ -8,7 +8,6 @@ IoU of each class, their mean (mIoU) and the pixel accuracy.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,7 +25,7 @@ from ..errors import PhalanxError
 from ..pictures import denormalize, png, strip
 from ..progress import ProgressBar
 from . import BUILTIN
-from .base import Evaluation, Task, TaskData, full_precision, pane
+from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import SegmentOptions
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101",
@@ -207,17 +206,10 @@ class SegmentTask(Task):
                      [("pixel_acc", "pixel accuracy")], percent=True)]
 
     def visuals(self, data: TaskData) -> "SegmentationSample":
-        order = list(range(len(data.val)))
-        random.Random(self.cfg.seed).shuffle(order)
-        return SegmentationSample(self, [data.val[i] for i in sorted(order[:SHOWN])])
+        return SegmentationSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
 
     # --- using a checkpoint
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        if not dataroot:
-            data = self.build_data()
-            return data.val, f"the run's validation split ({data.description})"
-        root = Path(dataroot)
-        split = root / "val" if (root / "val").is_dir() else root
+    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str]:
         found = find_masks(split, self.classes, self.options.ignore_index, skip_broken=False)
         return MaskPairs(found, self.transforms(trained.info["size"], False)), f"{split} ({len(found)} pairs)"
 

@@ -13,28 +13,25 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .. import records
-from ..atomic import atomic_write, atomic_write_text
-from ..data import Mapped, SeededView, dataset_labels, loader_workers, transforms
-from ..data.inputs import InputImages, collate_inputs
+from ..data import Mapped, SeededView, dataset_labels, transforms
+from ..data.inputs import InputImages
 from ..data.sources import load
 from ..errors import PhalanxError
-from ..finetune import head_module
+from ..finetune import backbone_of
 from ..models import build_model, required_channels
 from ..pictures import denormalize, png, strip
-from ..progress import ProgressBar
 from ..sampling import ShardSampler, derive_seed
 from . import BUILTIN
-from .base import Evaluation, Task, TaskData, full_precision, pane
+from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from .features import check_features_output, write_features
 from .options import BYOLOptions, SimCLROptions
 
 SHOWN = 8  # training images drawn each epoch with their two views
@@ -113,14 +110,6 @@ def mlp(inputs: int, hidden: int, outputs: int, norm: str) -> nn.Module:
     layers: list[nn.Module] = [nn.Linear(inputs, hidden, bias=norm == "none")]
     layers += [nn.BatchNorm1d(hidden)] if norm == "batch" else []
     return nn.Sequential(*layers, nn.ReLU(inplace=True), nn.Linear(hidden, outputs))
-
-
-def backbone_of(model: nn.Module) -> tuple[nn.Module, int]:
-    """A classifier without its last Linear layer (replaced by the identity), and its feature size."""
-    name, head = head_module(model)
-    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-    setattr(parent, name.rpartition(".")[2], nn.Identity())
-    return model, head.in_features
 
 
 def knn_predict(features: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, classes: int, k: int,
@@ -284,15 +273,10 @@ class SelfSupervisedTask(Task):
                      [("view_loss", "view loss")])]
 
     def visuals(self, data: TaskData) -> "ViewSample":
-        order = list(range(len(data.train)))
-        random.Random(self.cfg.seed).shuffle(order)
-        return ViewSample(data.train, sorted(order[:SHOWN]), data.info["mean"], data.info["std"])
+        return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
+                          data.info["std"])
 
     # --- using a checkpoint
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        data = self.build_data()
-        return data.val, f"{'the run' if not dataroot else dataroot}'s validation split ({data.description})"
-
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
         knn = f"  kNN accuracy {100 * m['knn_acc']:.2f}%" if "knn_acc" in m else ""
@@ -300,40 +284,16 @@ class SelfSupervisedTask(Task):
                f"{m['view_loss']:.4f}{knn}"
 
     def check_predict_output(self, output: str) -> None:
-        if Path(output).suffix != ".npy":
-            raise PhalanxError(f"must end in .npy: the backbone's features, one row per image, with the image list "
-                               f"beside it in .txt (got {Path(output).name})", "--output")
+        check_features_output(output)
 
-    @torch.no_grad()
     def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
-        """The backbone's features of each image (as validation prepares it), to OUTPUT.npy, and the
-        images' paths, one a line and in the same order, to OUTPUT.txt."""
+        """The backbone's features of each image: what ``predict --features`` writes."""
+        return write_features(*self.feature_inputs(trained, paths), paths, opts, device, self.cfg)
+
+    def feature_inputs(self, trained: Any, paths: list[Path]) -> tuple[nn.Module, Dataset]:
         info = trained.info
         prepare = transforms.Prepare(info["size"], info["size"], tuple(info["mean"]), tuple(info["std"]))
-        dataset = InputImages(paths, "L" if info["channels"] == 1 else "RGB", prepare)
-        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
-                                 torch.get_num_threads() if device.type == "cpu" else 1)
-        loader = DataLoader(dataset, batch_size=opts.batch_size, num_workers=workers, collate_fn=collate_inputs)
-        backbone = trained.models["backbone"].to(device)
-        rows, names, skipped = [], [], []
-        bar = ProgressBar(len(loader), "predict", opts.progress)
-        for indices, images, _, bad in loader:
-            skipped += [(paths[i], why) for i, why in bad]
-            if images:
-                rows.append(full_precision(backbone(torch.stack(images).to(device))).float().cpu().numpy())
-                names += [str(paths[i]) for i in indices]
-            bar.update(len(indices) + len(bad), lambda: 0.0)
-        bar.close()
-        if names:
-            output = Path(opts.output)
-            features = np.concatenate(rows)
-
-            def write(fh):
-                np.save(fh, features)
-
-            atomic_write(output, write)
-            atomic_write_text(output.with_suffix(".txt"), "".join(name + "\n" for name in names))
-        return len(names), skipped
+        return trained.models["backbone"], InputImages(paths, "L" if info["channels"] == 1 else "RGB", prepare)
 
     def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size, channels = trained.info["size"], trained.info["channels"]

@@ -10,7 +10,6 @@ Validation: per target, L1, PSNR and SSIM over every validation image once, at a
 from __future__ import annotations
 
 import contextlib
-import random
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,7 +27,7 @@ from ..errors import PhalanxError
 from ..pictures import png, strip
 from ..progress import ProgressBar
 from . import BUILTIN
-from .base import Evaluation, Task, TaskData, full_precision, pane
+from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
 from .translate_nets import build_discriminator, build_generator, check_generator
 
@@ -219,17 +218,10 @@ class TranslateTask(Task):
         return panes
 
     def visuals(self, data: TaskData) -> "TranslationSample":
-        order = list(range(len(data.val)))
-        random.Random(self.cfg.seed).shuffle(order)
-        return TranslationSample(self, [data.val[i] for i in sorted(order[:SHOWN])])
+        return TranslationSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
 
     # --- using a checkpoint
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        if not dataroot:
-            data = self.build_data()
-            return data.val, f"the run's validation split ({data.description})"
-        root = Path(dataroot)
-        split = root / "val" if (root / "val").is_dir() else root
+    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str]:
         pairs = find_pairs(split, self.targets, skip_broken=False)
         size = trained.info["size"]
         return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \

@@ -147,7 +147,7 @@ class RunPlots:
 def status_rows(history: History) -> list[tuple[str, str]]:
     """Run name, state, progress, speed, time, best accuracy, world, and the key options."""
     options = history.options
-    statuses, train, val = of_kind(history, "status"), of_kind(history, "train"), of_kind(history, "val")
+    statuses, train = of_kind(history, "status"), of_kind(history, "train")
     start = next((r for r in reversed(statuses) if r["state"] in ("running", "restarted")), None)
     state = "finished" if of_kind(history, "end") else statuses[-1]["state"] if statuses else "running"
     epochs = options.get("epochs", 0)

@@ -17,7 +17,7 @@ from torch import nn
 
 from phalanx.data import SeededView
 from phalanx.fields import option
-from phalanx.tasks import Evaluation, Task, TaskData
+from phalanx.tasks import Task, TaskData
 
 try:  # the worked example, from examples/tasks (on PYTHONPATH in the tests that use it)
     from adversarial_autoencoder import AdversarialAutoencoder
