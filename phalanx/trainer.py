@@ -265,7 +265,7 @@ class Trainer:
 
     def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
         """The rest of one epoch from ``self.position``; returns the epoch's named train losses
-        (all ranks, the whole epoch) and the samples/s of this process's part."""
+        (all ranks, the whole epoch) and the samples/s of all ranks together."""
         self.task.train_mode(self.models)
         total = self.num_train
         plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.batch_size,

@@ -116,6 +116,9 @@ def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torch
             "assert 'phalanx' not in sys.modules; print(sorted(out[1][0]))")
     shown = subprocess.run([sys.executable, "-c", code, str(tmp_path / "det.ts")], capture_output=True, text=True)
     assert shown.returncode == 0 and "boxes" in shown.stdout, shown.stderr[-1000:]
+    program = phalanx("export", "--checkpoint", detector / "trained/best.pt", "--format", "exported-program",
+                      "--output", tmp_path / "det.pt2")
+    assert program.code == 2 and "exports as torchscript only" in program.err and not (tmp_path / "det.pt2").exists()
 
 
 def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx):

@@ -37,11 +37,14 @@ def export(opts: ExportOptions) -> list[Path]:
     output = Path(opts.output)
     check_output(output, opts.format)
     trained = load_trained(opts.checkpoint, opts.ema)
+    scripted = trained.task.script_export
+    if scripted and opts.format != "torchscript":
+        raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
+                           "list of images, which torch.export cannot follow)", "--format")
     modules = trained.task.export_modules(trained)
     written = []
     for name, (module, example) in modules.items():
         path = output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
-        scripted = getattr(trained.task, "script_export", False)
         _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name,
                scripted)
         meta = {**trained.task.export_metadata(trained), "network": name, "task": trained.config.task,

@@ -96,7 +96,9 @@ class Task:
     - ``best_metric``: ``(validation metric, "max" | "min")`` that picks ``best.pt``;
     - ``manual_optimization``: the step calls ``ctx.backward``/``ctx.step`` itself;
     - ``find_unused_parameters``: DDP's option, for networks whose forward leaves parameters out;
-    - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one).
+    - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one);
+    - ``script_export``: ``export`` scripts the networks (TorchScript only), for networks whose input
+      is not one tensor (a detector's list of images), which tracing and ``torch.export`` cannot follow.
     """
 
     name = ""
@@ -108,6 +110,7 @@ class Task:
     manual_optimization = False
     find_unused_parameters = False
     ema_models: tuple[str, ...] | None = None
+    script_export = False
     metric_labels: dict[str, str] = {}
 
     def __init__(self, cfg: Any):

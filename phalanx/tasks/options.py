@@ -27,7 +27,9 @@ def _not_negative(obj, *names: str) -> None:
 
 @dataclass(frozen=True)
 class ClassifyOptions:
-    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data).", metavar="N")
+    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data; --task segment: "
+                              "the masks' classes, background included, 0: the largest mask value + 1).",
+                              metavar="N")
     label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E")
     mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A")
     cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
@@ -87,8 +89,10 @@ def _check_ssl(options) -> None:
 @dataclass(frozen=True)
 class SimCLROptions:
     temperature: float = option(0.5, "NT-Xent temperature.", metavar="T")
-    projection_dim: int = option(128, "Output size of the projection head.", metavar="N")
-    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size).", metavar="N")
+    projection_dim: int = option(128, "Output size of the projection head (and BYOL's prediction head).",
+                                 metavar="N")
+    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size; --task byol: "
+                             "of its projection and prediction heads, 0: 4 x the feature size).", metavar="N")
     head_norm: str = option("batch", "Normalisation in the projection head: batch (SimCLR's) or none (with a backbone "
                             "without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
                             choices=("batch", "none"))
