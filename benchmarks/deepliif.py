@@ -1,4 +1,4 @@
-"""phalanx ``--task translate`` beside DeepLIIF's own trainer (run by hand; about 40 minutes on 2 cores).
+"""phalanx ``--task translate`` beside DeepLIIF's own trainer (run by hand; about 10 minutes on 2 cores).
 
     .venv/bin/python benchmarks/deepliif.py [--repeats 7] [--epochs 3]
 

@@ -1,5 +1,5 @@
 """How far float32 DDP lands from one process, and from honest regroupings of the same batches
-(run by hand; about 15 minutes on 2 cores).
+(run by hand; about 17 minutes on 2 cores).
 
     .venv/bin/python benchmarks/float32_rounding.py
 
