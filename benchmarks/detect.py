@@ -1,5 +1,5 @@
 """phalanx ``--task detect`` against the loop of torchvision's detection reference (run by hand;
-about 20 minutes on 2 cores).
+about 25 minutes on 2 cores).
 
     .venv/bin/python benchmarks/detect.py [--repeats 7]
 

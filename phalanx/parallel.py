@@ -161,11 +161,6 @@ class Strategy:
         """Cores the training computation itself keeps busy (loader workers get the rest)."""
         return torch.get_num_threads() if self.device.type == "cpu" else 1
 
-    @property
-    def num_devices(self) -> int:
-        """Devices that share one optimizer step: the factor of ``--scale-lr linear``."""
-        return 1
-
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         return model.to(self.device)
 
@@ -224,10 +219,6 @@ class DataParallelStrategy(Strategy):
         super().__init__(torch.device("cuda", gpu_ids[0]))
         self.gpu_ids = gpu_ids
 
-    @property
-    def num_devices(self) -> int:
-        return len(self.gpu_ids)
-
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         return nn.DataParallel(model.to(self.device), device_ids=list(self.gpu_ids), output_device=self.gpu_ids[0])
 
@@ -265,10 +256,6 @@ class DDPStrategy(Strategy):
         # device_id binds NCCL to this worker's GPU; gloo ignores it and takes the CPU.
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
-
-    @property
-    def num_devices(self) -> int:
-        return self.world_size
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         model = prepare_model(model, self.sync_bn).to(self.device)

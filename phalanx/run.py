@@ -105,7 +105,16 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
     input fails here as it would), and the run directory (said, as a real run would stop there)."""
     task = build_task(cfg)
-    data, models = build_networks(cfg, task)
+    data = task.build_data()
+    try:
+        # On the meta device: a plan counts parameters without allocating them (a --hidden-dim of a
+        # million must not take the machine's memory in a dry run).
+        with torch.device("meta"):
+            models = task.build_models(data)
+    except PhalanxError:
+        raise
+    except Exception:  # a network that cannot be built on meta: build it as the run will
+        data, models = build_networks(cfg, task)
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")

@@ -1,6 +1,6 @@
 """Deliberate bugs, and the test that must catch each one (run by hand, not in CI).
 
-    .venv/bin/python scripts/mutants.py                 # every mutant, about 16 minutes on 2 cores
+    .venv/bin/python scripts/mutants.py                 # every mutant, about 25 minutes on 2 cores
     .venv/bin/python scripts/mutants.py --only rank     # those whose name contains "rank"
     .venv/bin/python scripts/mutants.py --list
     .venv/bin/python scripts/mutants.py --ref HEAD      # a commit, not the working tree (keep editing)
@@ -46,8 +46,9 @@ MUTANTS = [
     Mutant("metrics trimmed by epoch at resume", "phalanx/rundir.py",
            'if (r.get("step", 0) <= last_step if r.get("kind") == "train" else r.get("epoch", 0) <= last_epoch)]',
            'if r.get("epoch", 0) <= last_epoch]', (f"{RELIABILITY} -k preempted_train",)),
-    Mutant("DDP device count forced to 1", "phalanx/parallel.py", "        return self.world_size\n",
-           "        return 1\n", (f"{EQUIV} -k float64_ddp_one_process",)),
+    Mutant("DDP device count forced to 1", "phalanx/parallel.py",
+           'mode, devices, world, sharing = "ddp", (device,), env.world_size, env.world_size',
+           'mode, devices, world, sharing = "ddp", (device,), env.world_size, 1', (f"{EQUIV} -k float64_ddp_one_process",)),
     Mutant("autocast never applied", "phalanx/context.py", "        if self.amp_dtype is None:",
            "        if True:", ("tests/test_train.py -k autocast",)),
     Mutant("plain-data check removed from the loader", "phalanx/snapshots.py",
