@@ -114,7 +114,8 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
     except PhalanxError:
         raise
     except Exception:  # a network that cannot be built on meta: build it as the run will
-        data, models = build_networks(cfg, task)
+        torch.manual_seed(cfg.seed)
+        models = task.build_models(data)
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")

@@ -97,12 +97,12 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 def _digits(cfg: RunConfig, channels: int | None) -> Source:
     images, labels = load_digits()
     # The digits are held upscaled in memory: a size that would take more than 2 GiB is refused
-    # before it is allocated (an --image-size of 3000 would ask for 65 GB).
-    needed = len(images) * (channels or 1) * 4 * cfg.image_size ** 2
-    if needed > 2 ** 31:
-        raise PhalanxError(f"the built-in digits at {cfg.image_size} px would take {needed / 2 ** 30:.0f} GiB in "
-                           f"memory; give at most {int((2 ** 31 / (len(images) * (channels or 1) * 4)) ** 0.5)} px, "
-                           "or a folder of your own images", "--image-size")
+    # before it is allocated (an --image-size of 3000 would ask for 60 GiB).
+    per_pixel = len(images) * (channels or 1) * 4
+    if per_pixel * cfg.image_size ** 2 > 2 ** 31:
+        raise PhalanxError(f"the built-in digits at {cfg.image_size} px would take "
+                           f"{per_pixel * cfg.image_size ** 2 / 2 ** 30:.0f} GiB in memory; give at most "
+                           f"{int((2 ** 31 / per_pixel) ** 0.5)} px, or a folder of your own images", "--image-size")
     if cfg.image_size and cfg.image_size != 8:
         images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear",
                                                  align_corners=False).clamp(0, 1)
