@@ -16,6 +16,7 @@ and 2 (classification only) load as format 3.
 
 from __future__ import annotations
 
+import collections
 import io
 import sys
 from pathlib import Path
@@ -38,10 +39,34 @@ def epoch_name(epoch: int) -> str:
 def save(paths: list[Path], state: dict[str, Any]) -> None:
     """Serialise once, then write each path atomically (latest, best, and epoch copies)."""
     buffer = io.BytesIO()
-    torch.save({"format": FORMAT, "version": VERSION, **state}, buffer)
+    # Tensors are written from the CPU: a checkpoint of a CUDA run then opens with plain
+    # torch.load on a machine without a GPU (CUDA tensors would need map_location there).
+    torch.save(_on_cpu({"format": FORMAT, "version": VERSION, **state}), buffer)
     data = buffer.getbuffer()
     for path in paths:
         atomic_write(path, lambda fh: fh.write(data))
+
+
+def _on_cpu(value: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
+    """The same structure with every tensor on the CPU. CPU tensors are not copied, and a CUDA
+    tensor held twice (``model`` is also in ``models``) is copied once, so it is stored once."""
+    copies = {} if copies is None else copies
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu":
+            return value
+        if id(value) not in copies:
+            copies[id(value)] = value.cpu()
+        return copies[id(value)]
+    if isinstance(value, dict):
+        moved = {key: _on_cpu(item, copies) for key, item in value.items()}
+        if type(value) is not dict:  # a module's state dict: an OrderedDict with _metadata (versions)
+            moved = collections.OrderedDict(moved)
+            if hasattr(value, "_metadata"):
+                moved._metadata = value._metadata
+        return moved
+    if type(value) in (list, tuple):
+        return type(value)(_on_cpu(item, copies) for item in value)
+    return value
 
 
 def load(path: Path, option: str = "--resume") -> dict[str, Any]:

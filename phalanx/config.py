@@ -124,7 +124,8 @@ class RunConfig:
     gpu_ids: tuple[int, ...] = option((), "GPU to train on; several for DataParallel (0,1 or --gpu-ids 0 "
                                       "--gpu-ids 1). -1 or none: CPU.", metavar="ID[,ID...]",
                                       launch_help="GPU of each local worker: local rank r trains on the r-th id "
-                                      "(0,1 or --gpu-ids 0 --gpu-ids 1). -1 or none: CPU workers.")
+                                      "(0,1 or --gpu-ids 0 --gpu-ids 1). -1 or none: CPU workers.",
+                                      identity=False)  # a run resumes on other devices, as at another world size
     backend: str | None = option(None, "torch.distributed backend for DDP workers (default: nccl "
                                  "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
     dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "

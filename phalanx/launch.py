@@ -115,7 +115,7 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
     """Run torchrun in this process; a failed worker becomes a one-line error and our exit code."""
-    from .parallel import check_gpu_ids, cpu_threads_per_worker, missing_gpus
+    from .devices import check_gpu_ids, cpu_threads_per_worker, missing_gpus
 
     plan = plan_launch(cfg, torchrun_options)
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse

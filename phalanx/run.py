@@ -19,8 +19,8 @@ from .config import RunConfig
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
-from .parallel import (Placement, Strategy, elastic_restart_count, missing_gpus, placement, plan_run,
-                       strategy_for)
+from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_run
+from .parallel import Strategy, strategy_for
 from .preempt import Preempted, StopRequest
 from .sampling import steps_per_epoch
 from .tasks import task_class
@@ -211,9 +211,20 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
         lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
                      f"batch {old_batch} -> {trainer.effective_batch}, learning rate {trainer.base_lr:g} "
                      f"(--scale-lr {cfg.scale_lr}); the sample order and the schedule continue where they were")
+    old_ids = tuple(state.get("config", {}).get("gpu_ids") or ())
+    if _devices(old_ids) != _devices(cfg.gpu_ids):
+        lines.append(f"phalanx: the checkpoint was trained on {_devices(old_ids)}; this run continues on "
+                     f"{_devices(cfg.gpu_ids)}")
     old_epochs = state.get("config", {}).get("epochs")
     if old_epochs is not None and old_epochs != cfg.epochs and cfg.lr_schedule in ("cosine", "linear") \
             and trainer.epoch < cfg.epochs:
         lines.append(f"phalanx: --epochs changed ({old_epochs} -> {cfg.epochs}): the {cfg.lr_schedule} schedule now "
                      f"ends at epoch {cfg.epochs} and continues from this point of it")
     return lines
+
+
+def _devices(gpu_ids: tuple[int, ...]) -> str:
+    """--gpu-ids in words: "the CPU", "GPU 0", "GPUs 0, 1"."""
+    if not gpu_ids or tuple(gpu_ids) == (-1,):
+        return "the CPU"
+    return f"GPU{'s' if len(gpu_ids) > 1 else ''} {', '.join(map(str, gpu_ids))}"

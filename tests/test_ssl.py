@@ -127,3 +127,12 @@ def test_pretraining_helps_a_linear_probe_with_few_labels(tmp_path, phalanx):
     assert phalanx("train", "--name", "random", *probe).code == 0
     pretrained, random = (records(tmp_path / n, "val")[-1]["acc"] for n in ("pretrained", "random"))
     assert pretrained > random + 0.1, (pretrained, random)
+
+
+def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
+    # 1,617 validation images in batches of 8: the last holds one. The momentum teacher validates
+    # in eval mode, as the networks do (in train mode its BatchNorm cannot take a single image).
+    result = phalanx("train", "--task", "byol", "--val-fraction", 0.9, "--epochs", 1, "--batch-size", 8,
+                     "--checkpoints-dir", tmp_path, *SMALL)
+    assert result.code == 0, result.err
+    assert records(tmp_path / "experiment", "val")[-1]["samples"] == 1617

@@ -185,7 +185,8 @@ def test_overwrite_replaces_a_previous_run(phalanx, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two CUDA devices; this machine has "
-                    f"{torch.cuda.device_count()} (no GPU has run this test yet)")
+                    f"{torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
+                    "this test has not run)")
 def test_dataparallel_on_two_gpus(phalanx, tmp_path):
     result = phalanx("train", "--gpu-ids", 0, "--gpu-ids", 1, "--epochs", 3, "--batch-size", 64,
                      "--precision", "fp16", "--checkpoints-dir", tmp_path)

@@ -19,7 +19,7 @@ from phalanx.data import build_datasets
 from phalanx.launch import describe, plan_launch
 from phalanx.models import SmallCNN
 from phalanx.cluster import Placement
-from phalanx.parallel import cpu_threads_per_worker, worker_device
+from phalanx.devices import cpu_threads_per_worker, worker_device
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
     # The exact command of the issue, from a fresh directory (default ./checkpoints/experiment).
@@ -330,7 +330,8 @@ def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm across ranks needs two CUDA devices; "
-                    f"this machine has {torch.cuda.device_count()} (no GPU has run this test yet)")
+                    f"this machine has {torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
+                    "this test has not run)")
 def test_sync_bn_on_two_gpus_equals_one_process_with_the_whole_batch(tmp_path, phalanx):
     common = ["--model", "phalanx_testmodels:batchnorm", "--epochs", 1, "--lr-schedule", "constant",
               "--checkpoints-dir", tmp_path, "--no-progress"]

@@ -18,7 +18,8 @@ from ..config import RunConfig
 from ..context import RunContext
 from ..data import loader_workers
 from ..errors import PhalanxError
-from ..parallel import placement, strategy_for
+from ..devices import placement
+from ..parallel import strategy_for
 from ..sampling import ShardSampler
 from .model import Trained, load_trained
 from .options import EvaluateOptions

@@ -72,7 +72,7 @@ def _infer_data(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> dict[str, A
 def device_for(gpu_ids: tuple[int, ...]) -> torch.device:
     if not gpu_ids or gpu_ids == (-1,):
         return torch.device("cpu")
-    from ..parallel import check_gpu_ids
+    from ..devices import check_gpu_ids
 
     check_gpu_ids(gpu_ids[:1])
     return torch.device("cuda", gpu_ids[0])

@@ -20,89 +20,20 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .. import records
 from ..data import Mapped, SeededView, dataset_labels, transforms
 from ..data.inputs import InputImages
 from ..data.sources import load
 from ..errors import PhalanxError
 from ..finetune import backbone_of
 from ..models import build_model, required_channels
-from ..pictures import denormalize, png, strip
-from ..sampling import ShardSampler, derive_seed
+from ..sampling import ShardSampler
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .features import check_features_output, write_features
 from .options import BYOLOptions, SimCLROptions
+from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 
 SHOWN = 8  # training images drawn each epoch with their two views
-
-
-class Views:
-    """SimCLR's augmentation of one image into a view (Chen et al. 2020; Lightly's SimCLRTransform):
-    random resized crop, flip, colour jitter (p 0.8), grayscale (p 0.2, colour images), Gaussian blur
-    (``blur``), then normalised. Random draws come from torch's generator (seeded per sample)."""
-
-    def __init__(self, size: int, channels: int, crop_scale: float, flip: bool, blur: float,
-                 mean: tuple[float, ...], std: tuple[float, ...]):
-        from torchvision.transforms import v2
-
-        steps = [v2.RandomResizedCrop(size, scale=(crop_scale, 1.0), antialias=True)]
-        if flip:
-            steps.append(v2.RandomHorizontalFlip())
-        steps.append(v2.ToDtype(torch.float32, scale=True))
-        jitter = v2.ColorJitter(0.4, 0.4, 0.4, 0.1) if channels == 3 else v2.ColorJitter(0.4, 0.4)
-        steps.append(v2.RandomApply([jitter], p=0.8))
-        if channels == 3:
-            steps.append(v2.RandomGrayscale(p=0.2))
-        if blur > 0:
-            kernel = max(3, int(0.1 * size) // 2 * 2 + 1)
-            steps.append(v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur))
-        steps.append(v2.Normalize(list(mean), list(std)))
-        self.transform = v2.Compose(steps)
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return self.transform(image)
-
-
-class TwoViews:
-    """A training sample -> its two views (drawn in turn from the sample's seeded stream)."""
-
-    def __init__(self, views: Views):
-        self.views = views
-
-    def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        image = sample[0]
-        return self.views(image), self.views(image)
-
-
-class ValidationViews(Dataset):
-    """``(view 1, view 2, image prepared for evaluation, label, index)``; the views of sample i are the
-    same every epoch (seeded by the run's seed and i), so the view loss is comparable across epochs."""
-
-    def __init__(self, raw: Dataset, views: Views, prepare, seed: int):
-        self.raw, self.views, self.prepare, self.seed = raw, views, prepare, seed
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    def __getitem__(self, index: int):
-        image, label = self.raw[index]
-        torch.default_generator.manual_seed(derive_seed(self.seed, "validation views", index))
-        return self.views(image), self.views(image), self.prepare(image), int(label), index
-
-
-class Indexed(Dataset):
-    """``(image, label, index)``: the kNN bank's samples."""
-
-    def __init__(self, base: Dataset):
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, index: int):
-        image, label = self.base[index]
-        return image, int(label), index
 
 
 def mlp(inputs: int, hidden: int, outputs: int, norm: str) -> nn.Module:
@@ -272,7 +203,7 @@ class SelfSupervisedTask(Task):
                 pane("val_view_loss", "loss on validation views", self.loss_label, "val",
                      [("view_loss", "view loss")])]
 
-    def visuals(self, data: TaskData) -> "ViewSample":
+    def visuals(self, data: TaskData) -> ViewSample:
         return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
                           data.info["std"])
 
@@ -397,6 +328,13 @@ class BYOLTask(SelfSupervisedTask):
         super().train_mode(models)
         self.teacher.train()
 
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+        # The teacher validates as the networks do, in eval mode: its BatchNorm uses its running
+        # statistics (a last validation batch of one image would fail in train mode) and validation
+        # leaves them unchanged. train_mode puts it back for the next epoch.
+        self.teacher.eval()
+        return super().evaluate(models, loader, ctx)
+
     @torch.no_grad()
     def after_step(self, models: Mapping[str, nn.Module]) -> None:
         """The teacher moves towards the student; its decay rises from --teacher-momentum to 1 on a
@@ -421,23 +359,3 @@ class BYOLTask(SelfSupervisedTask):
         teacher = self._teacher(v1)
         p1, p2 = models["predictor"](self.embed(models, v1)), models["predictor"](self.embed(models, v2))
         return 0.5 * (self.byol(p1, teacher(v2)) + self.byol(p2, teacher(v1)))
-
-
-class ViewSample:
-    """Each epoch: a few training images' two views, as that epoch's training drew them."""
-
-    def __init__(self, train: Dataset, indices: list[int], mean: list[float], std: list[float]):
-        self.train, self.indices, self.mean, self.std = train, indices, mean, std
-
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
-        state = torch.default_generator.get_state()
-        try:
-            items = []
-            for index in self.indices:
-                v1, v2 = self.train[(epoch, index)]
-                shown = [denormalize(v, self.mean, self.std) for v in (v1, v2)]
-                items.append(records.images_item(png(strip(shown)), f"image {index}: view 1 | view 2"))
-        finally:
-            torch.default_generator.set_state(state)
-        return {"kind": "images", "epoch": epoch, "title": "two views of training images (this epoch's augmentation)",
-                "items": items}

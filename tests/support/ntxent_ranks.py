@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from lightly.loss import NTXentLoss
 from phalanx.config import RunConfig
-from phalanx.parallel import make_strategy, placement
+from phalanx.devices import placement
+from phalanx.parallel import make_strategy
 from phalanx.tasks.ssl import SimCLRTask
 
 strategy = make_strategy(RunConfig(task="simclr"), placement())

@@ -269,3 +269,20 @@ class _FormatProbe(SmallCNN):
 
 def format_probe(num_classes, in_channels):
     return _FormatProbe(num_classes=num_classes, in_channels=in_channels)
+
+
+SEEN_BATCHES: list[tuple[str, int]] = []
+
+
+class _ShardProbe(SmallCNN):
+    """Writes down the device and size of every training forward's input in SEEN_BATCHES (this
+    process): under DataParallel each replica sees its share of the batch."""
+
+    def forward(self, x):
+        if self.training:
+            SEEN_BATCHES.append((str(x.device), x.shape[0]))
+        return super().forward(x)
+
+
+def shard_probe(num_classes, in_channels):
+    return _ShardProbe(num_classes=num_classes, in_channels=in_channels)

@@ -18,6 +18,7 @@ from torch import nn
 from phalanx.data import SeededView
 from phalanx.fields import option
 from phalanx.tasks import Task, TaskData
+from phalanx.tasks.classify import ClassifyTask
 
 try:  # the worked example, from examples/tasks (on PYTHONPATH in the tests that use it)
     from adversarial_autoencoder import AdversarialAutoencoder
@@ -167,3 +168,30 @@ from phalanx.tasks.ssl import BYOLTask  # noqa: E402
 
 class StoppingBYOL(StopAtStep, BYOLTask):
     """BYOL, stopped by a SIGTERM at a chosen step."""
+
+
+class InfGradientAtStep(ClassifyTask):
+    """Classification whose gradients become inf in training step $PHALANX_TEST_INF_STEP (a loss
+    that stays finite, as an fp16 overflow in backward does). It writes down, as task state (in the
+    checkpoint), the grad scaler's scale before each step and a checksum of the weights after it,
+    so a test sees that the step was skipped and the scale halved."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.trace: list[list[float]] = []  # [step, scale before, weights' sum after]
+        self._calls = 0
+
+    def training_step(self, batch, ctx):
+        self._calls += 1
+        self._scale = float(ctx.scalers["model"].get_scale())
+        losses = super().training_step(batch, ctx)
+        if self._calls == int(os.environ.get("PHALANX_TEST_INF_STEP", "0")):
+            losses["loss"].register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return losses
+
+    def after_step(self, models):
+        checksum = sum(p.detach().double().sum().item() for p in models["model"].parameters())
+        self.trace.append([float(self._calls), self._scale, checksum])
+
+    def state_dict(self):
+        return {"trace": torch.tensor(self.trace, dtype=torch.float64)}

@@ -1,0 +1,103 @@
+"""Two augmented views of each image, for self-supervised tasks: SimCLR's augmentation, the
+validation views (the same every epoch), the kNN bank's samples, and the views drawn on the
+dashboard."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from .. import records
+from ..pictures import denormalize, png, strip
+from ..sampling import derive_seed
+
+
+class Views:
+    """SimCLR's augmentation of one image into a view (Chen et al. 2020; Lightly's SimCLRTransform):
+    random resized crop, flip, colour jitter (p 0.8), grayscale (p 0.2, colour images), Gaussian blur
+    (``blur``), then normalised. Random draws come from torch's generator (seeded per sample)."""
+
+    def __init__(self, size: int, channels: int, crop_scale: float, flip: bool, blur: float,
+                 mean: tuple[float, ...], std: tuple[float, ...]):
+        from torchvision.transforms import v2
+
+        steps = [v2.RandomResizedCrop(size, scale=(crop_scale, 1.0), antialias=True)]
+        if flip:
+            steps.append(v2.RandomHorizontalFlip())
+        steps.append(v2.ToDtype(torch.float32, scale=True))
+        jitter = v2.ColorJitter(0.4, 0.4, 0.4, 0.1) if channels == 3 else v2.ColorJitter(0.4, 0.4)
+        steps.append(v2.RandomApply([jitter], p=0.8))
+        if channels == 3:
+            steps.append(v2.RandomGrayscale(p=0.2))
+        if blur > 0:
+            kernel = max(3, int(0.1 * size) // 2 * 2 + 1)
+            steps.append(v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur))
+        steps.append(v2.Normalize(list(mean), list(std)))
+        self.transform = v2.Compose(steps)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.transform(image)
+
+
+class TwoViews:
+    """A training sample -> its two views (drawn in turn from the sample's seeded stream)."""
+
+    def __init__(self, views: Views):
+        self.views = views
+
+    def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        image = sample[0]
+        return self.views(image), self.views(image)
+
+
+class ValidationViews(Dataset):
+    """``(view 1, view 2, image prepared for evaluation, label, index)``; the views of sample i are the
+    same every epoch (seeded by the run's seed and i), so the view loss is comparable across epochs."""
+
+    def __init__(self, raw: Dataset, views: Views, prepare, seed: int):
+        self.raw, self.views, self.prepare, self.seed = raw, views, prepare, seed
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, index: int):
+        image, label = self.raw[index]
+        torch.default_generator.manual_seed(derive_seed(self.seed, "validation views", index))
+        return self.views(image), self.views(image), self.prepare(image), int(label), index
+
+
+class Indexed(Dataset):
+    """``(image, label, index)``: the kNN bank's samples."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, label = self.base[index]
+        return image, int(label), index
+
+
+class ViewSample:
+    """Each epoch: a few training images' two views, as that epoch's training drew them."""
+
+    def __init__(self, train: Dataset, indices: list[int], mean: list[float], std: list[float]):
+        self.train, self.indices, self.mean, self.std = train, indices, mean, std
+
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+        state = torch.default_generator.get_state()
+        try:
+            items = []
+            for index in self.indices:
+                v1, v2 = self.train[(epoch, index)]
+                shown = [denormalize(v, self.mean, self.std) for v in (v1, v2)]
+                items.append(records.images_item(png(strip(shown)), f"image {index}: view 1 | view 2"))
+        finally:
+            torch.default_generator.set_state(state)
+        return {"kind": "images", "epoch": epoch, "title": "two views of training images (this epoch's augmentation)",
+                "items": items}

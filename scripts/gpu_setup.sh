@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On a GPU machine with no package registry whose Python already has PyTorch, torchvision,
+# Lightning, timm, pytest and hypothesis: install the wheels that scripts/gpu_wheels.sh put into
+# .whl/, visdom's page assets, and phalanx itself (no dependencies fetched). Then:
+#     python3 -m pytest                 # the suite, the CUDA tests included
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+"$python" -m pip install --quiet --no-index --no-deps --no-compile .whl/*.whl
+# phalanx itself, editable; where the image's build tools cannot do that offline, a .pth file
+# puts this checkout on the path (the same effect) and a small launcher gives the command.
+if ! "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation -e . >/tmp/phalanx-pip.log 2>&1; then
+  echo "gpu_setup.sh: pip could not install phalanx editable offline ($(grep -m1 -i 'error' /tmp/phalanx-pip.log));" \
+       "using a .pth file instead"
+  purelib=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$PWD" > "$purelib/phalanx-checkout.pth"
+  bindir=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['scripts'])")
+  printf '#!/bin/sh\nexec "%s" -m phalanx.cli "$@"\n' "$(command -v "$python")" > "$bindir/phalanx"
+  chmod +x "$bindir/phalanx"
+fi
+static=$("$python" -c "import visdom, os; print(os.path.join(os.path.dirname(visdom.__file__), 'static'))")
+tar -xzf .whl/visdom-static.tar.gz -C "$static"
+"$python" - <<'PY'
+import torch, torchvision
+from phalanx.visdom_assets import missing_assets
+gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "no GPU"
+print(f"gpu_setup.sh: torch {torch.__version__}, torchvision {torchvision.__version__}, CUDA {torch.version.cuda}, "
+      f"{gpus}; visdom assets {'missing' if missing_assets() else 'ready'}")
+PY
