@@ -63,7 +63,8 @@ class RunConfig:
     crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
                                metavar="FRACTION")
     val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
-                                 "crop_pct; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
+                                 "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros as torchvision's CenterCrop does; 0: 1.0 "
+                                 "up to 64 px, 0.875 above).", metavar="PCT")
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
                             "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
                             "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
@@ -346,7 +347,8 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
         raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
     for name, inside, where in (("crop_scale", 0 < cfg.crop_scale <= 1, "in (0, 1]"),
-                                ("val_crop_pct", 0 <= cfg.val_crop_pct <= 1, "in (0, 1], or 0 for auto"),
+                                ("val_crop_pct", cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25,
+                                 "in [0.5, 1.25], or 0 for auto"),
                                 ("ema_decay", 0 <= cfg.ema_decay < 1, "in [0, 1)")):
         if not inside:
             raise bad(name, f"must be {where} (got {getattr(cfg, name)})")

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# On a GPU machine with no package registry whose Python already has PyTorch, torchvision,
-# Lightning, timm, pytest and hypothesis: install the wheels that scripts/gpu_wheels.sh put into
+# On a GPU machine with no package registry whose Python already has PyTorch, torchvision, Lightning,
+# timm, click, PyYAML, pytest and hypothesis: install the wheels that scripts/gpu_wheels.sh put into
 # .whl/, visdom's page assets, and phalanx itself (no dependencies fetched). Then:
 #     python3 -m pytest                 # the suite, the CUDA tests included
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+# What the image must already hold: the wheels in .whl/ are installed without their dependencies.
+# Lightning and timm serve the benchmark and a few tests, pytest-timeout the suite's time limits.
+"$python" - <<'PY'
+import importlib.util, sys
+def lacking(names): return ", ".join(n for n in names if importlib.util.find_spec(n) is None)
+if needed := lacking(["torch", "torchvision", "click", "yaml", "pytest", "hypothesis"]):
+    sys.exit(f"gpu_setup.sh: this Python lacks {needed}: bring them as wheels into .whl/")
+if wanted := lacking(["lightning", "timm", "pytest_timeout"]):
+    print(f"gpu_setup.sh: warning: this Python lacks {wanted}", file=sys.stderr)
+PY
 "$python" -m pip install --quiet --no-index --no-deps --no-compile .whl/*.whl
 # phalanx itself, editable; where the image's build tools cannot do that offline, a .pth file
 # puts this checkout on the path (the same effect) and a small launcher gives the command.
@@ -21,9 +31,16 @@ fi
 static=$("$python" -c "import visdom, os; print(os.path.join(os.path.dirname(visdom.__file__), 'static'))")
 tar -xzf .whl/visdom-static.tar.gz -C "$static"
 "$python" - <<'PY'
-import torch, torchvision
+import importlib.metadata, torch, torchvision
 from phalanx.visdom_assets import missing_assets
+def version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
 gpus = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "no GPU"
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "none"
 print(f"gpu_setup.sh: torch {torch.__version__}, torchvision {torchvision.__version__}, CUDA {torch.version.cuda}, "
-      f"{gpus}; visdom assets {'missing' if missing_assets() else 'ready'}")
+      f"NCCL {nccl}, Lightning {version('lightning')}, timm {version('timm')}, {gpus}; "
+      f"visdom assets {'missing' if missing_assets() else 'ready'}")
 PY

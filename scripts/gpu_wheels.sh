@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a machine that reaches PyPI (after scripts/setup.sh --test): put into .whl/ the wheels that a GPU
-# machine with its own PyTorch, torchvision, Lightning and timm (and no package registry) lacks for
+# On a machine that reaches PyPI (after scripts/setup.sh --test): put into .whl/ the wheels that an x86_64
+# GPU machine with its own PyTorch, torchvision, Lightning and timm (and no package registry) lacks for
 # phalanx and its tests, for that machine's Python (default 3.12; PY=3.11 for another), and visdom's
 # page assets. Then copy the checkout with .whl/ there and run scripts/gpu_setup.sh.
 #
@@ -23,7 +23,7 @@ WHEELS=(annotated-types==0.8.0 aws-xray-sdk==2.15.0 blinker==1.9.0 boto3==1.44.5
 platforms=()
 for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
          manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do platforms+=(--platform "$p"); done
-PIP_CONSTRAINT= python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$py" \
+PIP_CONSTRAINT= .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version "$py" \
   --implementation cp "${platforms[@]}" -d .whl "${WHEELS[@]}"
 # Two packages publish only source: build their (pure-Python) wheels here.
 .venv/bin/python -m pip wheel --quiet --no-deps -w .whl visdom==0.2.4 antlr4-python3-runtime==4.9.3

@@ -103,11 +103,16 @@ def test_train_finds_user_modules_in_the_current_directory_as_trainlaunch_does(t
     assert [r["epoch"] for r in read_metrics(tmp_path / "checkpoints/single/metrics.jsonl") if r["kind"] == "val"] == [1]
 
 
-def test_a_dry_run_allocates_no_network_and_no_digits_too_large_for_memory(phalanx, tmp_path):
+def test_a_dry_run_allocates_no_network_and_no_generated_images_too_large_for_memory(phalanx, tmp_path):
     # Both used to be allocated for real: a fuzzed dry run took 24 GB and the OOM killer.
     huge = phalanx("train", "--dry-run", "--task", "simclr", "--hidden-dim", 1000000, "--projection-dim", 1000000,
                    "--checkpoints-dir", tmp_path)
     assert huge.code == 0 and "network projector: Sequential, 1,000,131,000,000 parameters" in huge.out
     large = phalanx("train", "--dry-run", "--image-size", 3000, "--checkpoints-dir", tmp_path)
     assert large.code == 2 and large.err.startswith("phalanx: --image-size: the built-in digits at 3000 px")
+    # Synthetic data is bounded by the machine's memory: a million images at 512 px (3 TiB) is refused.
+    synthetic = phalanx("train", "--dry-run", "--dataset", "synthetic", "--synthetic-samples", 1000000,
+                        "--image-size", 512, "--checkpoints-dir", tmp_path)
+    assert synthetic.code == 2 and synthetic.err.startswith(
+        "phalanx: --synthetic-samples: synthetic data (1000000 images at 512 px) would take 2930 GiB in memory")
     assert list(tmp_path.iterdir()) == []

@@ -116,6 +116,29 @@ def test_evaluation_crops_the_centre_and_never_squashes(tmp_path):
     assert image[1].min() > 0.9 and image[0].max() < 0.1 and image[2].max() < 0.1
 
 
+@pytest.mark.parametrize("crop_pct", [0.875, 1.0, 1.15])
+def test_the_evaluation_crop_is_torchvisions_resize_and_centre_crop_padding_above_one(crop_pct):
+    from torchvision.transforms import v2
+
+    from phalanx.data.transforms import Pipeline, Prepare
+
+    size = 40
+    resize = Pipeline(size, "none", crop_pct, (0.0,), (1.0,)).evaluation_resize
+    assert resize == {0.875: 45, 1.0: 40, 1.15: 34}[crop_pct]  # timm rounds down: floor(40 / 0.875) = 45
+    images = torch.rand(3, 3, 30, 50, generator=torch.Generator().manual_seed(0))
+    ours = Prepare(resize, size, (0.0,) * 3, (1.0,) * 3).geometry(images)
+    theirs = v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(size)])(images)
+    assert ours.shape == theirs.shape == (3, 3, size, size)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_an_evaluation_crop_fraction_outside_its_range_is_one_line(phalanx, tmp_path):
+    for value in ("8e-140", "0.4", "1.3"):
+        result = phalanx("train", "--val-crop-pct", value, "--dry-run", "--checkpoints-dir", tmp_path)
+        assert result.code == 2 and "--val-crop-pct: must be in [0.5, 1.25], or 0 for auto" in result.err, result.err
+        assert len(result.err.strip().splitlines()) == 1
+
+
 def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bit(phalanx, tmp_path):
     digits = write_digit_pngs(tmp_path / "ten", per_class=40)  # RGB PNGs of the ten digits
     # A model with BatchNorm: a frozen backbone keeps its running statistics too.

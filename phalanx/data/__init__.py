@@ -100,6 +100,13 @@ class Mapped(Dataset):
         return self.transform(image), label
 
 
+def _in_chunks(transform: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
+               chunk: int = 256) -> torch.Tensor:
+    """``transform`` of a stack of images, a chunk at a time: the resize before an evaluation crop
+    (``image_size / crop_pct``) would otherwise hold every image enlarged at once."""
+    return torch.cat([transform(part) for part in images.split(chunk)]) if len(images) else transform(images)
+
+
 def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float = 0.0,
                    model: dict | None = None) -> DataBundle:
     """``channels``: what the model insists on (3 for torchvision models), or None for any;
@@ -125,8 +132,8 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
         train_images, val_images = source.in_memory
         from .sources import Tensors
 
-        plain_train = Tensors(plain(train_images), source.train.labels)
-        val: Dataset = Tensors(evaluate(val_images), source.val.labels)
+        plain_train = Tensors(_in_chunks(plain, train_images), source.train.labels)
+        val: Dataset = Tensors(_in_chunks(evaluate, val_images), source.val.labels)
     else:
         plain_train, val = Mapped(source.train, plain), Mapped(source.val, evaluate)
     train = TrainView(plain_train, source.train, augmented, cfg.seed)

@@ -9,6 +9,7 @@ line that names the option and the file.
 from __future__ import annotations
 
 import gzip
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,10 +100,9 @@ def _digits(cfg: RunConfig, channels: int | None) -> Source:
     # The digits are held upscaled in memory: a size that would take more than 2 GiB is refused
     # before it is allocated (an --image-size of 3000 would ask for 60 GiB).
     per_pixel = len(images) * (channels or 1) * 4
-    if per_pixel * cfg.image_size ** 2 > 2 ** 31:
-        raise PhalanxError(f"the built-in digits at {cfg.image_size} px would take "
-                           f"{per_pixel * cfg.image_size ** 2 / 2 ** 30:.0f} GiB in memory; give at most "
-                           f"{int((2 ** 31 / per_pixel) ** 0.5)} px, or a folder of your own images", "--image-size")
+    _refuse_beyond(per_pixel * cfg.image_size ** 2, 2 ** 31, f"the built-in digits at {cfg.image_size} px",
+                   f"give at most {int((2 ** 31 / per_pixel) ** 0.5)} px, or a folder of your own images",
+                   "--image-size")
     if cfg.image_size and cfg.image_size != 8:
         images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear",
                                                  align_corners=False).clamp(0, 1)
@@ -114,10 +114,23 @@ def _digits(cfg: RunConfig, channels: int | None) -> Source:
 def _synthetic(cfg: RunConfig, channels: int | None) -> Source:
     """Seeded random images and labels, already in memory: benchmarks measure training, not I/O."""
     size, chans = cfg.image_size or 32, channels or 3
+    # Every process holds its own copy: more than a quarter of the machine's memory is refused
+    # before it is allocated (a fuzzed dry run took 23 GB and was killed for memory).
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    _refuse_beyond(cfg.synthetic_samples * chans * size * size * 4, limit,
+                   f"synthetic data ({cfg.synthetic_samples} images at {size} px)",
+                   "give fewer --synthetic-samples or a smaller --image-size", "--synthetic-samples")
     generator = torch.Generator().manual_seed(cfg.seed)
     images = torch.rand(cfg.synthetic_samples, chans, size, size, generator=generator)
     labels = torch.randint(0, 10, (cfg.synthetic_samples,), generator=generator)
     return _in_memory(images, labels, cfg, [str(i) for i in range(10)], "synthetic")
+
+
+def _refuse_beyond(nbytes: int, limit: int, what: str, advice: str, option: str) -> None:
+    """Images generated into memory: refused before they are allocated when larger than ``limit``."""
+    if nbytes > limit:
+        raise PhalanxError(f"{what} would take {nbytes / 2 ** 30:.0f} GiB in memory, more than the "
+                           f"{limit / 2 ** 30:.0f} GiB allowed; {advice}", option)
 
 
 # --- ImageFolder trees ------------------------------------------------------------------------

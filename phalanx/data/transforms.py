@@ -37,6 +37,12 @@ class Pipeline:
     def random(self) -> bool:
         return self.augment != "none"
 
+    @property
+    def evaluation_resize(self) -> int:
+        """The shorter side an image is resized to before the evaluation crop: timm's rule,
+        ``floor(size / crop_pct)`` (224 at 0.875: 256, as torchvision's references resize)."""
+        return math.floor(self.size / self.crop_pct)
+
     def min_decoded_side(self, crop_scale: float) -> int:
         """The shorter side a decoder may reduce an image to without losing what the pipeline uses:
         a random resized crop can take ``sqrt(crop_scale)`` of the side and enlarge it to ``size``."""
@@ -109,6 +115,12 @@ class Prepare:
             size = (self.resize, long) if h <= w else (long, self.resize)
             x = torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
             h, w = size
+        if self.crop > min(h, w):
+            # A crop_pct above 1 (timm gives 1.15 for three VOLO models) crops more than the resized
+            # image holds: pad with zeros around it first, as torchvision's CenterCrop does.
+            pad_w, pad_h = max(self.crop - w, 0), max(self.crop - h, 0)
+            x = torch.nn.functional.pad(x, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
+            h, w = x.shape[-2:]
         top, left = int(round((h - self.crop) / 2.0)), int(round((w - self.crop) / 2.0))
         x = x[..., top:top + self.crop, left:left + self.crop]
         return x if image.dim() == 4 else x[0]
@@ -171,8 +183,8 @@ def build(pipeline: Pipeline, cfg: RunConfig, train: bool,
     applies with or without the other augmentation (--augment none --random-erasing 0.25 erases)."""
     erasing = train and random_erasing > 0
     if not train or (not pipeline.random and not erasing):
-        crop_pct = pipeline.crop_pct if not train else 1.0
-        return Prepare(round(pipeline.size / crop_pct), pipeline.size, pipeline.mean, pipeline.std)
+        resize = pipeline.evaluation_resize if not train else pipeline.size
+        return Prepare(resize, pipeline.size, pipeline.mean, pipeline.std)
     size = pipeline.size
     if pipeline.augment == "basic" and size <= SMALL and not erasing:  # the common small-image recipe, fast
         return PadCropFlip(Prepare(size, size, pipeline.mean, pipeline.std), max(1, size // 8), cfg.hflip)

@@ -254,7 +254,7 @@ class ClassifyTask(Task):
         """Class names and preprocessing, for files that leave phalanx (export's FILE.json)."""
         info = trained.info
         return {"classes": self.classes, "channels": info["channels"], "image_size": info["size"],
-                "resize_shorter_side": round(info["size"] / info["crop_pct"]), "center_crop": info["size"],
+                "resize_shorter_side": pipeline_of(info).evaluation_resize, "center_crop": info["size"],
                 "mean": list(info["mean"]), "std": list(info["std"]),
                 "input": "RGB" if info["channels"] == 3 else "grayscale",
                 "scale": "pixels / 255, then (x - mean) / std", "outputs": "logits, one per class"}
