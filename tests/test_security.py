@@ -172,3 +172,28 @@ def test_random_visualize_options_never_traceback(tmp_path, capsys, pairs):
     code = main(argv)
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_sigterm_during_the_servers_health_check_stops_visualize(tmp_path):
+    """The health check catches every Exception of a failed request; the signal must not be one of them
+    (it was: under load, a SIGTERM during the check was swallowed and visualize went on)."""
+    import socket
+
+    (tmp_path / "pickle").mkdir()
+    silent = socket.socket()  # accepts the health check's connection and never answers it
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    silent.settimeout(60)
+    port = silent.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle_dir", str(tmp_path / "pickle"),
+                             "--server", "http://127.0.0.1", "--port", str(port)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        connection, _ = silent.accept()  # visualize is now waiting inside the health check
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        connection.close()
+    finally:
+        proc.kill()
+        silent.close()
+    assert proc.returncode == 143 and err.strip() == "phalanx: visualize stopped by SIGTERM", (proc.returncode, err)

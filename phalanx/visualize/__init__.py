@@ -84,10 +84,19 @@ class Runs:
         return "; ".join(f"{n}: {w}" for s in self.sources.values() for n, w in sorted(s.problems.items())[:3])
 
 
+class _Signalled(BaseException):
+    """SIGTERM or SIGINT. A BaseException, as KeyboardInterrupt is: an ``except Exception`` on the
+    way (the server's health check, a refused snapshot) would swallow an Exception, and visualize
+    would go on after the signal (it did, under load, when SIGTERM came during the health check)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _stop_on_signals() -> None:
     def handler(signum: int, frame: Any) -> None:
-        raise RunFailed(f"visualize stopped by {signal.Signals(signum).name}",
-                        exit_code=EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED)
+        raise _Signalled(signum)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -95,6 +104,14 @@ def _stop_on_signals() -> None:
 
 def visualize(opts: VisualizeOptions) -> int:
     _stop_on_signals()
+    try:
+        return _visualize(opts)
+    except _Signalled as stop:
+        raise RunFailed(f"visualize stopped by {signal.Signals(stop.signum).name}",
+                        exit_code=EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_TERMINATED) from None
+
+
+def _visualize(opts: VisualizeOptions) -> int:
     runs = Runs(opts)
     if opts.once and not runs.histories(warn=False):  # nothing to plot: one line says why
         problems = runs.problems()
