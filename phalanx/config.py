@@ -63,8 +63,8 @@ class RunConfig:
     crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
                                metavar="FRACTION")
     val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
-                                 "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros as torchvision's CenterCrop does; 0: 1.0 "
-                                 "up to 64 px, 0.875 above).", metavar="PCT")
+                                 "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros, as torchvision's "
+                                 "CenterCrop does; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
                             "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
                             "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
