@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .atomic import atomic_write
-from .errors import PhalanxError
+from .errors import PhalanxError, RunFailed
 
 FORMAT = "phalanx-checkpoint"
 VERSION = 3
@@ -36,8 +36,37 @@ def epoch_name(epoch: int) -> str:
     return f"epoch_{epoch:04d}.pt"
 
 
+# What torch.load(weights_only=True) reads back besides tensors and containers: anything else in a
+# checkpoint (a numpy scalar, a Path) would make every checkpoint of the run unloadable.
+PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+SOURCES = {"data": "TaskData.info", "task_state": "the task's state_dict()"}  # where a user's values come from
+
+
+def check_loadable(value: Any, where: str = "checkpoint") -> None:
+    """Refuse, at the first save, a value that phalanx could not load back, naming its key and type."""
+    if isinstance(value, torch.Tensor) or type(value) in PLAIN:  # exact types: numpy.float64 is a float
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_loadable(key, f"{where}, a key,")
+            check_loadable(item, f"{where}[{key!r}]")
+        return
+    if type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]")
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    raise RunFailed(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
+                    "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
+                    "back: convert it (float(x), str(path), x.tolist())")
+
+
 def save(paths: list[Path], state: dict[str, Any]) -> None:
     """Serialise once, then write each path atomically (latest, best, and epoch copies)."""
+    for key, item in state.items():
+        check_loadable(item, SOURCES.get(key, f"checkpoint[{key!r}]"))
     buffer = io.BytesIO()
     # Tensors are written from the CPU: a checkpoint of a CUDA run then opens with plain
     # torch.load on a machine without a GPU (CUDA tensors would need map_location there).
@@ -93,10 +122,11 @@ def unloadable(path: Path, exc: Exception) -> str:
             head = fh.read(512)
     except OSError as err:
         return f"cannot be read ({err.strerror})"
-    message = str(exc)
+    message, lowered = str(exc), str(exc).lower()
     if not head:
         return "the file is empty"
-    if "weights_only" in message.lower() or "unsupported global" in message.lower():
+    # "Unsupported operand": a byte no pickle has (text, JSON): not a pickle at all
+    if "unsupported operand" not in lowered and ("weights_only" in lowered or "unsupported global" in lowered):
         return ("it holds Python objects other than tensors and plain data (another program's pickle); phalanx "
                 "loads checkpoints with weights_only=True and runs nothing in them")
     if head.startswith(b"PK\x03\x04"):
@@ -106,7 +136,7 @@ def unloadable(path: Path, exc: Exception) -> str:
     if head[:1] == b"\x80":
         return "a Python pickle, not a torch checkpoint"
     if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
-        return "a text file, not a torch checkpoint"
+        return f"a {'JSON' if head.lstrip()[:1] in (b'{', b'[') else 'text'} file, not a torch checkpoint"
     return "not a torch checkpoint (neither a torch zip archive nor a pickle)"
 
 

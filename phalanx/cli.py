@@ -152,10 +152,11 @@ Examples:
 @cli.command(cls=Command, epilog=EVALUATE_EXAMPLES)
 @dataclass_options(EvaluateOptions)
 def evaluate(**values: Any) -> None:
-    """Accuracy (top-1, top-5, per class), loss and confusion matrix of a checkpoint.
+    """A checkpoint's validation metrics, as its task computes them in training (accuracy and a
+    confusion matrix, PSNR and SSIM, COCO mAP, mIoU, kNN accuracy: each task its own).
 
-    With no data option it evaluates the run's own validation split and reproduces the accuracy
-    that training recorded. Started by torchrun (or SLURM, MPI) it shares the data between ranks.
+    With no data option it evaluates the run's own validation split and reproduces what training
+    recorded. Started by torchrun (or SLURM, MPI) it shares the data between ranks.
     """
     from .inference.evaluate import evaluate as run_evaluate  # imports torch
 
@@ -173,7 +174,8 @@ Examples:
 @dataclass_options(PredictOptions)
 @click.argument("images", nargs=-1, required=True, metavar="IMAGES_OR_DIRS...")
 def predict(images: tuple[str, ...], **values: Any) -> None:
-    """The most likely classes of images (files, or folders searched recursively), prepared as the
+    """What a checkpoint's task makes of images (files, or folders searched recursively): classes,
+    translated images, boxes, masks or features, each task its own, with images prepared as the
     run's validation prepared them. Unreadable images are reported and skipped."""
     from .inference.predict import predict as run_predict  # imports torch
 
@@ -190,8 +192,9 @@ Examples:
 @cli.command(cls=Command, epilog=EXPORT_EXAMPLES)
 @dataclass_options(ExportOptions)
 def export(**values: Any) -> None:
-    """A file that runs without phalanx and gives the checkpoint's logits; class names and
-    preprocessing are written beside it (FILE.json)."""
+    """Files that run without phalanx: the checkpoint's networks (a classifier, generators, a
+    backbone, a detector, a segmenter: the task says which), with how to prepare inputs and read
+    outputs written beside each (FILE.json)."""
     from .inference.export import export as run_export  # imports torch
 
     run_export(build_options(ExportOptions, values))

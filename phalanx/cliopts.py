@@ -22,12 +22,57 @@ _CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "st
 GENERAL = "General"
 
 
+HELP_TASK = "phalanx.help_task"  # ctx.meta key: the built-in task named on the command line, for --help
+HELP_USER_TASK = "phalanx.help_user_task"  # ... and your own task's, whose options --help lists too
+
+
 class Option(click.Option):
-    """A click option that knows its heading on the help page."""
+    """A click option that knows its heading on the help page, and shows the default of the task
+    named on the command line (``train --task translate --help``: batch 1, Adam, 2e-4)."""
 
     def __init__(self, *args: Any, section: str = GENERAL, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.section = section
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        task = ctx.meta.get(HELP_TASK)
+        if task is None or self.name not in tasks.BUILTIN[task].defaults:
+            return super().get_help_record(ctx)
+        saved = self.default
+        self.default = tasks.BUILTIN[task].defaults[self.name]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.default = saved
+
+
+def user_task_help(name: str, formatter: click.HelpFormatter) -> None:
+    """Your own task's options (imported by name, as a run would), each as --task-option KEY=VALUE."""
+    try:
+        options = tasks.task_class(name).Options
+    except PhalanxError as exc:
+        formatter.write_paragraph()
+        formatter.write_text(f"(--task {name}: {exc.message})")
+        return
+    if options is None:
+        return
+    records = []
+    for f in dataclasses.fields(options):
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        text = f.metadata.get("help", "") if f.metadata else ""
+        records.append((f"--task-option {f.name}=VALUE", f"{text}  [default: {default}]".strip()))
+    with formatter.section(f"Your task (--task {name}) options"):
+        formatter.write_dl(records)
+
+
+def task_named(args: list[str]) -> str | None:
+    """The value of ``--task`` in a command line (``--task X`` or ``--task=X``), if any."""
+    for i, arg in enumerate(args):
+        if arg == "--task" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--task="):
+            return arg.partition("=")[2]
+    return None
 
 
 class Command(click.Command):
@@ -43,17 +88,32 @@ class Command(click.Command):
             if head.startswith("--") and head not in known and dashed in known:
                 arg = dashed + eq + tail
             normalised.append(arg)
+        named = task_named(normalised)
+        if named in tasks.BUILTIN:
+            ctx.meta[HELP_TASK] = named
+        elif named and tasks.is_user_task(named) and any(a in ("-h", "--help") for a in normalised):
+            ctx.meta[HELP_USER_TASK] = named
         return super().parse_args(ctx, normalised)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
+        task = ctx.meta.get(HELP_TASK)
+        # With --task named, the other built-in tasks' options are left out: they would be refused.
+        user_task = ctx.meta.get(HELP_USER_TASK)
+        hidden = {info.heading for info in tasks.BUILTIN.values() if (task or user_task) and info.name != task}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is not None:
-                groups.setdefault(getattr(param, "section", GENERAL), []).append(record)
+            section = getattr(param, "section", GENERAL)
+            if record is not None and section not in hidden:
+                groups.setdefault(section, []).append(record)
+        if task:
+            formatter.write_paragraph()
+            formatter.write_text(f"Defaults shown for --task {task}.")
         for heading, records in sorted(groups.items(), key=lambda item: item[0] != GENERAL):
             with formatter.section(f"{heading} options"):
                 formatter.write_dl(records)
+        if user_task:
+            user_task_help(user_task, formatter)
 
 
 class CommaList(click.ParamType):
@@ -81,7 +141,9 @@ def field_option(f: dataclasses.Field, default_value: Any, text: str, section: s
         kwargs["default"] = default_value
     if meta["metavar"]:
         kwargs["metavar"] = meta["metavar"]
-    if f.type == "bool":
+    if f.type == "bool" and meta.get("valued"):
+        decls, kwargs["type"] = [flag(f.name)], click.BOOL
+    elif f.type == "bool":
         decls = [f"{flag(f.name)}/--no-{flag(f.name)[2:]}"]
     elif f.type.startswith("tuple["):  # "tuple[int, ...]": a comma list, or the flag repeated
         kind = int if f.type.startswith("tuple[int") else float
@@ -158,6 +220,13 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         typed.add(key.strip().replace("-", "_"))
     if given:
         merged["task_options"] = {**(merged.get("task_options") or {}), **given}
+    task = merged.get("task", tasks.DEFAULT)
+    if isinstance(task, str):
+        tasks.check_used(task, merged)
+        flagged = [n for n in tasks.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+        if tasks.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
+            raise tasks.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
+                                         f"{flagged[0]}=VALUE")
     try:
         return config_mod.from_mapping(merged, source="--config")
     except PhalanxError as exc:

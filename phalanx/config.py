@@ -18,7 +18,7 @@ from typing import Any
 
 from . import tasks
 from .errors import PhalanxError
-from .fields import flag, option, parse_list, suggest
+from .fields import check_fields, flag, option, suggest
 
 DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
 AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
@@ -147,6 +147,11 @@ class RunConfig:
     log_interval: float = option(30.0, "Without a terminal: a progress line every N seconds of an epoch (0: none).",
                                  identity=False, metavar="SECONDS")
     # --- remote storage
+    remote: bool = option(False, "DeepLIIF's --remote True|False, accepted as its multi-GPU guide writes it: "
+                          "phalanx always does what --remote True asks (global rank 0 writes pickled snapshots "
+                          "for `phalanx visualize`; training starts no visdom). Add --remote-transfer or "
+                          "--remote-transfer-cmd to copy snapshots and checkpoints elsewhere.", identity=False,
+                          valued=True, metavar="True|False")
     remote_transfer: str | None = option(None, "Also upload snapshots and checkpoints to S3 (boto3, the "
                                          "standard AWS credential chain), in the background.",
                                          identity=False, metavar="s3://BUCKET/PREFIX")
@@ -157,11 +162,6 @@ class RunConfig:
                                          "AWS_ENDPOINT_URL).", identity=False, metavar="URL")
 
     def __post_init__(self) -> None:
-        # JSON and YAML give lists (or "0,1", or a lone 0); click gives tuples. Normalise first.
-        object.__setattr__(self, "gpu_ids", parse_list(self.gpu_ids, int, "--gpu-ids"))
-        object.__setattr__(self, "mean", parse_list(self.mean, float, "--mean"))
-        object.__setattr__(self, "std", parse_list(self.std, float, "--std"))
-        object.__setattr__(self, "betas", parse_list(self.betas, float, "--betas"))
         if not isinstance(self.task_options, dict):
             raise PhalanxError(f"expected a mapping of option: value, got {self.task_options!r}", "--task-option")
         if isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool):
@@ -212,7 +212,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 #: Headings of the --help pages: the first field of each group (fields are declared in groups).
 SECTIONS = {"task": "Run", "dataroot": "Data", "model": "Model", "epochs": "Optimisation",
-            "gpu_ids": "Devices and processes", "save_epoch_freq": "Output", "remote_transfer": "Remote storage"}
+            "gpu_ids": "Devices and processes", "save_epoch_freq": "Output", "remote": "Remote storage"}
 
 
 def section_of(name: str) -> str:
@@ -326,15 +326,9 @@ def _validate(cfg: RunConfig) -> None:
     def bad(name: str, message: str) -> PhalanxError:
         return PhalanxError(message, flag(name))
 
-    for name, kind in ((f.name, f.type) for f in dataclasses.fields(cfg)):
-        value = getattr(cfg, name)
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str,
-                    "str | None": (str, type(None))}.get(kind)
-        if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
-            raise bad(name, f"expected {kind}, got {value!r}")
-        choices = FIELDS[name].metadata["choices"]
-        if choices and value is not None and value not in choices:
-            raise bad(name, f"must be one of {', '.join(choices)} (got {value!r})")
+    # Types, choices, finite numbers, and lists from JSON and YAML ("0,1", a lone 0) as tuples: the
+    # one check every options dataclass goes through.
+    check_fields(cfg)
     tasks.check_name(cfg.task)
     object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
     for name in ("epochs", "batch_size", "grad_accum", "lr_step_epochs", "log_every"):

@@ -19,17 +19,18 @@ from .errors import PhalanxError
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
            identity: bool = True, metavar: str | None = None, launch_help: str | None = None,
-           cli: bool = True) -> Any:
+           cli: bool = True, valued: bool = False) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``identity=False`` marks options that do not change what a run computes (where files go,
     how much is printed, how many epochs to run for): a run directory may be resumed with a
     different value. ``launch_help`` replaces ``help`` in ``trainlaunch --help`` where the option
     means something else per DDP worker. ``cli=False``: a field of the configuration that no flag
-    sets directly.
+    sets directly. ``valued=True``: a bool option typed with a value (``--remote True``, as DeepLIIF
+    spells it) instead of a ``--flag/--no-flag`` pair.
     """
     meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
-            "launch_help": launch_help or help, "cli": cli}
+            "launch_help": launch_help or help, "cli": cli, "valued": valued}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     if isinstance(default, dict):

@@ -89,10 +89,21 @@ def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
         nnodes = parse_min_max_nnodes(args.nnodes)
     except ValueError as exc:
         raise PhalanxError(f"torchrun says: {exc}", OPTION) from None
+    _check_counts(nproc, nnodes)
     if not cfg.uses_cpu and nproc > len(cfg.gpu_ids):
         raise PhalanxError(f"{nproc} workers per node but only {len(cfg.gpu_ids)} --gpu-ids; give one "
                            "--gpu-ids per worker, or lower --nproc-per-node", OPTION)
     return LaunchPlan(argv, options, nproc, nnodes, args)
+
+
+def _check_counts(nproc: int, nnodes: tuple[int, int]) -> None:
+    """Counts torchrun's parser takes but its agent fails on later (an AssertionError, after the
+    run directory was checked): at least one worker, on at least one node."""
+    if nproc < 1:
+        raise PhalanxError(f"--nproc-per-node must be at least 1 (got {nproc})", OPTION)
+    low, high = nnodes
+    if low < 1 or high < low:
+        raise PhalanxError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX (got {low}:{high})", OPTION)
 
 
 def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
@@ -128,6 +139,9 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)
         return 0
     check_gpu_ids(cfg.gpu_ids)
+    from .run import check_batch_memory
+
+    check_batch_memory(cfg)  # before a worker starts, as train checks it
     if plan.nnodes[1] == 1:
         # A taken run directory or a bad --resume fails here, before any worker starts. With
         # several nodes on a shared disk, node 0's rank 0 may already have created the run;

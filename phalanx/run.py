@@ -79,6 +79,33 @@ def build_networks(cfg: RunConfig, task: Task) -> tuple[TaskData, dict[str, nn.M
     return data, models
 
 
+def check_batch_memory(cfg: RunConfig) -> None:
+    """``--image-size`` bounded before anything is allocated, whatever the data: a batch of
+    one-channel float32 images at that size (the least any task holds) must fit in this machine's
+    memory. A folder at --image-size 100000 asked for 39 GB for its first image, after the run
+    directory had been made."""
+    if not cfg.image_size:  # the data's own size: the data source bounds what it holds
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    per_image = cfg.image_size ** 2 * 4
+    if cfg.batch_size * per_image > memory:
+        largest = int((memory / (cfg.batch_size * 4)) ** 0.5)
+        raise PhalanxError(f"a batch of {cfg.batch_size} image(s) at {cfg.image_size} px would take at least "
+                           f"{cfg.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
+                           f"{memory / 2 ** 30:.0f} GiB of memory; give at most {largest} px, or a smaller "
+                           "--batch-size", "--image-size")
+
+
+def remote_notes(cfg: RunConfig) -> list[str]:
+    """DeepLIIF's guide has DDP users pass --remote True so that rank 0 pickles what visdom would
+    show: phalanx always does. Alone, it copies nothing anywhere: say so, and what would."""
+    if not cfg.remote or cfg.remote_transfer or cfg.remote_transfer_cmd:
+        return []
+    return [f"phalanx: --remote True: snapshots go to {cfg.snapshot_dir} (watch them with `phalanx visualize "
+            "--pickle_dir` there); to also copy them and the checkpoints elsewhere, add --remote-transfer-cmd "
+            "MODULE.FUNCTION or --remote-transfer s3://BUCKET/PREFIX"]
+
+
 def describe_run(cfg: RunConfig) -> list[str]:
     """``train --dry-run``: what this process would do, checked as a run checks it, nothing written.
     GPUs that are not on this machine are warned about, not refused: a plan is most useful on a
@@ -104,6 +131,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
 def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
     input fails here as it would), and the run directory (said, as a real run would stop there)."""
+    check_batch_memory(cfg)
     task = build_task(cfg)
     data = task.build_data()
     try:
@@ -123,7 +151,8 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
         resume = rundir.plan(cfg)
         action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume
                   else "no checkpoint there: a new run (--resume auto)" if cfg.resume == "auto"
-                  else "replaces the run there" if cfg.overwrite and rundir.holds_a_run(cfg.run_dir) else "a new run")
+                  else "replaces the run there" if cfg.overwrite and rundir.holds_a_run(cfg.run_dir)
+                  else rundir.REPLACED_NOTE if rundir.failed_before_a_checkpoint(cfg.run_dir) else "a new run")
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"
     lines.append(f"run dir: {cfg.run_dir}: {action}")
@@ -140,33 +169,37 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
             print(line, flush=True)
 
     # Every check first (run directory, task, data, networks, weights): bad input writes nothing.
+    check_batch_memory(cfg)
     resume = rundir.plan(cfg)
     task = build_task(cfg)
     data, models = build_networks(cfg, task)
     notes = task.load_weights(models, cfg.weights, data) if cfg.weights and resume is None else []
-    notes += task.notes()
+    notes += task.notes() + remote_notes(cfg)
     best = Best(task, cfg.best_metric)  # checks --best-metric
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
     strategy.barrier()
     run_id = resume.state.get("run_id", new_run_id()) if resume else new_run_id()
+    if cfg.resume is None and not cfg.overwrite and rundir.failed_before_a_checkpoint(cfg.run_dir):
+        notes.insert(0, f"phalanx: {cfg.run_dir} {rundir.REPLACED_NOTE}")
     if strategy.is_main:
         rundir.create(cfg, resume)
-    try:
-        outputs.start(run_id, task.panes(), best.spec(task))
-        if cfg.resume == "auto" and resume is None:
-            say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
-        for line in notes:
-            say(line)
-        return _fit(cfg, strategy, task, data, models, outputs, run_id, resume, say)
-    except Preempted:
-        outputs.status("preempted")
-        raise
-    except BaseException:
-        outputs.status("failed")
-        raise
-    finally:
-        outputs.close()  # the last snapshot, and every upload sent or reported
+    with rundir.claimed(cfg.run_dir, strategy.is_main):  # a live run is never replaced as a failed one
+        try:
+            outputs.start(run_id, task.panes(), best.spec(task))
+            if cfg.resume == "auto" and resume is None:
+                say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
+            for line in notes:
+                say(line)
+            return _fit(cfg, strategy, task, data, models, outputs, run_id, resume, say)
+        except Preempted:
+            outputs.status("preempted")
+            raise
+        except BaseException:
+            outputs.status("failed")
+            raise
+        finally:
+            outputs.close()  # the last snapshot, and every upload sent or reported
 
 
 def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models: dict[str, nn.Module],

@@ -6,10 +6,13 @@ included, runs before the first byte is written.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import checkpoint
 from .atomic import atomic_write_text
@@ -30,16 +33,69 @@ def holds_a_run(run_dir: Path) -> bool:
     return (run_dir / CONFIG).exists() or (run_dir / METRICS).exists() or any(run_dir.glob("*.pt"))
 
 
+def failed_before_a_checkpoint(run_dir: Path) -> bool:
+    """A run that stopped (diverged, out of memory, killed) before its first checkpoint: nothing to
+    resume and no weights to lose, so a new run replaces it without --overwrite. Never one that is
+    still running (its rank 0 holds the directory's lock)."""
+    return holds_a_run(run_dir) and not any(run_dir.glob("*.pt")) and not _locked(run_dir)
+
+
+REPLACED_NOTE = ("held a run that stopped before its first checkpoint: a new run replaces it (its config.json "
+                 "and metrics.jsonl start anew; logs/ keeps its tracebacks)")
+
+
+@contextlib.contextmanager
+def claimed(run_dir: Path, claim: bool) -> Iterator[None]:
+    """While the run lives, its rank 0 holds a lock on the run directory (flock on the directory
+    itself: no file is added); the kernel drops it when the process dies, however it dies."""
+    if not claim:
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        # Not taken: --overwrite of a live run (refused nowhere, as before), or a file system
+        # without locks (a run there is unguarded, as before).
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _locked(run_dir: Path) -> bool:
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # a file system without locks: nothing tells a live run, as before locks
+        return False
+    finally:
+        os.close(fd)  # drops the probe's lock
+
+
 def plan(cfg: RunConfig) -> Resume | None:
     """Check the run directory against the options; return the checkpoint to resume, if any."""
     run_dir = cfg.run_dir
+    check_creatable(run_dir, cfg.name)
     if cfg.resume is None:
-        if holds_a_run(run_dir) and not cfg.overwrite:
+        if holds_a_run(run_dir) and not cfg.overwrite and not failed_before_a_checkpoint(run_dir):
+            if not any(run_dir.glob("*.pt")):  # so it is locked: its run is training
+                raise PhalanxError(f"a run is training in {run_dir} (no checkpoint yet); wait for it to end, "
+                                   "or choose another --name", "--name")
             raise PhalanxError(f"{run_dir} already holds a run; pass --resume auto to continue it, "
                                "--overwrite to replace it, or choose another --name", "--name")
         return None
     if cfg.resume == "auto":
         found = checkpoint.load_latest_valid(run_dir)
+        if found is None and checkpoint.candidates(run_dir):  # never train over a run's history anew
+            raise PhalanxError(f"none of the {len(checkpoint.candidates(run_dir))} checkpoint(s) in {run_dir} loads "
+                               "(the warnings above say why); nothing was changed: move them aside to start a new "
+                               "run, or pass --overwrite", "--resume")
         if found is None:  # nothing saved yet: the same command starts the run (preemptible jobs)
             return None
         resume = Resume(*found)
@@ -47,6 +103,28 @@ def plan(cfg: RunConfig) -> Resume | None:
         resume = Resume(Path(cfg.resume), checkpoint.load(Path(cfg.resume)))
     _check_same_run(cfg, resume)
     return resume
+
+
+def check_creatable(run_dir: Path, name: str) -> None:
+    """The run directory is, or can be made, a writable directory; checked without writing, so bad
+    input writes nothing. The nearest existing folder decides: a file on the way, a read-only or
+    size-less filesystem (/proc, /sys: root may "write" there, yet nothing can be created)."""
+    if "\0" in str(run_dir):  # no file system takes it (Path.exists says False, mkdir raises)
+        raise PhalanxError(f"{str(run_dir)!r} holds a NUL byte", "--name" if "\0" in name else "--checkpoints-dir")
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    option = "--name" if existing == run_dir else "--checkpoints-dir"
+    if not existing.is_dir():
+        raise PhalanxError(f"{existing} is a file, not a directory; choose another {option}", option)
+    where = "" if existing == run_dir else f" (in {existing})"
+    try:
+        fs = os.statvfs(existing)
+    except OSError as exc:
+        raise PhalanxError(f"cannot use {run_dir}{where}: {exc.strerror}", option) from None
+    if fs.f_flag & os.ST_RDONLY or fs.f_blocks == 0 or not os.access(existing, os.W_OK | os.X_OK):
+        raise PhalanxError(f"cannot write {run_dir}{where}: a read-only or special filesystem, or no "
+                           "permission; choose a writable --checkpoints-dir", option)
 
 
 def _check_same_run(cfg: RunConfig, resume: Resume) -> None:
@@ -76,7 +154,7 @@ def create(cfg: RunConfig, resume: Resume | None) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob(".*.tmp-*"):  # a writer killed mid-write left its temporary behind
         stale.unlink(missing_ok=True)
-    if cfg.overwrite:
+    if cfg.overwrite or resume is None and not any(run_dir.glob("*.pt")):  # a replaced run, or one that failed early
         for path in [run_dir / CONFIG, run_dir / METRICS, *run_dir.glob("*.pt")]:
             path.unlink(missing_ok=True)
     # Records past the checkpoint (or all, when a restart found none) would be repeated.

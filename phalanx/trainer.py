@@ -28,8 +28,9 @@ from torch.utils.data import DataLoader
 from . import checkpoint
 from .config import RunConfig
 from .context import RunContext, StepContext
-from .data import loader_workers
-from .errors import PhalanxError, RunFailed
+from .data import by_epoch, loader_workers
+from .divergence import diverged, first_non_finite, loss_name, non_finite_metric
+from .errors import PhalanxError
 from .optim import build_optimizer, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
@@ -76,6 +77,8 @@ class Best:
 
     def improves(self, metrics: dict[str, float]) -> bool:
         value = metrics[self.name]
+        if not math.isfinite(value):
+            return False
         if self.value is None or (value > self.value if self.mode == "max" else value < self.value):
             self.value = value
             return True
@@ -124,7 +127,7 @@ class Trainer:
         self.num_train = len(data.train)
         self.data_info = data.info
         self.batches = EpochBatches()
-        self.train_loader = DataLoader(data.train, batch_sampler=self.batches, **workers)
+        self.train_loader = DataLoader(by_epoch(data.train), batch_sampler=self.batches, **workers)
         self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
                                      sampler=ShardSampler(len(data.val), self.rank, self.world_size))
         self.base_lr = strategy.plan.lr
@@ -143,6 +146,7 @@ class Trainer:
         self.epoch_sums = [0.0] * (len(self.loss_names) + 1)  # the epoch's loss sums and samples, all ranks
         self.val_samples = 0
         self.first_step_pending = True
+        self.window_from = 1  # the first step whose losses the next log covers
 
     @property
     def effective_batch(self) -> int:
@@ -198,11 +202,13 @@ class Trainer:
         for epoch in range(self.epoch + 1, self.cfg.epochs + 1):
             started = time.perf_counter()
             train_losses, rate = self._train_epoch(epoch)
+            self._stop_if_diverged(epoch)  # before the weights are evaluated or saved
             evaluation = self.evaluate()
             metrics = dict(evaluation.metrics)
             if self.ema:
                 averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
                 metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
+            self._stop_if_not_finite(epoch, metrics)
             self.epoch = epoch
             self._record_epoch(epoch, evaluation)
             train = {f"train_{name}": value for name, value in train_losses.items()}
@@ -233,7 +239,10 @@ class Trainer:
         for record in self.task.epoch_records(evaluation, epoch):
             self.outputs.record(record)
         if self.visuals is not None:  # image bytes: the snapshots keep them, the metrics log does not
-            self.outputs.snapshot_only(self.visuals.record(self.bare_models(), epoch, self.eval_ctx))
+            models = self.bare_models()
+            for model in models.values():  # as in validation; the next epoch's train_mode restores them
+                model.eval()
+            self.outputs.snapshot_only(self.visuals.record(models, epoch, self.eval_ctx))
 
     def _peak_memory(self) -> dict[str, Any]:
         """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
@@ -277,6 +286,7 @@ class Trainer:
         progress = ProgressLog(len(plan), f"epoch {epoch}/{self.cfg.epochs}",
                                self.cfg.progress and self.strategy.is_main, self.cfg.log_interval)
         started = window_start = time.perf_counter()
+        self.window_from = self.step + 1  # the first step of the window of losses not yet logged
         manual = self.task.manual_optimization
         steps_left = sum(micro.ends_step for micro in plan)
         for micro, batch in zip(plan, self.train_loader):
@@ -289,6 +299,8 @@ class Trainer:
             with self._no_sync(micro):
                 with self.ctx.autocast():
                     losses = self.task.training_step(batch, self.ctx)
+                if self.first_step_pending:
+                    self._check_loss_names(losses, manual)
                 if not manual:
                     self.ctx.backward(losses["loss"])
             if micro.real:
@@ -298,7 +310,10 @@ class Trainer:
             progress.update(micro.end - micro.start, lambda: (window[0] / window[-1].clamp(min=1)).item())
             if not micro.ends_step:
                 continue
+            first_step = self.first_step_pending
             self._optimizer_step(epoch, micro, manual)
+            if first_step:  # a far too high --lr shows at once; later steps are checked when logged
+                self._stop_if_diverged(epoch, {name: losses[name] for name in self.loss_names})
             steps_left -= 1
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
@@ -334,6 +349,7 @@ class Trainer:
 
     def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
+        self._stop_if_diverged(epoch)
         if self.strategy.is_main:
             path = self.cfg.run_dir / checkpoint.LATEST
             checkpoint.save([path], self.state_dict())
@@ -364,11 +380,42 @@ class Trainer:
         bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
         if bad:  # every rank sees the same sums, so every rank stops here
             name, value = next(iter(bad.items()))
-            kept = f"{checkpoint.LATEST} holds epoch {self.epoch}" if self.epoch else "no checkpoint was saved yet"
-            what = "loss" if name == "loss" else f"loss {name}"
-            raise RunFailed(f"the train {what} became {value} at step {self.step} (epoch {epoch}): training "
-                            f"diverged, so it stopped; {kept}. Lower --lr or add --warmup-epochs")
+            steps = f"step {self.step}" if self.window_from == self.step else f"steps {self.window_from}-{self.step}"
+            raise diverged(f"the train {loss_name(name)} became {value} in {steps}", epoch, self.epoch, self.base_lr)
+        self.window_from = self.step + 1
         return now, stops > 0
+
+    def _check_loss_names(self, losses: Any, manual: bool) -> None:
+        """The losses a step returns are those its task declares (``loss_names``): said at the first
+        step in one line, not as a KeyError in a log."""
+        wanted = set(self.loss_names) | ({"loss"} if not manual else set())
+        got = set(losses) if isinstance(losses, dict) else set()
+        if not isinstance(losses, dict) or not wanted <= got:
+            task = type(self.task).__name__
+            missing = ", ".join(sorted(wanted - got)) or "a dict"
+            raise PhalanxError(f"{task}.training_step returned {sorted(got) if isinstance(losses, dict) else type(losses).__name__}"
+                               f" without {missing}: it returns a dict with every name of {task}.loss_names "
+                               f"({', '.join(self.loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"),
+                               exit_code=1)
+
+    def _stop_if_diverged(self, epoch: int, losses: dict[str, torch.Tensor] | None = None) -> None:
+        """Stop before a non-finite loss or weight is trained on, evaluated or saved. One host sync
+        and one tiny all-reduce (so every rank stops together): at a process's first step and once
+        an epoch, not at every step."""
+        bad = first_non_finite(losses or {}, self.bare_models(), self.device)
+        flag = torch.tensor([float(bad is not None)], device=self.device)
+        if self.strategy.all_reduce_sum(flag).item() > 0:
+            what = bad or "weights of another rank"
+            raise diverged(f"the {what} became non-finite (inf or nan) at step {self.step}", epoch, self.epoch,
+                           self.base_lr)
+
+    def _stop_if_not_finite(self, epoch: int, metrics: dict[str, Any]) -> None:
+        """A model whose outputs are nan still has an accuracy (argmax of nan is 0: "best 33.33%"):
+        a non-finite validation metric stops the run before it is saved, as latest or best. The
+        metrics are reduced over ranks, so every rank stops here."""
+        bad = non_finite_metric(metrics)
+        if bad:
+            raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
 
     def eval_models(self) -> dict[str, nn.Module]:
         return {name: self.strategy.eval_model(model) for name, model in self.models.items()}

@@ -26,6 +26,28 @@ def phalanx_cache(tmp_path_factory):
     yield folder
 
 
+@pytest.fixture(autouse=True)
+def working_directory(tmp_path_factory, monkeypatch):
+    """Each test runs in an empty directory of its own: a test that leaves out --checkpoints-dir (or
+    any output path) writes there, never into the checkout where a user's own runs live (the README's
+    main job writes checkpoints/experiment there before the suite runs)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+def _checkout_files() -> set[str]:
+    return {str(p.relative_to(REPO)) for top in ("checkpoints", "runs") for p in (REPO / top).rglob("*")} | {
+        p.name for p in REPO.iterdir()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_as_found():
+    """The suite writes nothing into the checkout (it once trained into the main job's run directory)."""
+    before = _checkout_files()
+    yield
+    added = sorted(_checkout_files() - before - {".pytest_cache"})
+    assert not added, f"the test suite wrote into the checkout: {added[:10]}"
+
+
 @dataclass
 class Result:
     code: int

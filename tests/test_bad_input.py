@@ -4,6 +4,7 @@ written or changed. Plus a property test that throws random option values at the
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ def world(tmp_path_factory):
     (root / "emptyclass/train/digit0x").mkdir()
     write_digit_pngs(root / "corrupt", per_class=2)
     (root / "corrupt/train/digit3/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    shutil.copytree(root / "corrupt/train/digit2", root / "oneclass/train/digit3")
     (root / "bad.yaml").write_text("epochs: [1, 2\n")
     (root / "unknown.yaml").write_text("epochs: 1\nlearning_rate: 0.1\n")
     (root / "list.json").write_text("[1, 2]")
@@ -41,6 +43,8 @@ def world(tmp_path_factory):
     state = torch.load(done)
     state["config"]["model"] = "resnet18"  # a checkpoint whose weights do not fit its model
     torch.save(state, root / "mismatched.pt")
+    (root / "link.pt").symlink_to(done)  # the checkpoint by another name
+    (root / "notes.csv").write_text("a,b\n1,2\n")  # a CSV that predict did not write
     (root / "images").mkdir()
     yield root
     environment.undo()
@@ -56,6 +60,12 @@ CASES = [
     ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
     ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
     ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
+    ("user-task-builtin-flag", ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"], "--ngf",
+     "is an option of --task translate; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
+     "--task-option ngf=VALUE"),
+    ("translate-model", ["--task", "translate", "--model", "resnet18"], "--model", "--task translate does not use it"),
+    ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
+    ("ssl-no-train-folder", ["--task", "simclr", "--dataroot", "{w}/empty"], "--dataroot", "class folders optional"),
     ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),
     ("mnist-not-there", ["--dataset", "mnist", "--dataroot", "{w}/empty"], "--dataroot", "--download"),
     ("dataset-needs-dataroot", ["--dataset", "cifar10"], "--dataroot", "required"),
@@ -94,6 +104,13 @@ CASES = [
     ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
     ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
     ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),
+    ("checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file, not a directory"),
+    ("checkpoints-dir-in-proc", ["--checkpoints-dir", "/proc/x"], "--checkpoints-dir", "cannot write /proc/x"),
+    ("image-size-beyond-memory", ["--dataroot", "{w}/corrupt", "--image-size", "100000"], "--image-size",
+     "a batch of 32 image(s) at 100000 px would take at least"),
+    ("lr-inf", ["--lr", "inf"], "--lr", "finite"),
+    ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
+    ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
 ]
 if not torch.cuda.is_available():
     CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))
@@ -111,6 +128,10 @@ CASES += [("trainlaunch", *case) for case in [
     ("launch-epochs-zero", ["--epochs", "0", "--use-torchrun", "--nproc_per_node 2"], "--epochs", "positive"),
     ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
     ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),
+    ("torchrun-no-workers", ["--use-torchrun", "--nproc_per_node=0"], "--use-torchrun", "at least 1"),
+    ("torchrun-no-nodes", ["--use-torchrun", "--nnodes 0"], "--use-torchrun", "--nnodes"),
+    ("launch-image-size-beyond-memory", ["--image-size", "100000"], "--image-size", "GiB"),
+    ("launch-checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file"),
 ]]
 INFERENCE = [
     ("checkpoint-missing", ["--checkpoint", "{w}/nope.pt"], "--checkpoint", "does not exist"),
@@ -118,24 +139,53 @@ INFERENCE = [
     ("checkpoint-foreign", ["--checkpoint", "{w}/foreign.pt"], "--checkpoint", "not a phalanx checkpoint"),
     ("checkpoint-other-model", ["--checkpoint", "{w}/mismatched.pt"], "--checkpoint", "does not fit model"),
     ("no-ema", ["--checkpoint", "{w}/ck/done/latest.pt", "--ema"], "--ema", "without --ema-decay"),
+    ("checkpoint-json", ["--checkpoint", "{w}/list.json"], "--checkpoint", "a JSON file, not a torch checkpoint"),
+    ("checkpoint-text", ["--checkpoint", "{w}/bad.yaml"], "--checkpoint", "a text file, not a torch checkpoint"),
 ]
 CASES += [("evaluate", *case) for case in INFERENCE + [
     ("no-checkpoint", [], "--checkpoint", "Missing option"),
     ("eval-dataroot-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"], "--dataroot",
      "not a directory"),
+    ("eval-output-is-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
+     "--output", "is the checkpoint itself"),
+    ("eval-output-links-to-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/link.pt",
+                                         "--overwrite"], "--output", "is the checkpoint itself"),
+    ("eval-output-not-ours", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/list.json"], "--output",
+     "is not a results JSON phalanx wrote; pass --overwrite"),
+    ("eval-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/r.json"],
+     "--output", "/nope does not exist"),
+    ("eval-batch-negative", ["--checkpoint", "{w}/ck/done/latest.pt", "--batch-size", "-1"], "--batch-size",
+     "at least 0"),
 ]]
 CASES += [("predict", case[0], case[1] + ["{w}/empty", "--output", "{w}/p.csv"], *case[2:]) for case in INFERENCE] + [
     ("predict", "predict-no-images", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.csv"],
      "IMAGES", "no image files"),
     ("predict", "predict-bad-output", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.txt"],
      "--output", ".csv or .jsonl"),
-]
+] + [("predict", name, ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/corrupt", "--output", "{w}/p.csv", *args], *rest)
+     for name, args, *rest in [
+    ("predict-top-k-zero", ["--top-k", "0"], "--top-k", "at least 1"),
+    ("predict-batch-zero", ["--batch-size", "0"], "--batch-size", "at least 1"),
+    ("predict-score-above-one", ["--score-threshold", "2"], "--score-threshold", "between 0 and 1"),
+    ("predict-tile-overlap-negative", ["--tile-overlap", "-5"], "--tile-overlap", "at least 0"),
+    ("predict-tile-overlap-word", ["--tile-overlap", "wide"], "--tile-overlap", "pixels or auto"),
+    ("predict-output-not-ours", ["--output", "{w}/notes.csv"], "--output", "is not a predictions file phalanx wrote"),
+    ("predict-output-folder-missing", ["--output", "{w}/nope/p.csv"], "--output", "/nope does not exist"),
+]]
 CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for case in INFERENCE] + [
     ("export", "export-bad-format", ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "onnx", "--output", "{w}/m"],
      "--format", "onnx"),
+    ("export", "export-output-is-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output",
+                                               "{w}/ck/done/latest.pt"], "--output", "is the checkpoint itself"),
+    ("export", "export-output-not-ours", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/foreign.pt"],
+     "--output", "is not an export phalanx wrote; pass --overwrite"),
+    ("export", "export-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/m.ts"],
+     "--output", "/nope does not exist"),
 ]
 CASES += [("visualize", *case) for case in [
     ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
+    ("pickle-dir-file", ["--pickle_dir", "{w}/bad.yaml", "--once"], "--pickle-dir", "is a file, not a folder of snapshots"),
+    ("pickle-dir-file-live", ["--pickle-dir", "{w}/list.json"], "--pickle-dir", "is a file, not a folder of snapshots"),
     ("pickle-dir-garbage", ["--pickle-dir", "{w}/garbage_pickles", "--once"], "--pickle-dir", "no complete snapshot"),
     ("pickle-dir-hostile", ["--pickle-dir", "{w}/hostile_pickles", "--once"], "--pickle-dir", "refers to os.system"),
     ("pickle-dir-empty", ["--pickle-dir", "{w}/empty", "--once"], "--pickle-dir", "no complete snapshot"),

@@ -105,15 +105,33 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
 
 def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torchscript(detector, scenes, tmp_path,
                                                                                           phalanx):
-    images = sorted((scenes / "val/images").iterdir())[:5]
-    result = phalanx("predict", "--checkpoint", detector / "trained/best.pt", *images, "--output", tmp_path / "d.json")
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    # Images with their annotations.json: predict's JSON takes its image ids, and pycocotools scores it as it is.
+    result = phalanx("predict", "--checkpoint", detector / "trained/best.pt", scenes / "val/images", "--output",
+                     tmp_path / "d.json", "--score-threshold", 0)
     assert result.code == 0, result.err
     rows = json.loads((tmp_path / "d.json").read_text())
     assert rows and {"image_id", "file_name", "category_id", "category", "bbox", "score"} <= rows[0].keys()
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO(str(scenes / "val/annotations.json"))
+        scored = COCOeval(truth, truth.loadRes(str(tmp_path / "d.json")), "bbox")
+        scored.evaluate()
+        scored.accumulate()
+        scored.summarize()
+    best = max(r["mAP"] for r in records(detector / "trained", "val"))
+    assert scored.stats[0] == pytest.approx(best, abs=0.01)  # validation's mAP, but for boxes rounded to 0.01 px
+    assert {truth.imgs[r["image_id"]]["file_name"] for r in rows} == {r["file_name"] for r in rows}
     exported = phalanx("export", "--checkpoint", detector / "trained/best.pt", "--output", tmp_path / "det.ts")
     assert exported.code == 0, exported.err
-    code = ("import sys, torch, torchvision; m = torch.jit.load(sys.argv[1]); out = m([torch.rand(3, 64, 64)]); "
-            "assert 'phalanx' not in sys.modules; print(sorted(out[1][0]))")
+    # Loaded in a fresh process exactly as its FILE.json says (import torchvision first; a tuple back).
+    usage = json.loads((tmp_path / "det.ts.json").read_text())["usage"].replace("FILE", "sys.argv[1]")
+    code = (f"import sys; {usage.replace('[image]', '[torch.rand(3, 64, 64)]')}; "
+            "assert 'phalanx' not in sys.modules; print(sorted(detections[0]), losses)")
     shown = subprocess.run([sys.executable, "-c", code, str(tmp_path / "det.ts")], capture_output=True, text=True)
     assert shown.returncode == 0 and "boxes" in shown.stdout, shown.stderr[-1000:]
     program = phalanx("export", "--checkpoint", detector / "trained/best.pt", "--format", "exported-program",
@@ -143,7 +161,8 @@ def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categor
     hub = tmp_path / "torch"
     monkeypatch.setenv("TORCH_HOME", str(hub))
     small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
-    missing = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name)
+    missing = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name, "--checkpoints-dir",
+                      tmp_path / "ck")
     assert missing.code == 2 and "phalanx does not download" in missing.err
     (hub / "hub/checkpoints").mkdir(parents=True)
     torch.save(coco.state_dict(), hub / "hub/checkpoints" / os.path.basename(get_weight(name).url))
@@ -179,6 +198,8 @@ def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scene
     assert two.returncode == 0, two.stderr[-2000:]
     one_result, two_result = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert one_result["confusion_matrix"] == two_result["confusion_matrix"] and one_result["images"] == 41
+    # evaluate says which pixels it scored (validation's, not predict's full-size masks)
+    assert "centre-cropped" in one_result["scored_at"] and "scored on masks resized" in one.out
     assert one_result["metrics"]["mIoU"] == two_result["metrics"]["mIoU"] == pytest.approx(max(miou), abs=1e-12)
     other = run_phalanx("evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output",
                         tmp_path / "other.json", env=USER_MODELS)  # the split itself as --dataroot

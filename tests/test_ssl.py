@@ -4,6 +4,7 @@ backbone that helps a classifier with few labels."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -135,4 +136,13 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     result = phalanx("train", "--task", "byol", "--val-fraction", 0.9, "--epochs", 1, "--batch-size", 8,
                      "--checkpoints-dir", tmp_path, *SMALL)
     assert result.code == 0, result.err
-    assert records(tmp_path / "experiment", "val")[-1]["samples"] == 1617
+    recorded = records(tmp_path / "experiment", "val")[-1]
+    assert recorded["samples"] == 1617
+    # evaluate rebuilds the teacher from the checkpoint (it once crashed: no teacher outside training)
+    # and reproduces what training's validation recorded, the teacher's view loss included.
+    evaluated = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--batch-size", 8,
+                        "--output", tmp_path / "eval.json")
+    assert evaluated.code == 0, evaluated.err
+    metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
+    assert metrics["knn_acc"] == pytest.approx(recorded["knn_acc"], abs=1e-9)
+    assert metrics["view_loss"] == pytest.approx(recorded["view_loss"], rel=1e-5)

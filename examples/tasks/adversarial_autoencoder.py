@@ -4,9 +4,9 @@ Two networks, two optimizers, updated alternately as pix2pix does: the discrimin
 real digits from reconstructed ones, then the generator (the autoencoder) learns to reconstruct
 its input (L1) and to fool the discriminator. Run it from this folder:
 
-    phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --epochs 5
-    phalanx trainlaunch --task adversarial_autoencoder:AdversarialAutoencoder --use-torchrun "--nproc_per_node 2"
-    phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --task-option width=32
+    phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --epochs 5 --name aae
+    phalanx trainlaunch --task adversarial_autoencoder:AdversarialAutoencoder --use-torchrun "--nproc_per_node 2" --name aae-ddp
+    phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --task-option width=32 --name aae-wide
 
 No normalisation layers: each sample's losses depend on that sample alone, so 2 DDP workers x B
 train exactly what one process x 2B does (``--precision fp64`` shows it to rounding).
@@ -22,9 +22,7 @@ from torch import nn
 from phalanx.data import SeededView, load_digits
 from phalanx.data.sources import holdout_indices
 from phalanx.fields import option
-from phalanx.pictures import denormalize, png, strip
-from phalanx.records import images_item
-from phalanx.tasks import Evaluation, Task, TaskData
+from phalanx.tasks import Evaluation, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
 
@@ -122,12 +120,8 @@ class Reconstructions:
         self.images = images
 
     @torch.no_grad()
-    def record(self, models, epoch: int, ctx) -> dict:
-        generator = models["generator"]
-        was_training = generator.training
-        generator.eval()
-        rebuilt = generator(ctx.to_device(self.images)).cpu()
-        generator.train(was_training)
+    def record(self, models, epoch: int, ctx) -> dict:  # the networks are in eval mode here
+        rebuilt = models["generator"](ctx.to_device(self.images)).cpu()
         items = [images_item(png(strip([denormalize(a, [0.5], [0.5]), denormalize(b, [0.5], [0.5])])),
                              f"digit {i}: input | reconstruction") for i, (a, b) in enumerate(zip(self.images, rebuilt))]
         return {"kind": "images", "epoch": epoch, "title": "validation digits and their reconstructions",

@@ -42,6 +42,8 @@ class DataBundle:
 class TrainView(Dataset):
     """``view[i]``: image i without augmentation; ``view[(epoch, i)]``: as training sees it."""
 
+    takes_epoch = True
+
     def __init__(self, plain: Dataset, raw: Dataset, augment: Callable | None, seed: int):
         self.plain, self.raw, self.augment, self.seed = plain, raw, augment, seed
 
@@ -68,6 +70,8 @@ class SeededView(Dataset):
     a resume). ``augment`` receives the whole sample, so an image and its targets (a paired image,
     boxes, a mask) move together."""
 
+    takes_epoch = True  # the trainer asks for view[(epoch, i)]
+
     def __init__(self, base: Dataset, augment: Callable | None = None, seed: int = 0, plain: Dataset | None = None):
         self.base, self.augment, self.seed = base, augment, seed
         self.plain = base if plain is None else plain  # view[i]: the sample as evaluation prepares it
@@ -84,6 +88,12 @@ class SeededView(Dataset):
         sample = self.base[index]
         torch.default_generator.manual_seed(derive_seed(self.seed, "augment", epoch, index))
         return self.augment(sample)
+
+
+def by_epoch(train: Dataset) -> Dataset:
+    """A task's training split as the trainer reads it, ``split[(epoch, i)]``: a plain Dataset (or a
+    tensor) is a SeededView without augmentation, so it needs no epoch keys of its own."""
+    return train if getattr(train, "takes_epoch", False) else SeededView(train)
 
 
 class Mapped(Dataset):

@@ -11,6 +11,7 @@ are kept: they teach a detector what is background.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,42 @@ class CocoImages(Dataset):
 def collate(batch: list) -> tuple[list, list]:
     """Images and targets of a detection batch as lists: their sizes and box counts differ."""
     return [image for image, _ in batch], [target for _, target in batch]
+
+
+ANNOTATIONS = "annotations.json"
+
+
+@dataclass
+class PredictedIds:
+    """``predict``'s ``image_id`` and ``file_name`` of each image: the COCO annotations' (``source``),
+    so pycocotools scores predict's JSON against them as it is, or the image's position and path."""
+
+    ids: list[int]
+    file_names: list[str]
+    source: Path | None = None
+
+
+def predicted_ids(paths: list[Path]) -> PredictedIds:
+    """The ids of the first ``annotations.json`` beside the images (in their folder or up to two above,
+    ``file_name`` relative to its ``images/`` or to itself) that names every image; else positions."""
+    for folder in Path(os.path.abspath(paths[0])).parents[:3]:
+        matched = _named_in(folder / ANNOTATIONS, paths)
+        if matched is not None:
+            return PredictedIds([int(image["id"]) for image in matched], [str(image["file_name"]) for image in matched],
+                                folder / ANNOTATIONS)
+    return PredictedIds(list(range(len(paths))), [str(path) for path in paths])
+
+
+def _named_in(annotations: Path, paths: list[Path]) -> list[dict[str, Any]] | None:
+    """Each image's entry in ``annotations``; None unless it is COCO instances naming every image."""
+    if not annotations.is_file():
+        return None
+    try:
+        found = read_json(annotations, "IMAGES")
+    except PhalanxError:  # not COCO instances: not the images' annotations
+        return None
+    roots = (annotations.parent / "images", annotations.parent)
+    by_path = {os.path.abspath(root / str(image.get("file_name"))): image for image in found["images"]
+               if isinstance(image, dict) and "id" in image for root in roots}
+    matched = [by_path.get(os.path.abspath(path)) for path in paths]
+    return matched if all(matched) else None

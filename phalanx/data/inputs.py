@@ -3,6 +3,7 @@ loader workers; an image that cannot be read is reported with its reason, never 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,8 @@ from .manifest import IMAGE_SUFFIXES
 
 
 def image_paths(inputs: tuple[str, ...]) -> list[Path]:
-    """Files as given, folders searched recursively for image files, in a stable order."""
+    """Files as given, folders searched recursively for image files, in a stable order; an image
+    given twice (a file and its folder) is predicted once."""
     found: list[Path] = []
     for item in inputs:
         path = Path(item)
@@ -27,7 +29,27 @@ def image_paths(inputs: tuple[str, ...]) -> list[Path]:
             raise PhalanxError(f"{item} is neither an image file nor a folder", "IMAGES")
     if not found:
         raise PhalanxError(f"no image files in {', '.join(inputs)}", "IMAGES")
-    return found
+    unique: dict[str, Path] = {}
+    for path in found:
+        unique.setdefault(os.path.abspath(path), path)
+    return list(unique.values())
+
+
+def output_names(paths: list[Path], suffix: str = ".png") -> list[Path]:
+    """Where each image's own output file goes under an output folder: its path relative to the
+    deepest folder that holds every image (``train/images/a.png`` and ``val/images/a.png`` stay
+    apart), with ``suffix``. Two images that would still share a name (``a.jpg`` and ``a.png``) are
+    refused before any work, so no output overwrites another."""
+    absolute = [Path(os.path.abspath(p)) for p in paths]
+    base = Path(os.path.commonpath([str(p.parent) for p in absolute]))
+    names: dict[Path, Path] = {}
+    for path, full in zip(paths, absolute):
+        name = full.relative_to(base).with_suffix(suffix)
+        if name in names:
+            raise PhalanxError(f"{names[name]} and {path} would both be written as {name}; predict them in separate "
+                               "runs (or rename one)", "IMAGES")
+        names[name] = path
+    return list(names)
 
 
 def why_unreadable(exc: Exception) -> str:

@@ -55,6 +55,9 @@ def scan(split_dir: Path, classes: list[str] | None, unlabelled: bool = False) -
         images = [(rel, size, mtime, -1) for rel, size, mtime in _list_images(split_dir)]
         if images:
             return Scanned([], images)
+    if not found and unlabelled:
+        raise PhalanxError(f"{split_dir} has no images; expected {split_dir}/<images> or {split_dir}/<class>/<images>",
+                           "--dataroot")
     if not found:
         raise PhalanxError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<images>", "--dataroot")
     if classes is not None and found != classes:

@@ -155,7 +155,8 @@ def _image_folder(cfg: RunConfig, channels: int | None, unlabelled: bool = False
     if not root.is_dir():
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
     if not (root / "train").is_dir():
-        raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/<class>/<images>", "--dataroot")
+        layout = f"{root}/train/<images> (class folders optional)" if unlabelled else f"{root}/train/<class>/<images>"
+        raise PhalanxError(f"{root} has no train/ folder; expected {layout}", "--dataroot")
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
     mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"

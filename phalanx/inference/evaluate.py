@@ -14,37 +14,39 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..atomic import atomic_write_text
-from ..config import RunConfig
 from ..context import RunContext
 from ..data import loader_workers
 from ..errors import PhalanxError
 from ..devices import placement
 from ..parallel import strategy_for
 from ..sampling import ShardSampler
-from .model import Trained, load_trained
+from .model import load_trained
 from .options import EvaluateOptions
+from .outputs import check_file, evaluate_results
 
 
-def run_config(trained: Trained, opts: EvaluateOptions) -> RunConfig:
-    """The training configuration, with this command's devices, batch size and data."""
+def config_changes(opts: EvaluateOptions) -> dict[str, Any]:
+    """This command's devices, batch size and data over the training configuration."""
     changes: dict[str, Any] = {"gpu_ids": opts.gpu_ids, "num_workers": opts.num_workers, "resume": None,
                                "overwrite": False, "sync_bn": False}
     if opts.batch_size:
         changes["batch_size"] = opts.batch_size
     if opts.dataroot:
         changes.update(dataroot=opts.dataroot, dataset=opts.dataset or "folder")
-    return trained.config.replace(**changes)
+    return changes
 
 
 def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
-    trained = load_trained(opts.checkpoint, opts.ema)
-    cfg = run_config(trained, opts)
-    recorded = trained.config.dataroot
+    if opts.output:  # before any work: a missing folder or a file not ours is refused now, not after
+        check_file(Path(opts.output), opts.checkpoint, opts.overwrite, evaluate_results, "a results JSON")
+    # The trained task (its networks and its own state: BYOL's teacher) with this command's data,
+    # batch and devices.
+    trained = load_trained(opts.checkpoint, opts.ema, config_changes(opts))
+    cfg, task = trained.config, trained.task
+    recorded = cfg.dataroot
     if not opts.dataroot and recorded and not Path(recorded).exists():
         raise PhalanxError(f"the run's data, recorded in the checkpoint as {recorded}, is not there; pass --dataroot "
                            "DIR to evaluate on data elsewhere", "--dataroot")
-    task = type(trained.task)(cfg)  # the trained task, with this command's data, batch and devices
-    task.restore_info(trained.info)
     with strategy_for(cfg, placement()) as strategy:
         dataset, what = task.evaluation_data(trained, opts.dataroot, opts.dataset)
         models = {name: model.to(strategy.device) for name, model in trained.models.items()}

@@ -18,6 +18,7 @@ from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
 from .model import load_trained
 from .options import ExportOptions
+from .outputs import check_export_files, check_place
 
 SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}
 
@@ -36,15 +37,19 @@ def check_output(output: Path, fmt: str) -> None:
 def export(opts: ExportOptions) -> list[Path]:
     output = Path(opts.output)
     check_output(output, opts.format)
+    check_place(output)
     trained = load_trained(opts.checkpoint, opts.ema)
     scripted = trained.task.script_export
     if scripted and opts.format != "torchscript":
         raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
                            "list of images, which torch.export cannot follow)", "--format")
     modules = trained.task.export_modules(trained)
+    paths = {name: output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
+             for name in modules}
+    check_export_files(list(paths.values()), opts.checkpoint, opts.overwrite)
     written = []
     for name, (module, example) in modules.items():
-        path = output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
+        path = paths[name]
         _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name,
                scripted)
         meta = {**trained.task.export_metadata(trained), "network": name, "task": trained.config.task,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -28,14 +28,17 @@ class Trained:
     info: dict[str, Any]
 
 
-def load_trained(path: str, ema: bool = False) -> Trained:
-    """Rebuild the task's networks by name and load their weights; a foreign, truncated or
-    mismatched file is one clear error (exit 2)."""
+def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None = None) -> Trained:
+    """Rebuild the task's networks by name and load their weights and the task's own state (a
+    momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
+    ``changes``: this command's options over the run's (devices, batch size, data)."""
     state = checkpoint.load(Path(path), OPTION)
     try:
         cfg = from_mapping(state["config"], source=OPTION)
     except (KeyError, TypeError, PhalanxError) as exc:
         raise PhalanxError(f"{path} has no usable run configuration ({exc})", OPTION) from None
+    if changes:
+        cfg = cfg.replace(**changes)
     task = task_class(cfg.task)(cfg)
     info = state.get("data") or _infer_data(cfg, state["models"]["model"])
     task.restore_info(info)
@@ -57,6 +60,7 @@ def load_trained(path: str, ema: bool = False) -> Trained:
             what = cfg.model if cfg.task == "classify" else f"{cfg.task}'s {name}"
             raise PhalanxError(f"{path} does not fit model {what!r} ({first[:200]})", OPTION) from None
         model.eval()
+    task.load_state_dict(state.get("task_state") or {})
     return Trained(Path(path), cfg, task, models, info)
 
 

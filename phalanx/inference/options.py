@@ -5,9 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DATASETS
+from ..errors import PhalanxError
 from ..fields import option
 
 CHECKPOINT_HELP = "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt); it is all these commands need."
+OVERWRITE_HELP = ("Replace an --output file that phalanx did not write (never the checkpoint itself); files phalanx "
+                  "wrote are replaced without it.")
+
+
+def at_least(value: int, least: int, option_name: str, why: str) -> None:
+    """Checked where the options are built, so a bad value is refused before any work."""
+    if value < least:
+        raise PhalanxError(f"must be at least {least} ({why}); got {value}", option_name)
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,10 @@ class EvaluateOptions:
     gpu_ids: tuple[int, ...] = option((), "GPU to evaluate on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Evaluate the moving average of the weights (a run with --ema-decay).")
+    overwrite: bool = option(False, OVERWRITE_HELP)
+
+    def __post_init__(self) -> None:
+        at_least(self.batch_size, 0, "--batch-size", "images per batch; 0 for the run's")
 
 
 @dataclass(frozen=True)
@@ -38,9 +51,33 @@ class PredictOptions:
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
     progress: bool = option(True, "Show a progress bar on stderr.")
-    score_threshold: float = option(0.3, "--task detect: detections below this score are left out.", metavar="S")
-    tile_overlap: int = option(32, "--task translate: images larger than the training size are translated in tiles "
-                               "of that size overlapping by this many pixels, blended.", metavar="PIXELS")
+    score_threshold: float = option(0.3, "--task detect: detections below this score are left out (0 keeps "
+                                    "every detection, as COCO mAP counts them).", metavar="S")
+    tile_overlap: str = option("auto", "--task translate: images larger than the training size are translated in "
+                               "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
+                               "the training size).", metavar="PIXELS|auto")
+    overwrite: bool = option(False, OVERWRITE_HELP)
+
+    def __post_init__(self) -> None:
+        at_least(self.top_k, 1, "--top-k", "how many classes to list per image")
+        at_least(self.batch_size, 1, "--batch-size", "images per batch")
+        if not 0 <= self.score_threshold <= 1:
+            raise PhalanxError(f"must be between 0 and 1 (a detection's score); got {self.score_threshold}",
+                               "--score-threshold")
+        self.overlap_pixels()  # checked now, used by --task translate
+
+    def overlap_pixels(self) -> int | None:
+        """``--tile-overlap`` in pixels; None for auto (the task picks it from the training size)."""
+        text = str(self.tile_overlap).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            pixels = int(text)
+        except ValueError:
+            raise PhalanxError(f"expected a number of pixels or auto, got {self.tile_overlap!r}", "--tile-overlap") \
+                from None
+        at_least(pixels, 0, "--tile-overlap", "pixels two neighbouring tiles share")
+        return pixels
 
 
 @dataclass(frozen=True)
@@ -51,3 +88,4 @@ class ExportOptions:
     output: str = option(None, "The file to write; class names and preprocessing go beside it, in FILE.json.",
                          metavar="FILE")
     ema: bool = option(False, "Export the moving average of the weights (a run with --ema-decay).")
+    overwrite: bool = option(False, OVERWRITE_HELP)

@@ -5,6 +5,7 @@ nothing could be predicted the command fails."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..data.inputs import image_paths
 from ..errors import EXIT_FAILED, PhalanxError
@@ -12,9 +13,12 @@ from ..tasks.features import check_features_output, write_features
 from ..tasks import Task
 from .model import device_for, load_trained
 from .options import PredictOptions
+from .outputs import check_predict_files, check_predict_place
 
 
 def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
+    output = Path(opts.output)
+    check_predict_place(output)  # before the model loads
     trained = load_trained(opts.checkpoint, opts.ema)
     task = trained.task
     if opts.features:
@@ -24,6 +28,7 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
         check_features_output(opts.output)
     else:
         task.check_predict_output(opts.output)
+    check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
     paths = image_paths(paths_given)
     device = device_for(opts.gpu_ids)
     if opts.features:

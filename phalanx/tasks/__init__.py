@@ -31,6 +31,8 @@ class TaskInfo:
     defaults: dict[str, Any] = field(default_factory=dict)  # general options it sets otherwise
     # general options it sets otherwise depending on what else was given (the LR of a model and batch)
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # general options it does not read -> what to use instead: given, they are refused, not ignored
+    unused: dict[str, str] = field(default_factory=dict)
 
 
 def _classifier_lr(given: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +57,8 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              "phalanx.tasks.translate:TranslateTask",
              # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
-              "batch_size": 1, "image_size": 256}),
+              "batch_size": 1, "image_size": 256, "model": "pix2pix"},
+             unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm"}),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
              "phalanx.tasks.ssl:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
@@ -107,17 +110,18 @@ def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
     return found
 
 
-def not_an_option_of(name: str, task: str) -> PhalanxError:
+def not_an_option_of(name: str, task: str, hint: str = "") -> PhalanxError:
     owners = option_owners().get(name, [])
     where = " or ".join(f"--task {t}" for t in owners) if owners else "another task"
-    return PhalanxError(f"is an option of {where}; this run's task is {task}", flag(name))
+    return PhalanxError(f"is an option of {where}; this run's task is {task}{hint}", flag(name))
 
 
 def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
-    """A built-in task's options, checked and completed with defaults; a user task's as given
-    (they are checked against its class when it is imported, at the start of a run)."""
+    """A task's options, checked, typed and completed with defaults: a built-in's here, your own
+    task's by its class (imported, as for its ``defaults``), so ``config.json`` records 32, not "32"."""
     if is_user_task(task):
-        return dict(given)
+        options = task_class(task).parse_options(given)
+        return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(given)
     info = BUILTIN[task]
     known = {f.name: f for f in dataclasses.fields(info.options)}
     values = {}
@@ -130,6 +134,15 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
             value = parse_text(value, known[name].type, flag(name))
         values[name] = value
     return dataclasses.asdict(info.options(**values))
+
+
+def check_used(task: str, given: dict[str, Any]) -> None:
+    """A general option the task does not read, given with another value than the task's own, is
+    refused in one line (it would be ignored without a word)."""
+    info = BUILTIN.get(task)
+    for name, instead in (info.unused.items() if info else ()):
+        if name in given and given[name] != info.defaults.get(name):
+            raise PhalanxError(f"--task {task} does not use it ({instead})", flag(name))
 
 
 def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -164,9 +177,18 @@ def task_class(name: str) -> type:
 
 
 def __getattr__(name: str) -> Any:
-    """``from phalanx.tasks import Task, TaskData, pane``: the API, imported (with torch) on first use."""
+    """``from phalanx.tasks import Task, TaskData, pane, images_item, png, strip, denormalize``: the
+    API, imported (with torch) on first use. The last four make a ``visuals`` record's pictures."""
     if name in ("Task", "TaskData", "Evaluation", "pane"):
         from . import base
 
         return getattr(base, name)
+    if name in ("png", "strip", "denormalize"):
+        from .. import pictures
+
+        return getattr(pictures, name)
+    if name == "images_item":
+        from ..records import images_item
+
+        return images_item
     raise AttributeError(name)

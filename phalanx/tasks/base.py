@@ -209,6 +209,11 @@ class Task:
             with ctx.autocast():
                 found = self.validation_step(models, batch, ctx)
             for key, value in found.items():
+                if key not in sums:  # else a bare KeyError after a whole epoch of training
+                    raise PhalanxError(f"{type(self).__name__}.validation_step returned {key!r}, which its "
+                                       f"empty_sums() does not declare ({', '.join(sums)}); declare every sum "
+                                       "there (a rank with no validation sample still all-reduces it)",
+                                       exit_code=1)
                 sums[key] += value.detach().to(torch.float64)
         return self.validation_metrics(ctx.all_reduce_sums(sums))
 
@@ -225,18 +230,28 @@ class Task:
 
     # --- dashboard -----------------------------------------------------------------------------
     def panes(self) -> list[dict[str, Any]]:
-        """Line panes: each named loss and each validation metric on its own labelled axes."""
-        panes = [pane(f"train_{name}", f"train {name} (mean over ranks)", name, "train", [(name, name)])
-                 for name in self.loss_names]
-        return panes + [pane(f"val_{name}", f"validation {name}", name, "val", [(name, name)])
-                        for name in self.metric_names()]
+        """Line panes: each named loss and each validation metric on its own axes, labelled with
+        ``metric_labels`` (the status pane's words) where it names them."""
+        label = self.metric_labels.get
+        panes = [pane(f"train_{name}", f"train {label(name, name)} (mean over ranks)", label(name, name), "train",
+                      [(name, label(name, name))]) for name in self.loss_names]
+        return panes + [pane(f"val_{name}", f"validation {label(name, name)}", label(name, name), "val",
+                             [(name, label(name, name))]) for name in self.metric_names()]
 
     def metric_names(self) -> list[str]:
-        return [self.best_metric[0]]
+        """The validation metrics that get dashboard panes and that ``--best-metric`` accepts; by
+        default every metric ``validation_metrics`` makes of ``empty_sums()``."""
+        try:  # names only: a task whose metrics need real sums says them by overriding this
+            names = list(self.validation_metrics(self.empty_sums()).metrics)
+        except Exception:
+            names = []
+        return names or [self.best_metric[0]]
 
     def visuals(self, data: TaskData) -> Any:
         """What global rank 0 shows of each epoch: an object with ``record(models, epoch, ctx)``
-        returning an ``images`` record, or None."""
+        returning an ``images`` record (made with ``images_item``, ``png``, ``strip`` and
+        ``denormalize`` from ``phalanx.tasks``), or None. ``record`` gets the bare networks in eval
+        mode, after validation; the trainer puts them back in training mode."""
         return None
 
     # --- using a checkpoint --------------------------------------------------------------------

@@ -66,6 +66,10 @@ class ClassifyTask(Task):
         return TaskData(data.train, data.val, description, data_info(data), skipped=data.skipped)
 
     def num_classes(self, data: DataBundle) -> int:
+        if data.num_classes < 2:  # every prediction would be right: "100%" that means nothing
+            only = f" ({data.classes[0]})" if data.classes else ""
+            raise PhalanxError(f"the training data has one class{only}; a classifier needs two or more "
+                               "(self-supervised tasks, --task simclr or byol, learn from one folder)", "--dataroot")
         wanted = self.options.num_classes
         if wanted and wanted < data.num_classes:
             raise PhalanxError(f"{wanted} is fewer than the {data.num_classes} classes in the data", "--num-classes")

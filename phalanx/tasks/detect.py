@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import records
 from ..atomic import atomic_write_text
 from ..data import SeededView, loader_workers
-from ..data.coco import CocoImages, collate, load_split
+from ..data.coco import CocoImages, collate, load_split, predicted_ids
 from ..data.inputs import InputImages, collate_inputs
 from ..errors import PhalanxError
 from ..pictures import png
@@ -220,8 +220,12 @@ class DetectTask(Task):
 
     @torch.no_grad()
     def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
-        """COCO-style detections (bbox [x, y, w, h] in pixels, score, category) of each image, with
-        ``image_id`` its position in the list and ``file_name`` its path, to OUTPUT.json."""
+        """COCO-style detections (bbox [x, y, w, h] in pixels, score, category) of each image, to
+        OUTPUT.json: ``image_id`` and ``file_name`` those of an ``annotations.json`` beside the images
+        that names them all (pycocotools scores the file as it is), else the image's position and path."""
+        named = predicted_ids(paths)
+        if named.source is not None:
+            print(f"phalanx: image_id and file_name as {named.source} gives them")
         dataset = InputImages(paths, "RGB", lambda image: image.float() / 255.0)
         workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
                                  torch.get_num_threads() if device.type == "cpu" else 1)
@@ -234,21 +238,27 @@ class DetectTask(Task):
             if images:
                 for index, found in zip(indices, model([image.to(device) for image in images])):
                     done += 1
-                    for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(),
-                                                 found["labels"].tolist()):
-                        if score < opts.score_threshold:
-                            continue
-                        category = self.categories[label - 1] if 0 < label <= len(self.categories) else None
-                        rows.append({"image_id": index, "file_name": str(paths[index]),
-                                     "category_id": category["id"] if category else label,
-                                     "category": category["name"] if category else str(label),
-                                     "bbox": [round(v, 2) for v in (box[0], box[1], box[2] - box[0], box[3] - box[1])],
-                                     "score": round(score, 5)})
+                    which = {"image_id": named.ids[index], "file_name": named.file_names[index],
+                             "path": str(paths[index])}
+                    rows += self._detections(found, which, opts.score_threshold)
             bar.update(len(indices) + len(bad), lambda: 0.0)
         bar.close()
         if done:
             atomic_write_text(Path(opts.output), json.dumps(rows, indent=1) + "\n")
         return done, skipped
+
+    def _detections(self, found: dict[str, torch.Tensor], which: dict[str, Any], threshold: float) -> list[dict]:
+        """One image's detections at or above ``threshold`` as COCO results, each with ``which`` image's keys."""
+        rows = []
+        for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()):
+            if score < threshold:
+                continue
+            category = self.categories[label - 1] if 0 < label <= len(self.categories) else None
+            rows.append({**which, "category_id": category["id"] if category else label,
+                         "category": category["name"] if category else str(label),
+                         "bbox": [round(v, 2) for v in (box[0], box[1], box[2] - box[0], box[3] - box[1])],
+                         "score": round(score, 5)})
+        return rows
 
     script_export = True  # torchvision's detectors take lists of images: TorchScript scripts them; tracing cannot
 
@@ -257,7 +267,12 @@ class DetectTask(Task):
 
     def export_metadata(self, trained: Any) -> dict[str, Any]:
         return {"input": "a list of RGB images, (3, H, W) floats in [0, 1]", "categories": self.categories,
-                "outputs": "per image: boxes (x0, y0, x1, y1 pixels), scores, labels (1..K: the categories in order)"}
+                "outputs": "a tuple (losses, detections): losses is an empty dict in eval mode; detections, per "
+                           "image: boxes (x0, y0, x1, y1 pixels), scores, labels (1..K: the categories in order)",
+                "load": "import torchvision before torch.jit.load: it registers the detector's operators "
+                        "(torchvision::nms); without it the load fails with 'Unknown builtin op'",
+                "usage": "import torch, torchvision; model = torch.jit.load(FILE); "
+                         "losses, detections = model([image])"}
 
 
 def coco_scores(ground_truth: dict[str, Any], image_ids: list[int], results: list[dict[str, Any]],

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import records
 from ..atomic import atomic_write
 from ..data import SeededView, loader_workers
-from ..data.inputs import InputImages, collate_inputs
+from ..data.inputs import InputImages, collate_inputs, output_names
 from ..data.masks import MaskPairs, find_masks
 from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation
 from ..errors import PhalanxError
@@ -215,11 +215,18 @@ class SegmentTask(Task):
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
         return {"images": evaluation.extra["samples"], "iou": evaluation.extra["iou"],
-                "confusion_matrix": evaluation.extra["confusion"].tolist()}
+                "confusion_matrix": evaluation.extra["confusion"].tolist(), "scored_at": self.scored_at()}
+
+    def scored_at(self) -> str:
+        # Validation's pixels, not predict's: predict writes each mask at its image's own size, so a
+        # mIoU of predict's masks against full-size truth can differ from this one.
+        size = self.cfg.image_size
+        return (f"masks resized (shorter side) to {size} px and centre-cropped to {size}x{size}, as validation "
+                "prepares them; predict writes masks at each image's own size")
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
-        lines = [f"{results['checkpoint']} on {results['data']}",
+        lines = [f"{results['checkpoint']} on {results['data']}", f"scored on {results['scored_at']}",
                  f"images {results['images']}  mIoU {m['mIoU']:.4f}  pixel accuracy {100 * m['pixel_acc']:.2f}%", "",
                  f"{'class':<8} {'IoU':>8}"]
         lines += [f"{c:<8} {'-' if v is None else f'{v:.4f}':>8}" for c, v in enumerate(results["iou"])]
@@ -234,7 +241,8 @@ class SegmentTask(Task):
     @torch.no_grad()
     def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
         """Each image's mask (a class index per pixel, at the image's size) to OUTPUT/masks/<name>.png,
-        and the image with its classes painted over to OUTPUT/overlays/<name>.png."""
+        and the image with its classes painted over to OUTPUT/overlays/<name>.png; <name> keeps the
+        image's folders below the deepest folder holding every input (``output_names``)."""
         from PIL import Image
 
         info = trained.info
@@ -243,6 +251,7 @@ class SegmentTask(Task):
         workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
                                  torch.get_num_threads() if device.type == "cpu" else 1)
         loader = DataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=collate_inputs)
+        names = output_names(paths)  # before any work: two images never share an output
         model = Logits(trained.models["segmenter"]).to(device)
         output, done, skipped = Path(opts.output), 0, []
         bar = ProgressBar(len(loader), "predict", opts.progress)
@@ -256,7 +265,7 @@ class SegmentTask(Task):
                 logits = nn.functional.interpolate(full_precision(model(small.to(device))).cpu(), size=(height, width),
                                                    mode="bilinear")
                 mask = logits.argmax(1)[0]
-                name = paths[index].with_suffix(".png").name
+                name = names[index]
                 array = mask.numpy().astype("uint8" if self.classes <= 256 else "int32")
                 for folder, picture in (("masks", Image.fromarray(array)),
                                         ("overlays", None)):

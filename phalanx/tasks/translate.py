@@ -10,6 +10,7 @@ Validation: per target, L1, PSNR and SSIM over every validation image once, at a
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from .. import records
 from ..atomic import atomic_write
 from ..data import SeededView, loader_workers
-from ..data.inputs import InputImages, collate_inputs
+from ..data.inputs import InputImages, collate_inputs, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..errors import PhalanxError
@@ -29,6 +30,7 @@ from ..progress import ProgressBar
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
+from .tiling import tile_overlap, tiled
 from .translate_nets import build_discriminator, build_generator, check_generator
 
 SHOWN = 4  # validation samples drawn each epoch
@@ -106,6 +108,7 @@ class TranslateTask(Task):
                        f"layout, {self.targets} target(s), {size}x{size}"
                        f"{', random crop + flip' if augment and flip else ', random crop' if augment else ''}{gone})")
         info = {"targets": self.targets, "channels": channels, "size": size, "mode": train_pairs.mode,
+                "layout": train_pairs.layout,
                 "mean": [0.5] * channels, "std": [0.5] * channels, "generator": self.options.generator}
         return TaskData(train, Transformed(val_files, prepare), description, info, skipped=skipped)
 
@@ -252,22 +255,26 @@ class TranslateTask(Task):
     @torch.no_grad()
     def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
         """Each image translated at its own size (tiles of the training size, blended where they
-        overlap), written as PNG under OUTPUT/target<N>/ with the input's name."""
+        overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
+        below the deepest folder holding every input (``output_names``)."""
         info = trained.info
+        names = output_names(paths)  # before any work: two images never share an output
+        overlap = tile_overlap(opts.overlap_pixels(), info["size"])
         dataset = InputImages(paths, info["mode"], lambda image: image.float() / 127.5 - 1.0)
         workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
                                  torch.get_num_threads() if device.type == "cpu" else 1)
         loader = DataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=collate_inputs)
         generators = [trained.models[self.net("generator", t)].to(device) for t in range(self.targets)]
         output = Path(opts.output)
-        names = _output_names(paths)
-        done, skipped = 0, []
+        done, skipped, panels = 0, [], []
         bar = ProgressBar(len(loader), "predict", opts.progress)
         for indices, images, _, bad in loader:
             skipped += [(paths[i], why) for i, why in bad]
             for index, image in zip(indices, images):
+                if self._looks_like_panels(image, info):
+                    panels.append(paths[index])
                 for t, generator in enumerate(generators):
-                    out = tiled(generator, image[None].to(device), info["size"], opts.tile_overlap)[0]
+                    out = tiled(generator, image[None].to(device), info["size"], overlap)[0]
                     target = output / f"target{t + 1}" / names[index]
                     data = png((out.float().cpu() + 1) / 2, min_side=0)
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +282,19 @@ class TranslateTask(Task):
                 done += 1
             bar.update(len(indices) + len(bad), lambda: 0.0)
         bar.close()
+        self._warn_of_panels(panels)
         return done, skipped
+
+    def _looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
+        """An input and its targets side by side (the aligned layout's files), not an input alone."""
+        return info.get("layout") != "plain" and image.shape[-1] == (self.targets + 1) * image.shape[-2]
+
+    def _warn_of_panels(self, panels: list[Path]) -> None:
+        if panels:
+            count = self.targets + 1
+            print(f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
+                  f"x height, the aligned training data's input|target layout), e.g. {panels[0]}: each was "
+                  "translated whole; give predict the input panel (the left one) alone", file=sys.stderr, flush=True)
 
     def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size, channels = trained.info["size"], trained.info["channels"]
@@ -289,53 +308,6 @@ class TranslateTask(Task):
                 "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
                 "outputs": "the translated image, (output + 1) * 127.5 for pixels",
                 "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does"}
-
-
-def _output_names(paths: list[Path]) -> list[str]:
-    """Each input's name as a PNG; names that repeat (from several folders) get their folder's too."""
-    names = [p.with_suffix(".png").name for p in paths]
-    seen: dict[str, int] = {}
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-    return [name if seen[name] == 1 else f"{p.parent.name}_{name}" for p, name in zip(paths, names)]
-
-
-def tiled(generator: nn.Module, image: torch.Tensor, size: int, overlap: int) -> torch.Tensor:
-    """The generator's output for an image (1, C, H, W) of any size: tiles of ``size`` (the training
-    size) every ``size - overlap`` pixels, each weighted by a ramp that falls towards its edges inside
-    the overlaps, summed and normalised; an image smaller than a tile is padded by reflection (or by
-    its edge, where it is too small to reflect) and cropped back."""
-    _, _, height, width = image.shape
-    padded_h, padded_w = max(height, size), max(width, size)
-    if (padded_h, padded_w) != (height, width):
-        mode = "reflect" if padded_h - height < height and padded_w - width < width else "replicate"
-        image = nn.functional.pad(image, (0, padded_w - width, 0, padded_h - height), mode=mode)
-    overlap = max(0, min(overlap, size - 1))
-    stride = size - overlap
-    tops = _starts(padded_h, size, stride)
-    lefts = _starts(padded_w, size, stride)
-    ramp = torch.ones(size, dtype=image.dtype, device=image.device)
-    if overlap:
-        edge = torch.arange(1, overlap + 1, dtype=image.dtype, device=image.device) / (overlap + 1)
-        ramp[:overlap], ramp[-overlap:] = edge, edge.flip(0)
-    out = weight = None
-    for top in tops:
-        for left in lefts:
-            tile = generator(image[..., top:top + size, left:left + size])
-            w = (ramp[:, None] * ramp[None, :])
-            if out is None:
-                out = image.new_zeros((1, tile.shape[1], padded_h, padded_w))
-                weight = image.new_zeros((1, 1, padded_h, padded_w))
-            out[..., top:top + size, left:left + size] += tile * w
-            weight[..., top:top + size, left:left + size] += w
-    return (out / weight)[..., :height, :width]
-
-
-def _starts(length: int, size: int, stride: int) -> list[int]:
-    starts = list(range(0, max(length - size, 0) + 1, stride))
-    if starts[-1] != length - size:
-        starts.append(length - size)  # the last tile ends at the edge
-    return starts
 
 
 class TranslationSample:

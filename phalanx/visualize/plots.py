@@ -52,6 +52,8 @@ class RunPlots:
         train, val = of_kind(history, "train"), of_kind(history, "val")
         key = (history.run_id, history.generation)
         if key != self.key or len(train) < self.drawn["train"] or len(val) < self.drawn["val"]:
+            if self.key and self.key[0] != history.run_id and self.fixed_env:
+                self.viz.close(win=None, env=self.fixed_env)  # a replaced run's windows, those the new one lacks too
             self.env = self.fixed_env or env_name(history)
             self.key, self.drawn, self.shown = key, {"train": 0, "val": 0}, {}
         self._status(history)  # first: the top left of the page
@@ -100,17 +102,24 @@ class RunPlots:
         return True
 
     def _confusion(self, records: list[dict[str, Any]]) -> None:
-        if not records or not self._changed("confusion", records[-1]["epoch"]):
-            return
+        if not records or not records[-1]["classes"] or not self._changed("confusion", records[-1]["epoch"]):
+            return  # no matrix of no classes: visdom's heatmap refuses an empty one
         last = records[-1]
         classes, matrix = [str(c) for c in last["classes"]], last["matrix"]
         self.viz.heatmap(X=matrix, win="confusion", env=self.env, opts={
             "title": f"confusion matrix, epoch {last['epoch']}", "columnnames": classes, "rownames": classes,
             "xlabel": "predicted class", "ylabel": "true class", "width": WIDTH, "height": HEIGHT})
         accuracy = [100 * row[i] / max(1, sum(row)) for i, row in enumerate(matrix)]
-        self.viz.bar(X=accuracy, win="per_class", env=self.env, opts={
-            "title": f"accuracy per class, epoch {last['epoch']}", "rownames": classes, "ylabel": "accuracy (%)",
-            "xlabel": "class", "width": WIDTH, "height": HEIGHT})
+        self._bars("per_class", classes, accuracy, f"accuracy per class, epoch {last['epoch']}", "class",
+                   "accuracy (%)")
+
+    def _bars(self, win: str, names: list[str], heights: list[float], title: str, xlabel: str, ylabel: str) -> None:
+        """A bar per name. visdom's ``bar`` squeezes its input, so a single bar (a one-class run)
+        fails its own "X should be one or two-dimensional": the plotly trace is sent as it is."""
+        layout = {"title": title, "showlegend": False, "margin": {"l": 60, "r": 60, "t": 60, "b": 60},
+                  "xaxis": {"title": xlabel, "type": "category"}, "yaxis": {"title": ylabel}}
+        self.viz._send({"data": [{"x": names, "y": heights, "type": "bar"}], "win": win, "eid": self.env,
+                        "layout": layout, "opts": {"title": title, "width": WIDTH, "height": HEIGHT}})
 
     def _images(self, records: list[dict[str, Any]]) -> None:
         if not records or not self._changed("images", records[-1]["epoch"]):
@@ -149,7 +158,9 @@ def status_rows(history: History) -> list[tuple[str, str]]:
     options = history.options
     statuses, train = of_kind(history, "status"), of_kind(history, "train")
     start = next((r for r in reversed(statuses) if r["state"] in ("running", "restarted")), None)
-    state = "finished" if of_kind(history, "end") else statuses[-1]["state"] if statuses else "running"
+    # The newest word: a resumed run's history keeps the "end" of the run it continues.
+    last = next((r for r in reversed(history.records) if r.get("kind") in ("status", "end")), {"state": "running"})
+    state = last.get("state", "finished")
     epochs = options.get("epochs", 0)
     progress = train[-1]["epoch_progress"] if train else 0.0
     rows = [("run", f"{options.get('name', 'run')} ({history.run_id}, history generation {history.generation})"),
@@ -157,12 +168,12 @@ def status_rows(history: History) -> list[tuple[str, str]]:
             ("progress", f"epoch {progress:.2f} of {epochs}, step {train[-1]['step'] if train else 0}")]
     if train:
         rows.append(("throughput", f"{train[-1].get('samples_per_s', 0):,.0f} samples/s"))
-    if start is not None and train:
-        elapsed = train[-1].get("time", time.time()) - start["time"]
-        done = progress - start.get("epoch", 0)
-        rows.append(("elapsed", _duration(elapsed)))
+    sessions = training_sessions(history)
+    if sessions:
+        rows.append(("elapsed", _duration(sum(seconds for seconds, _ in sessions))))
+        seconds, done = sessions[-1]  # the pace of the newest process start
         if state in ("running", "restarted") and done > 0 and epochs:
-            rows.append(("time left (estimate)", _duration(elapsed / done * max(0.0, epochs - progress))))
+            rows.append(("time left (estimate)", _duration(seconds / done * max(0.0, epochs - progress))))
     best = best_of(history)
     if best is not None:
         rows.append(best)
@@ -170,6 +181,23 @@ def status_rows(history: History) -> list[tuple[str, str]]:
         rows += [("world size", str(start.get("world_size", 1))), ("devices", str(start.get("devices", "")))]
     rows += [(key.replace("_", " "), str(options[key])) for key in KEY_OPTIONS if options.get(key) not in (None, "", [])]
     return rows
+
+
+def training_sessions(history: History) -> list[tuple[float, float]]:
+    """(seconds, epochs) trained by each process start (a ``running``/``restarted`` status) that
+    trained: from its status to its last train record. Measured from the newest start alone, a
+    resume that had nothing left to do (its start newer than every point) showed a negative time."""
+    sessions: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    start = None
+    for record in history.records:
+        if record.get("kind") == "status" and record["state"] in ("running", "restarted"):
+            start = record
+        elif record.get("kind") == "train" and start is not None:
+            if sessions and sessions[-1][0] is start:
+                sessions.pop()
+            sessions.append((start, record))
+    return [(max(0.0, last.get("time", time.time()) - first["time"]),
+             last["epoch_progress"] - first.get("epoch", 0)) for first, last in sessions]
 
 
 def best_of(history: History) -> tuple[str, str] | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,12 +21,31 @@ from ..lifeline import die_with_parent
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
-def reachable(url: str) -> bool:
+VISDOM, OTHER, NOBODY = "visdom", "another program", "nobody"
+
+
+class ServerLost(Exception):
+    """The visdom server stopped answering (its owner, another visualize, stopped it)."""
+
+
+def who_answers(base: str) -> str:
+    """VISDOM, OTHER or NOBODY at ``base`` (scheme://host:port). A GET of ``/`` is answered by any web
+    server (``python3 -m http.server`` lists its folder): visdom alone answers a POST of
+    ``/env_state`` with the JSON list of its envs."""
+    request = urllib.request.Request(f"{base}/env_state", data=b"{}", method="POST")
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except Exception:
-        return False
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return VISDOM if isinstance(json.loads(response.read(10_000_000)), list) else OTHER
+    except urllib.error.HTTPError:  # an answer, not visdom's
+        return OTHER
+    except (OSError, http.client.HTTPException):  # refused, reset, timed out: nobody there (yet)
+        return NOBODY
+    except ValueError:  # not JSON
+        return OTHER
+
+
+def answers_as_visdom(base: str) -> bool:
+    return who_answers(base) == VISDOM
 
 
 class OwnedServer:
@@ -52,14 +74,14 @@ class OwnedServer:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          preexec_fn=lambda: die_with_parent(parent))
         try:
-            self._wait_until_up(f"http://127.0.0.1:{port}/")
+            self._wait_until_up(f"http://127.0.0.1:{port}")
         except BaseException:  # not up, or Ctrl-C/SIGTERM meanwhile: leave no server behind
             self.stop()
             raise
 
     def _wait_until_up(self, url: str) -> None:
         deadline = time.monotonic() + 60
-        while not reachable(url):
+        while not answers_as_visdom(url):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
                 raise PhalanxError(f"the visdom server did not start ({tail[0][:200]})", "--port")
@@ -80,8 +102,12 @@ def start_server_if_needed(server: str, port: int, once: bool, listen_all: bool,
                            visdom_log: str | None) -> OwnedServer | None:
     """None when a server answers; else a server of our own on this machine."""
     host = server.split("://", 1)[-1].split("/", 1)[0]
-    if reachable(f"{server}:{port}/"):
+    answers = who_answers(f"{server}:{port}")
+    if answers == VISDOM:
         return None
+    if answers == OTHER:  # its answers would be taken for plots drawn (every POST got 501)
+        where = f"port {port}" if host in LOCAL_HOSTS else f"port {port} of {host}"
+        raise PhalanxError(f"{where} is held by a program that is not visdom; pick another --port", "--port")
     if host not in LOCAL_HOSTS:
         raise PhalanxError(f"no visdom server answers at {server}:{port}", "--server")
     if once:  # a server we started would take the plots with it when --once exits

@@ -286,3 +286,20 @@ class _ShardProbe(SmallCNN):
 
 def shard_probe(num_classes, in_channels):
     return _ShardProbe(num_classes=num_classes, in_channels=in_channels)
+
+
+class _InfiniteGradient(SmallCNN):
+    """A finite loss whose gradient is infinite (d sqrt(w)/dw at w = 0): after the first optimizer
+    step one weight is -inf at any --lr, as --lr inf made every weight. A loss check alone sees
+    nothing at that step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zero = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return super().forward(x) + torch.sqrt(self.zero)
+
+
+def infinite_gradient(num_classes, in_channels):
+    return _InfiniteGradient(num_classes=num_classes, in_channels=in_channels)

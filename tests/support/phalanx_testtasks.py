@@ -195,3 +195,63 @@ class InfGradientAtStep(ClassifyTask):
 
     def state_dict(self):
         return {"trace": torch.tensor(self.trace, dtype=torch.float64)}
+
+
+class NumpyInInfo(ClassifyTask):
+    """A task whose ``TaskData.info`` holds a numpy scalar, which no checkpoint could load back."""
+
+    def build_data(self):
+        import numpy
+
+        data = super().build_data()
+        data.info["scale"] = numpy.float64(0.5)
+        return data
+
+
+if AdversarialAutoencoder is not None:
+    class PlainTrainSplit(AdversarialAutoencoder):
+        """The worked example with its training split as a plain tensor: no (epoch, index) keys."""
+
+        def build_data(self):
+            data = super().build_data()
+            data.train = data.train.base
+            return data
+
+    class UndeclaredSum(AdversarialAutoencoder):
+        """Returns a validation sum (``PSNR_1``) that its ``empty_sums`` does not declare."""
+
+        def validation_step(self, models, real, ctx):
+            return {**super().validation_step(models, real, ctx), "PSNR_1": torch.zeros(())}
+
+    class EvalModeVisuals(AdversarialAutoencoder):
+        """Its pictures say whether every network was in eval mode when they were made."""
+
+        def visuals(self, data):
+            made = super().visuals(data)
+
+            class Checked:
+                def record(self, models, epoch, ctx):
+                    record = made.record(models, epoch, ctx)
+                    record["items"][0]["caption"] += f" in eval mode: {not any(m.training for m in models.values())}"
+                    return record
+
+            return Checked()
+
+    class UndeclaredLoss(AdversarialAutoencoder):
+        """Declares a loss (``G_total``) that its step does not return."""
+
+        loss_names = (*AdversarialAutoencoder.loss_names, "G_total")
+
+    class PerTargetMetric(AdversarialAutoencoder):
+        """A metric (``PSNR_1``) beside the example's L1, with no metric_names() of its own."""
+
+        def empty_sums(self):
+            return {**super().empty_sums(), "PSNR_1": torch.zeros(())}
+
+        def validation_step(self, models, real, ctx):
+            return {**super().validation_step(models, real, ctx), "PSNR_1": torch.tensor(float(len(real)))}
+
+        def validation_metrics(self, sums):
+            evaluation = super().validation_metrics(sums)
+            evaluation.metrics["PSNR_1"] = float(sums["PSNR_1"]) / max(float(sums["samples"]), 1.0)
+            return evaluation

@@ -1,0 +1,43 @@
+"""What makes a run diverged: a non-finite loss, weight or validation metric, named for the one
+line that stops the run (the trainer decides when to look; this module what it sees)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import LATEST
+from .errors import RunFailed
+
+
+def loss_name(name: str) -> str:
+    return "loss" if name == "loss" else f"loss {name}"
+
+
+def first_non_finite(losses: dict[str, torch.Tensor], models: dict[str, nn.Module], device: torch.device) -> str | None:
+    """The first loss or weight with an inf or nan in it, named; None when all are finite. One host
+    sync, however many tensors."""
+    named = [(f"train {loss_name(name)}", value.detach()) for name, value in losses.items()]
+    named += [(f"weight {model}.{name}", param.detach()) for model, network in models.items()
+              for name, param in network.named_parameters()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(value).all().to(device) for _, value in named]).tolist()
+    return next((name for (name, _), ok in zip(named, finite) if not ok), None)
+
+
+def non_finite_metric(metrics: dict[str, Any]) -> str | None:
+    """The first validation metric that is inf or nan, as ``name value``; None when all are finite."""
+    bad = [name for name, value in metrics.items() if isinstance(value, numbers.Real) and not math.isfinite(value)]
+    return f"{bad[0]} became {metrics[bad[0]]}" if bad else None
+
+
+def diverged(what: str, epoch: int, saved_epoch: int, lr: float) -> RunFailed:
+    """The one line that stops a diverged run: what, when, what was kept, what to try."""
+    kept = f"{LATEST} holds epoch {saved_epoch}" if saved_epoch else "no checkpoint was saved yet"
+    return RunFailed(f"{what} (epoch {epoch}): training diverged, so it stopped; {kept}. "
+                     f"Lower --lr (it is {lr:g}) or add --warmup-epochs")

@@ -1,0 +1,171 @@
+"""Guards at the start and in the loop of a run (issue 35): a run that diverges stops before its
+weights are saved, a run that stopped before its first checkpoint does not hold its --name, and
+DeepLIIF's `--remote True` is accepted as its guide writes it. The bad-input cases of the start-up
+checks are in test_bad_input.py's battery."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import records
+
+
+def test_an_infinite_weight_after_the_first_step_stops_the_run_there(phalanx, tmp_path):
+    # The loss of step 1 is finite and its gradient infinite: only a check of the weights sees the
+    # run diverge at step 1 (a loss check sees nan one step later, at the next log step).
+    result = phalanx("train", "--model", "phalanx_testmodels:infinite_gradient", "--epochs", 1,
+                     "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 1 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "the weight model.zero became non-finite (inf or nan) at step 1 (epoch 1)" in result.err
+    assert "no checkpoint was saved yet. Lower --lr" in result.err
+    assert not list((tmp_path / "experiment").glob("*.pt"))
+    assert records(tmp_path / "experiment", "train") == []  # stopped before the first log step
+
+
+def test_a_non_finite_validation_never_becomes_best_pt(phalanx, tmp_path):
+    # One step an epoch (the whole training split in one batch) at an absurd, finite --lr: the step's
+    # loss and the weights stay finite, the model's outputs overflow to nan. Its accuracy is still
+    # a number (argmax of nan), which once made it best.pt.
+    result = phalanx("train", "--lr", 1e30, "--batch-size", 2000, "--epochs", 2, "--checkpoints-dir", tmp_path,
+                     "--no-progress")
+    assert result.code == 1, result.err
+    assert "the validation loss became nan after step 1 (epoch 1): training diverged" in result.err
+    assert not list((tmp_path / "experiment").glob("*.pt"))
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_is_replaced_by_the_same_name(phalanx, tmp_path):
+    run = tmp_path / "experiment"
+    diverged = phalanx("train", "--lr", 1e38, "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert diverged.code == 1 and "training diverged" in diverged.err
+    assert (run / "metrics.jsonl").exists() and not list(run.glob("*.pt"))
+    again = phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert again.code == 0, again.err
+    assert f"{run} held a run that stopped before its first checkpoint: a new run replaces it" in again.out
+    assert (run / "latest.pt").exists()
+    assert "failed" not in [r["state"] for r in records(run, "status")]  # the failed run's records are gone
+    assert all(r["lr"] < 1 for r in records(run, "train"))
+
+
+def test_a_run_still_training_before_its_first_checkpoint_is_not_replaced(phalanx, tmp_path):
+    from phalanx.rundir import claimed
+
+    run = tmp_path / "experiment"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with claimed(run, True):  # what a live run's rank 0 holds
+        refused = phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path)
+    assert refused.code == 2 and "--name: a run is training in" in refused.err, refused.err
+    assert list(run.iterdir()) == [run / "metrics.jsonl"]
+
+
+def test_deepliif_remote_true_is_accepted_and_says_what_copies_the_files(phalanx, tmp_path):
+    from phalanx.config import RunConfig
+    from phalanx.run import remote_notes
+
+    # The guide's spelling, a value after the flag: --remote True (and False).
+    alone = phalanx("train", "--remote", "True", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert alone.code == 0, alone.err
+    assert "--remote True: snapshots go to" in alone.out and "add --remote-transfer-cmd" in alone.out
+    assert list((tmp_path / "experiment/pickle").glob("*.pkl"))
+    off = phalanx("train", "--remote", "False", "--print-config")
+    assert off.code == 0 and "remote: false" in off.out
+    # With a transfer (test_remote.py: snapshots and checkpoints reach it) there is nothing to add.
+    assert remote_notes(RunConfig(remote=True, remote_transfer_cmd="json.dumps")) == []
+
+
+# --- issue 36, "what a user writing their own task hit": a checkpoint that could not load back ---------
+
+def test_a_value_no_checkpoint_can_load_back_fails_the_first_save_naming_it(phalanx, tmp_path):
+    # A numpy scalar in TaskData.info once made every checkpoint unloadable (phalanx loads its own
+    # with weights_only=True), found only at the resume.
+    result = phalanx("train", "--task", "phalanx_testtasks:NumpyInInfo", "--epochs", 1, "--checkpoints-dir",
+                     tmp_path, "--no-progress")
+    assert result.code == 1 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "TaskData.info['scale'] is a numpy.float64 (0.5)" in result.err and "float(x)" in result.err
+    assert not list((tmp_path / "experiment").glob("*.pt"))
+
+
+def test_resume_auto_never_starts_over_a_run_whose_checkpoints_do_not_load(phalanx, tmp_path):
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    latest = tmp_path / "experiment/latest.pt"
+    latest.write_bytes(b"not a checkpoint any more")
+    history = (tmp_path / "experiment/metrics.jsonl").read_bytes()
+    result = phalanx("train", "--epochs", 2, "--resume", "auto", "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 2, result.err
+    assert result.err.strip().splitlines()[-1].startswith("phalanx: --resume: none of the 1 checkpoint(s)")
+    assert latest.read_bytes() == b"not a checkpoint any more"  # nothing replaced, nothing retrained
+    assert (tmp_path / "experiment/metrics.jsonl").read_bytes() == history
+
+
+def test_a_validation_sum_not_declared_in_empty_sums_is_one_line_naming_it(tmp_path):
+    from conftest import REPO, run_phalanx
+
+    tasks = {"PYTHONPATH": os.pathsep.join([str(REPO / "examples/tasks"), str(REPO / "tests/support"), str(REPO)])}
+    result = run_phalanx("train", "--task", "phalanx_testtasks:UndeclaredSum", "--epochs", 1, "--checkpoints-dir",
+                         tmp_path, "--no-progress", env=tasks)
+    assert result.code == 1, result.err
+    assert result.err.strip().splitlines()[-1] == (
+        "phalanx: UndeclaredSum.validation_step returned 'PSNR_1', which its empty_sums() does not declare (L1, "
+        "samples); declare every sum there (a rank with no validation sample still all-reduces it)")
+    assert "Traceback" not in result.err
+
+
+def test_a_plain_training_split_trains_as_the_same_split_in_a_seeded_view(phalanx, tmp_path):
+    # A tensor (or any Dataset indexed by int) as TaskData.train once failed in a loader worker:
+    # "list indices must be integers or slices, not tuple". It trains, sample for sample as before.
+    import torch
+
+    common = ["--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 20]
+    assert phalanx("train", "--task", "adversarial_autoencoder:AdversarialAutoencoder", "--name", "view", *common).code == 0
+    plain = phalanx("train", "--task", "phalanx_testtasks:PlainTrainSplit", "--name", "plain", *common)
+    assert plain.code == 0, plain.err
+    view, plain = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"] for name in ("view", "plain"))
+    assert all(torch.equal(view[net][k], plain[net][k]) for net in view for k in view[net])
+
+
+def test_metric_labels_label_a_tasks_axes_too():
+    # They once labelled the status pane only; the axes needed an override of panes().
+    from phalanx.config import from_mapping
+    from phalanx.tasks import task_class
+
+    cls = task_class("adversarial_autoencoder:AdversarialAutoencoder")
+    labelled = type("Labelled", (cls,), {"metric_labels": {"L1": "L1 error", "G_GAN": "generator GAN loss"}})
+    panes = {p["win"]: p for p in labelled(from_mapping({"task": "adversarial_autoencoder:AdversarialAutoencoder"},
+                                                        "test")).panes()}
+    assert panes["val_L1"]["ylabel"] == "L1 error" and panes["val_L1"]["title"] == "validation L1 error"
+    assert panes["train_G_GAN"]["ylabel"] == "generator GAN loss" and panes["train_D_real"]["ylabel"] == "D_real"
+
+
+def test_a_visuals_record_is_made_with_the_public_api_and_networks_in_eval_mode(phalanx, tmp_path):
+    # The dashboard's picture helpers were importable from internal modules only (records, pictures).
+    from phalanx.tasks import denormalize, images_item, png, strip  # noqa: F401  (the public names)
+    from phalanx.visualize import LocalSource
+
+    result = phalanx("train", "--task", "phalanx_testtasks:EvalModeVisuals", "--epochs", 1, "--checkpoints-dir",
+                     tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    history = LocalSource(tmp_path / "experiment/pickle").history(warn=False)
+    images = [r for r in history.records if r["kind"] == "images"]
+    assert len(images) == 1 and images[0]["items"][0]["caption"].endswith("in eval mode: True")
+
+
+def test_a_declared_loss_the_step_does_not_return_is_one_line_at_the_first_step(phalanx, tmp_path):
+    result = phalanx("train", "--task", "phalanx_testtasks:UndeclaredLoss", "--epochs", 1, "--checkpoints-dir",
+                     tmp_path, "--no-progress")
+    assert result.code == 1 and len(result.err.strip().splitlines()) == 1, result.err
+    assert result.err.startswith("phalanx: UndeclaredLoss.training_step returned ['D_fake', 'D_real', 'G_GAN', "
+                                 "'G_L1'] without G_total: it returns a dict with every name of")
+    assert records(tmp_path / "experiment", "train") == []
+
+
+def test_every_validation_metric_gets_a_pane_and_can_pick_best_pt(phalanx, tmp_path):
+    # metric_names() once defaulted to the best metric alone: PSNR_1 was logged with no pane, and
+    # --best-metric PSNR_1 was refused.
+    from phalanx.config import from_mapping
+    from phalanx.tasks import task_class
+    from phalanx.trainer import Best
+
+    task = task_class("phalanx_testtasks:PerTargetMetric")(from_mapping({"task": "phalanx_testtasks:PerTargetMetric"},
+                                                                        "test"))
+    assert {"val_L1", "val_PSNR_1"} <= {p["win"] for p in task.panes()}
+    assert Best(task, "PSNR_1").name == "PSNR_1"
