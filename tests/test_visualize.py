@@ -404,7 +404,10 @@ def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_
     for loss in ("G_GAN", "G_L1", "D_real", "D_fake"):  # each named loss on its own labelled axes
         plot = plots[f"train {loss} (mean over ranks)"]
         assert plot["traces"] == [{"name": loss, "type": "scatter", "points": len(train)}] and plot["ytitle"] == loss
-    assert plots["validation L1"]["traces"][0]["points"] == 2
+    lrs = plots["learning rate"]["traces"]  # one trace per optimizer, as metrics.jsonl has them
+    assert [t["name"] for t in lrs] == ["lr (generator)", "lr (discriminator)"] and lrs[1]["points"] == len(train)
+    validation = plots["validation L1 reconstruction error"]  # metric_labels name the pane and its axis
+    assert validation["traces"][0]["points"] == 2 and validation["ytitle"] == "L1 reconstruction error"
     assert captions == [f"digit {i}: input | reconstruction" for i in range(8)]
     assert "best validation L1 reconstruction error" in status and "adversarial_autoencoder" in status
 

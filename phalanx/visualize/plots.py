@@ -31,6 +31,15 @@ def windows(history: History) -> list[str]:
     return [pane["win"] for pane in record_kinds.panes_of(history.records)] + list(FIXED_WINDOWS)
 
 
+def learning_rates(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """One trace per optimizer where a run has several (a GAN's generator and discriminator may
+    follow different schedules), else the one ``lr``."""
+    names = rows[0].get("lrs") if rows else None
+    if names and all(isinstance(r.get("lrs"), dict) and set(r["lrs"]) == set(names) for r in rows):
+        return {f"lr ({name})": [r["lrs"][name] for r in rows] for name in names}
+    return {"lr": [r["lr"] for r in rows]}
+
+
 def env_name(history: History) -> str:
     return f"phalanx-{history.options.get('name', 'run')}-{history.run_id}"
 
@@ -72,8 +81,7 @@ class RunPlots:
                            pane.get("ylabel", ""), **axes)
         if new["train"]:
             rows = new["train"]
-            self._line("lr", x["train"], {"lr": [r["lr"] for r in rows]}, fresh["train"], "learning rate",
-                       "learning rate")
+            self._line("lr", x["train"], learning_rates(rows), fresh["train"], "learning rate", "learning rate")
             self._line("throughput", x["train"], {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
                        fresh["train"], "throughput (all ranks)", "samples / s")
         rows = new["val"]
