@@ -222,7 +222,7 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         merged["task_options"] = {**(merged.get("task_options") or {}), **given}
     task = merged.get("task", tasks.DEFAULT)
     if isinstance(task, str):
-        tasks.check_used(task, merged)
+        tasks.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
         flagged = [n for n in tasks.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
         if tasks.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
             raise tasks.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "

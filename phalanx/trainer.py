@@ -121,7 +121,7 @@ class Trainer:
         for ema in self.ema.values():
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
-        self.num_workers = loader_workers(cfg, strategy.local_world_size, strategy.training_threads)
+        self.num_workers = loader_workers(cfg.num_workers, strategy.local_world_size, strategy.training_threads)
         workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0,
                    "collate_fn": data.collate}
         self.num_train = len(data.train)

@@ -60,6 +60,10 @@ CASES = [
     ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
     ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
     ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
+    ("user-task-unread-option", ["--task", "phalanx_testtasks:GatherTask", "--image-size", "64"], "--image-size",
+     "GatherTask does not read it (the general options a task reads are its `reads`: none)"),
+    ("user-task-unread-model", ["--task", "phalanx_testtasks:GatherTask", "--model", "resnet18"], "--model",
+     "GatherTask does not read it"),
     ("user-task-builtin-flag", ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"], "--ngf",
      "is an option of --task translate; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
      "--task-option ngf=VALUE"),

@@ -63,6 +63,7 @@ class AdversarialAutoencoder(Task):
     primary_model = "generator"
     best_metric = ("L1", "min")
     metric_labels = {"L1": "L1 reconstruction error"}
+    reads = ("val_fraction",)  # its own digits: --dataroot, --image-size, --model ... are refused
     manual_optimization = True  # two optimizers, stepped in turn by training_step
     options: AutoencoderOptions
 

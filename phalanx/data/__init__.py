@@ -168,10 +168,10 @@ def dataset_labels(dataset: Dataset) -> list[int] | None:
     return None if labels is None else [int(v) for v in labels]
 
 
-def loader_workers(cfg: RunConfig, local_processes: int, training_threads: int) -> int:
+def loader_workers(num_workers: str, local_processes: int, training_threads: int) -> int:
     """``--num-workers``: a number, or auto: the cores per local process that training leaves free
     (none on a CPU run, whose compute threads take the cores already)."""
-    if cfg.num_workers != "auto":
-        return int(cfg.num_workers)
+    if num_workers != "auto":
+        return int(num_workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(0, cores // max(1, local_processes) - training_threads)

@@ -52,7 +52,7 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         models = {name: model.to(strategy.device) for name, model in trained.models.items()}
         if cfg.channels_last:
             models = {name: model.to(memory_format=torch.channels_last) for name, model in models.items()}
-        workers = loader_workers(cfg, strategy.local_world_size, strategy.training_threads)
+        workers = loader_workers(cfg.num_workers, strategy.local_world_size, strategy.training_threads)
         collate = getattr(task, "eval_collate", None)
         loader = DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))

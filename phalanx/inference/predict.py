@@ -7,10 +7,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..data.inputs import image_paths
+import torch
+from torch.utils.data import DataLoader
+
+from ..data import loader_workers
+from ..data.inputs import collate_inputs, image_paths
 from ..errors import EXIT_FAILED, PhalanxError
-from ..tasks.features import check_features_output, write_features
+from ..progress import ProgressBar
 from ..tasks import Task
+from ..tasks.features import FeaturesPredictor, check_features_output
+from ..tasks.predicting import Predictor
 from .model import device_for, load_trained
 from .options import PredictOptions
 from .outputs import check_predict_files, check_predict_place
@@ -32,9 +38,10 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
     paths = image_paths(paths_given)
     device = device_for(opts.gpu_ids)
     if opts.features:
-        predicted, skipped = write_features(*task.feature_inputs(trained, paths), paths, opts, device, task.cfg)
+        predictor: Predictor = FeaturesPredictor(*task.feature_inputs(trained, paths), paths, opts, device)
     else:
-        predicted, skipped = task.predict(trained, paths, opts, device)
+        predictor = task.predictor(trained, paths, opts, device)
+    predicted, skipped = run(predictor, opts, "features" if opts.features else "predict")
     for path, why in skipped:
         print(f"phalanx: warning: skipped {path}: {why}", file=sys.stderr, flush=True)
     if not predicted:
@@ -42,3 +49,24 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
                            exit_code=EXIT_FAILED)
     print(f"phalanx: {predicted} image(s) predicted, {len(skipped)} skipped; wrote {opts.output}")
     return len(skipped)
+
+
+@torch.no_grad()
+def run(predictor: Predictor, opts: PredictOptions, label: str) -> tuple[int, list[tuple[Path, str]]]:
+    """Every input through the task's predictor; returns (images predicted, [(path, why skipped)])."""
+    device = predictor.device
+    workers = loader_workers(opts.num_workers, 1, torch.get_num_threads() if device.type == "cpu" else 1)
+    loader = DataLoader(predictor.inputs, batch_size=predictor.batch_size, num_workers=workers,
+                        collate_fn=collate_inputs)
+    done, skipped = 0, []
+    bar = ProgressBar(len(loader), label, opts.progress)
+    for indices, images, raws, bad in loader:
+        skipped += [(predictor.paths[i], why) for i, why in bad]
+        if images:
+            predictor.predict(indices, images, raws)
+            done += len(images)
+        bar.update(len(indices) + len(bad), lambda: 0.0)
+    bar.close()
+    if done:
+        predictor.finish()
+    return done, skipped

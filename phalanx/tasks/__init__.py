@@ -19,6 +19,12 @@ from ..fields import flag, parse_text, suggest
 from .options import BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions, TranslateOptions
 
 OPTION = "--task"
+# The general options a task's own data and networks read; the trainer reads the others. A task
+# lists those it reads in ``Task.reads``: given to a task that does not read it, one is refused in
+# one line, not ignored.
+DATA_OPTIONS = ("dataroot", "dataset", "download", "synthetic_samples", "val_fraction", "image_size", "augment",
+                "hflip", "crop_scale", "val_crop_pct", "normalize", "mean", "std", "skip_broken", "fast_decode",
+                "model")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,10 @@ class TaskInfo:
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # general options it does not read -> what to use instead: given, they are refused, not ignored
     unused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(name for name in DATA_OPTIONS if name not in self.unused)
 
 
 def _classifier_lr(given: dict[str, Any]) -> dict[str, Any]:
@@ -136,13 +146,22 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
     return dataclasses.asdict(info.options(**values))
 
 
-def check_used(task: str, given: dict[str, Any]) -> None:
-    """A general option the task does not read, given with another value than the task's own, is
+def check_used(task: str, given: dict[str, Any], general_defaults: dict[str, Any]) -> None:
+    """A general option the task does not read, given with another value than its default, is
     refused in one line (it would be ignored without a word)."""
     info = BUILTIN.get(task)
-    for name, instead in (info.unused.items() if info else ()):
-        if name in given and given[name] != info.defaults.get(name):
-            raise PhalanxError(f"--task {task} does not use it ({instead})", flag(name))
+    if info is not None:
+        for name, instead in info.unused.items():
+            if name in given and given[name] != info.defaults.get(name):
+                raise PhalanxError(f"--task {task} does not use it ({instead})", flag(name))
+        return
+    cls = task_class(task)
+    for name in DATA_OPTIONS:
+        if name in given and name not in cls.reads \
+                and given[name] not in (general_defaults.get(name), cls.defaults.get(name, general_defaults.get(name))):
+            read = ", ".join(cls.reads) or "none"
+            raise PhalanxError(f"{cls.__name__} does not read it (the general options a task reads are its "
+                               f"`reads`: {read})", flag(name))
 
 
 def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any]:

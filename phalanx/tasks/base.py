@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
+from .predicting import Predictor
 
 
 @dataclass
@@ -91,6 +92,9 @@ class Task:
       ``phalanx.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
       ``--config``; the instance gets them as ``self.options``;
     - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
+    - ``reads``: the general data and model options (``tasks.DATA_OPTIONS``: ``dataroot``,
+      ``image_size``, ``augment``, ``model``, ...) that the task reads from ``self.cfg``; any other
+      of them given on the command line is refused, never silently ignored;
     - ``loss_names``: the named losses ``training_step`` returns, logged (averaged over ranks);
     - ``primary_model``: the network ``predict``/``export`` use by default, and ``--weights``;
     - ``best_metric``: ``(validation metric, "max" | "min")`` that picks ``best.pt``;
@@ -104,6 +108,7 @@ class Task:
     name = ""
     Options: type | None = None
     defaults: dict[str, Any] = {}
+    reads: tuple[str, ...] = ()
     loss_names: tuple[str, ...] = ("loss",)
     primary_model = "model"
     best_metric: tuple[str, str] = ("loss", "min")
@@ -148,7 +153,9 @@ class Task:
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         """The networks by name, on the CPU, before any wrapper; every rank builds the same weights
-        (the trainer seeds torch before calling this)."""
+        (the trainer seeds torch before calling this). A loss module with buffers and no
+        parameters (DeepLIIF's ``GANLoss``) belongs here too: moved to the device and checkpointed
+        with the networks, never wrapped in DDP."""
         raise NotImplementedError
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
@@ -287,9 +294,9 @@ class Task:
     def check_predict_output(self, output: str) -> None:
         """Refuse an ``--output`` this task's ``predict`` does not write, before any work."""
 
-    def predict(self, trained: Any, paths: list, opts: Any, device: torch.device) -> tuple[int, list]:
-        """``predict``: write what the task makes of each image; returns (images predicted,
-        [(path, why it was skipped)])."""
+    def predictor(self, trained: Any, paths: list, opts: Any, device: torch.device) -> Predictor:
+        """``predict``: the images prepared for the network and what to write of each batch
+        (``tasks.predicting.Predictor``); the loop over them is ``phalanx predict``'s."""
         raise PhalanxError(f"--task {self.name or type(self).__name__} has no predict", "--checkpoint")
 
     def feature_inputs(self, trained: Any, paths: list) -> tuple[nn.Module, Dataset] | None:

@@ -15,22 +15,22 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .. import records
 from ..atomic import atomic_write
-from ..data import DataBundle, Mapped, build_datasets, dataset_labels, loader_workers, transforms
+from ..data import DataBundle, Mapped, build_datasets, dataset_labels, transforms
 from ..data.images import ImageFiles, PathTable
-from ..data.inputs import InputImages, collate_inputs
+from ..data.inputs import InputImages
 from ..data.manifest import checked
 from ..errors import PhalanxError
 from ..finetune import Backbone, backbone_of, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
-from ..progress import ProgressBar
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, full_precision
 from .options import ClassifyOptions
+from .predicting import Predictor
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
 SAMPLE = 16  # validation images shown each epoch
@@ -39,6 +39,7 @@ SAMPLE = 16  # validation images shown each epoch
 class ClassifyTask(Task):
     name = "classify"
     defaults = BUILTIN["classify"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["classify"].reads
     Options = ClassifyOptions
     loss_names = ("loss",)
     primary_model = "model"
@@ -222,32 +223,12 @@ class ClassifyTask(Task):
         if Path(output).suffix not in (".csv", ".jsonl"):
             raise PhalanxError(f"must end in .csv or .jsonl (got {Path(output).name})", "--output")
 
-    @torch.no_grad()
-    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
-        """The most likely classes of each image; returns (images predicted, [(path, why skipped)])."""
+    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
+        """The most likely classes of each image, to a CSV or JSONL table."""
         pipeline = pipeline_of(trained.info)
-        dataset = InputImages(paths, "L" if trained.info["channels"] == 1 else "RGB",
-                              transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
-        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
-                                 torch.get_num_threads() if device.type == "cpu" else 1)
-        loader = DataLoader(dataset, batch_size=opts.batch_size, num_workers=workers, collate_fn=collate_inputs)
-        model = trained.models[self.primary_model].to(device)
-        k = min(opts.top_k, len(self.classes))
-        rows, skipped = [], []
-        bar = ProgressBar(len(loader), "predict", opts.progress)
-        for indices, images, _, bad in loader:
-            skipped += [(paths[i], why) for i, why in bad]
-            if images:
-                probabilities = model(torch.stack(images).to(device)).float().softmax(1)
-                top = probabilities.topk(k, dim=1)
-                for i, p, c in zip(indices, top.values.tolist(), top.indices.tolist()):
-                    rows.append({"path": str(paths[i]), "class": self.classes[c[0]], "probability": p[0],
-                                 "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)]})
-            bar.update(len(indices) + len(bad), lambda: 0.0)
-        bar.close()
-        if rows:
-            _write_predictions(Path(opts.output), rows)
-        return len(rows), skipped
+        inputs = InputImages(paths, "L" if trained.info["channels"] == 1 else "RGB",
+                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
+        return ClassPredictor(inputs, paths, device, trained.models[self.primary_model], self.classes, opts)
 
     def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size, channels = trained.info["size"], trained.info["channels"]
@@ -266,6 +247,25 @@ class ClassifyTask(Task):
     def restore_info(self, info: dict[str, Any]) -> None:
         """What a checkpoint says the data resolved to (inference builds no training data)."""
         self.classes = list(info["classes"])
+
+
+class ClassPredictor(Predictor):
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module,
+                 classes: list[str], opts: Any):
+        super().__init__(inputs, paths, device)
+        self.model, self.classes, self.batch_size, self.output = model.to(device), classes, opts.batch_size, opts.output
+        self.k = min(opts.top_k, len(classes))
+        self.rows: list[dict[str, Any]] = []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        probabilities = self.model(torch.stack(images).to(self.device)).float().softmax(1)
+        top = probabilities.topk(self.k, dim=1)
+        for i, p, c in zip(indices, top.values.tolist(), top.indices.tolist()):
+            self.rows.append({"path": str(self.paths[i]), "class": self.classes[c[0]], "probability": p[0],
+                              "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)]})
+
+    def finish(self) -> None:
+        _write_predictions(Path(self.output), self.rows)
 
 
 CHARACTER = re.compile(r"^(?:(?:digit|number|num|char|character|letter|class)[ _-]?)?[0-9A-Za-z]$", re.IGNORECASE)

@@ -18,19 +18,19 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .. import records
 from ..atomic import atomic_write_text
-from ..data import SeededView, loader_workers
-from ..data.coco import CocoImages, collate, load_split, predicted_ids
-from ..data.inputs import InputImages, collate_inputs
+from ..data import SeededView
+from ..data.coco import CocoImages, PredictedIds, collate, load_split, predicted_ids
+from ..data.inputs import InputImages
 from ..errors import PhalanxError
 from ..pictures import png
-from ..progress import ProgressBar
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, pane
 from .options import DetectOptions
+from .predicting import Predictor
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
              "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",
@@ -65,6 +65,7 @@ def loss_names_of(model: nn.Module) -> tuple[str, ...]:
 class DetectTask(Task):
     name = "detect"
     defaults = BUILTIN["detect"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["detect"].reads
     Options = DetectOptions
     primary_model = "detector"
     best_metric = ("mAP", "max")
@@ -218,36 +219,17 @@ class DetectTask(Task):
         if Path(output).suffix != ".json":
             raise PhalanxError(f"must end in .json: COCO-style detections (got {Path(output).name})", "--output")
 
-    @torch.no_grad()
-    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
         """COCO-style detections (bbox [x, y, w, h] in pixels, score, category) of each image, to
         OUTPUT.json: ``image_id`` and ``file_name`` those of an ``annotations.json`` beside the images
         that names them all (pycocotools scores the file as it is), else the image's position and path."""
         named = predicted_ids(paths)
         if named.source is not None:
             print(f"phalanx: image_id and file_name as {named.source} gives them")
-        dataset = InputImages(paths, "RGB", lambda image: image.float() / 255.0)
-        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
-                                 torch.get_num_threads() if device.type == "cpu" else 1)
-        loader = DataLoader(dataset, batch_size=opts.batch_size, num_workers=workers, collate_fn=collate_inputs)
-        model = trained.models["detector"].to(device)
-        rows, skipped, done = [], [], 0
-        bar = ProgressBar(len(loader), "predict", opts.progress)
-        for indices, images, _, bad in loader:
-            skipped += [(paths[i], why) for i, why in bad]
-            if images:
-                for index, found in zip(indices, model([image.to(device) for image in images])):
-                    done += 1
-                    which = {"image_id": named.ids[index], "file_name": named.file_names[index],
-                             "path": str(paths[index])}
-                    rows += self._detections(found, which, opts.score_threshold)
-            bar.update(len(indices) + len(bad), lambda: 0.0)
-        bar.close()
-        if done:
-            atomic_write_text(Path(opts.output), json.dumps(rows, indent=1) + "\n")
-        return done, skipped
+        inputs = InputImages(paths, "RGB", lambda image: image.float() / 255.0)
+        return DetectionPredictor(inputs, paths, device, trained.models["detector"], self, named, opts)
 
-    def _detections(self, found: dict[str, torch.Tensor], which: dict[str, Any], threshold: float) -> list[dict]:
+    def detections(self, found: dict[str, torch.Tensor], which: dict[str, Any], threshold: float) -> list[dict]:
         """One image's detections at or above ``threshold`` as COCO results, each with ``which`` image's keys."""
         rows = []
         for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()):
@@ -342,3 +324,21 @@ class DetectionSample:
             items.append(records.images_item(png(pixels.float() / 255), caption))
         return {"kind": "images", "epoch": epoch, "title": "validation images: detections (red), truth (green)",
                 "items": items}
+
+
+class DetectionPredictor(Predictor):
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, detector: nn.Module,
+                 task: DetectTask, named: PredictedIds, opts: Any):
+        super().__init__(inputs, paths, device)
+        self.detector, self.task, self.named = detector.to(device), task, named
+        self.batch_size, self.threshold, self.output = opts.batch_size, opts.score_threshold, Path(opts.output)
+        self.rows: list[dict[str, Any]] = []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        for index, found in zip(indices, self.detector([image.to(self.device) for image in images])):
+            which = {"image_id": self.named.ids[index], "file_name": self.named.file_names[index],
+                     "path": str(self.paths[index])}
+            self.rows += self.task.detections(found, which, self.threshold)
+
+    def finish(self) -> None:
+        atomic_write_text(self.output, json.dumps(self.rows, indent=1) + "\n")

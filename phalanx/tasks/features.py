@@ -5,19 +5,20 @@ one a line in the same order, in ``OUTPUT.txt``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..atomic import atomic_write, atomic_write_text
-from ..data import loader_workers
-from ..data.inputs import collate_inputs
 from ..errors import PhalanxError
-from ..progress import ProgressBar
 from .base import full_precision
+from .predicting import Predictor
+
+if TYPE_CHECKING:
+    from ..inference.options import PredictOptions
 
 
 def check_features_output(output: str) -> None:
@@ -26,26 +27,22 @@ def check_features_output(output: str) -> None:
                            f".txt (got {Path(output).name})", "--output")
 
 
-@torch.no_grad()
-def write_features(network: nn.Module, images: Dataset, paths: list[Path], opts: Any, device: torch.device,
-                   cfg: Any) -> tuple[int, list]:
-    """Returns (images written, [(path, why it was skipped)]); writes nothing when no image could be read."""
-    workers = loader_workers(cfg.replace(num_workers=opts.num_workers), 1,
-                             torch.get_num_threads() if device.type == "cpu" else 1)
-    loader = DataLoader(images, batch_size=opts.batch_size, num_workers=workers, collate_fn=collate_inputs)
-    network = network.to(device).eval()
-    rows, names, skipped = [], [], []
-    bar = ProgressBar(len(loader), "features", opts.progress)
-    for indices, batch, _, bad in loader:
-        skipped += [(paths[i], why) for i, why in bad]
-        if batch:
-            rows.append(full_precision(network(torch.stack(batch).to(device))).flatten(1).float().cpu().numpy())
-            names += [str(paths[i]) for i in indices]
-        bar.update(len(indices) + len(bad), lambda: 0.0)
-    bar.close()
-    if names:
-        output = Path(opts.output)
-        features = np.concatenate(rows)
-        atomic_write(output, lambda fh: np.save(fh, features))
-        atomic_write_text(output.with_suffix(".txt"), "".join(name + "\n" for name in names))
-    return len(names), skipped
+class FeaturesPredictor(Predictor):
+    """A network's features of each image, kept in order; written with the image list at the end."""
+
+    def __init__(self, network: nn.Module, inputs: Dataset, paths: list[Path], opts: PredictOptions,
+                 device: torch.device):
+        super().__init__(inputs, paths, device)
+        self.network, self.output, self.batch_size = network.to(device).eval(), Path(opts.output), opts.batch_size
+        self.rows: list[np.ndarray] = []
+        self.names: list[str] = []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        features = full_precision(self.network(torch.stack(images).to(self.device))).flatten(1)
+        self.rows.append(features.float().cpu().numpy())
+        self.names += [str(self.paths[i]) for i in indices]
+
+    def finish(self) -> None:
+        features = np.concatenate(self.rows)
+        atomic_write(self.output, lambda fh: np.save(fh, features))
+        atomic_write_text(self.output.with_suffix(".txt"), "".join(name + "\n" for name in self.names))

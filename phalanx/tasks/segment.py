@@ -13,20 +13,20 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .. import records
 from ..atomic import atomic_write
-from ..data import SeededView, loader_workers
-from ..data.inputs import InputImages, collate_inputs, output_names
+from ..data import SeededView
+from ..data.inputs import InputImages, output_names
 from ..data.masks import MaskPairs, find_masks
 from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation
 from ..errors import PhalanxError
 from ..pictures import denormalize, png, strip
-from ..progress import ProgressBar
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import SegmentOptions
+from .predicting import Predictor
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101",
               "fcn_resnet50", "fcn_resnet101")
@@ -65,6 +65,7 @@ class Logits(nn.Module):
 class SegmentTask(Task):
     name = "segment"
     defaults = BUILTIN["segment"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["segment"].reads
     Options = SegmentOptions
     primary_model = "segmenter"
     best_metric = ("mIoU", "max")
@@ -238,46 +239,15 @@ class SegmentTask(Task):
             raise PhalanxError(f"is a folder for --task segment (masks/ and overlays/ of PNGs), not a file "
                                f"({path.name})", "--output")
 
-    @torch.no_grad()
-    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
         """Each image's mask (a class index per pixel, at the image's size) to OUTPUT/masks/<name>.png,
         and the image with its classes painted over to OUTPUT/overlays/<name>.png; <name> keeps the
         image's folders below the deepest folder holding every input (``output_names``)."""
-        from PIL import Image
-
         info = trained.info
         mean, std = torch.tensor(info["mean"]).view(3, 1, 1), torch.tensor(info["std"]).view(3, 1, 1)
-        dataset = InputImages(paths, "RGB", lambda image: (image.float() / 255 - mean) / std, keep_raw=True)
-        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
-                                 torch.get_num_threads() if device.type == "cpu" else 1)
-        loader = DataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=collate_inputs)
-        names = output_names(paths)  # before any work: two images never share an output
-        model = Logits(trained.models["segmenter"]).to(device)
-        output, done, skipped = Path(opts.output), 0, []
-        bar = ProgressBar(len(loader), "predict", opts.progress)
-        for indices, images, raws, bad in loader:
-            skipped += [(paths[i], why) for i, why in bad]
-            for index, image, raw in zip(indices, images, raws):
-                height, width = image.shape[-2:]
-                scale = info["size"] / min(height, width)
-                shape = (max(1, round(height * scale)), max(1, round(width * scale)))
-                small = nn.functional.interpolate(image[None], size=shape, mode="bilinear", antialias=True)
-                logits = nn.functional.interpolate(full_precision(model(small.to(device))).cpu(), size=(height, width),
-                                                   mode="bilinear")
-                mask = logits.argmax(1)[0]
-                name = names[index]
-                array = mask.numpy().astype("uint8" if self.classes <= 256 else "int32")
-                for folder, picture in (("masks", Image.fromarray(array)),
-                                        ("overlays", None)):
-                    target = output / folder / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    data = png(overlay(raw.float() / 255, mask, self.classes), min_side=0) if picture is None else \
-                        _png_bytes(picture)
-                    atomic_write(target, lambda fh, data=data: fh.write(data))
-                done += 1
-            bar.update(len(indices) + len(bad), lambda: 0.0)
-        bar.close()
-        return done, skipped
+        inputs = InputImages(paths, "RGB", lambda image: (image.float() / 255 - mean) / std, keep_raw=True)
+        return MaskPredictor(inputs, paths, device, Logits(trained.models["segmenter"]), self.classes, info["size"],
+                             Path(opts.output))
 
     def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size = trained.info["size"]
@@ -324,3 +294,32 @@ class SegmentationSample:
             panels = [shown, overlay(shown, predicted[i], self.task.classes), overlay(shown, truth, self.task.classes)]
             items.append(records.images_item(png(strip(panels)), "image | predicted | truth"))
         return {"kind": "images", "epoch": epoch, "title": "validation: image | predicted | truth", "items": items}
+
+
+class MaskPredictor(Predictor):
+    """One image at a time, at its own size: resized to the training size's shorter side for the
+    network, the logits resized back."""
+
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module, classes: int,
+                 size: int, output: Path):
+        super().__init__(inputs, paths, device)
+        self.model, self.classes, self.size, self.output = model.to(device), classes, size, output
+        self.names = output_names(paths)  # before any work: two images never share an output
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        from PIL import Image
+
+        for index, image, raw in zip(indices, images, raws):
+            height, width = image.shape[-2:]
+            scale = self.size / min(height, width)
+            shape = (max(1, round(height * scale)), max(1, round(width * scale)))
+            small = nn.functional.interpolate(image[None], size=shape, mode="bilinear", antialias=True)
+            logits = nn.functional.interpolate(full_precision(self.model(small.to(self.device))).cpu(),
+                                               size=(height, width), mode="bilinear")
+            mask = logits.argmax(1)[0]
+            array = mask.numpy().astype("uint8" if self.classes <= 256 else "int32")
+            for folder, data in (("masks", _png_bytes(Image.fromarray(array))),
+                                 ("overlays", png(overlay(raw.float() / 255, mask, self.classes), min_side=0))):
+                target = self.output / folder / self.names[index]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, lambda fh, data=data: fh.write(data))

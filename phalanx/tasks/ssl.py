@@ -29,7 +29,8 @@ from ..models import build_model, required_channels
 from ..sampling import ShardSampler
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from .features import check_features_output, write_features
+from .features import FeaturesPredictor, check_features_output
+from .predicting import Predictor
 from .options import BYOLOptions, SimCLROptions
 from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 
@@ -217,9 +218,9 @@ class SelfSupervisedTask(Task):
     def check_predict_output(self, output: str) -> None:
         check_features_output(output)
 
-    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
         """The backbone's features of each image: what ``predict --features`` writes."""
-        return write_features(*self.feature_inputs(trained, paths), paths, opts, device, self.cfg)
+        return FeaturesPredictor(*self.feature_inputs(trained, paths), paths, opts, device)
 
     def feature_inputs(self, trained: Any, paths: list[Path]) -> tuple[nn.Module, Dataset]:
         info = trained.info
@@ -239,6 +240,7 @@ class SelfSupervisedTask(Task):
 class SimCLRTask(SelfSupervisedTask):
     name = "simclr"
     defaults = BUILTIN["simclr"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["simclr"].reads
     Options = SimCLROptions
     loss_label = "NT-Xent loss"
     options: SimCLROptions
@@ -285,6 +287,7 @@ class SimCLRTask(SelfSupervisedTask):
 class BYOLTask(SelfSupervisedTask):
     name = "byol"
     defaults = BUILTIN["byol"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["byol"].reads
     Options = BYOLOptions
     loss_label = "BYOL loss (2 - 2 cos)"
     options: BYOLOptions

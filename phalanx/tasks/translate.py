@@ -16,20 +16,20 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from .. import records
 from ..atomic import atomic_write
-from ..data import SeededView, loader_workers
-from ..data.inputs import InputImages, collate_inputs, output_names
+from ..data import SeededView
+from ..data.inputs import InputImages, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..errors import PhalanxError
 from ..pictures import png, strip
-from ..progress import ProgressBar
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
+from .predicting import Predictor
 from .tiling import tile_overlap, tiled
 from .translate_nets import build_discriminator, build_generator, check_generator
 
@@ -39,6 +39,7 @@ SHOWN = 4  # validation samples drawn each epoch
 class TranslateTask(Task):
     name = "translate"
     defaults = BUILTIN["translate"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["translate"].reads
     Options = TranslateOptions
     manual_optimization = True
     best_metric = ("L1", "min")
@@ -252,44 +253,20 @@ class TranslateTask(Task):
         if path.exists() and not path.is_dir():
             raise PhalanxError(f"{path} exists and is not a folder", "--output")
 
-    @torch.no_grad()
-    def predict(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> tuple[int, list]:
+    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
         """Each image translated at its own size (tiles of the training size, blended where they
         overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
         below the deepest folder holding every input (``output_names``)."""
         info = trained.info
-        names = output_names(paths)  # before any work: two images never share an output
-        overlap = tile_overlap(opts.overlap_pixels(), info["size"])
-        dataset = InputImages(paths, info["mode"], lambda image: image.float() / 127.5 - 1.0)
-        workers = loader_workers(self.cfg.replace(num_workers=opts.num_workers), 1,
-                                 torch.get_num_threads() if device.type == "cpu" else 1)
-        loader = DataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=collate_inputs)
-        generators = [trained.models[self.net("generator", t)].to(device) for t in range(self.targets)]
-        output = Path(opts.output)
-        done, skipped, panels = 0, [], []
-        bar = ProgressBar(len(loader), "predict", opts.progress)
-        for indices, images, _, bad in loader:
-            skipped += [(paths[i], why) for i, why in bad]
-            for index, image in zip(indices, images):
-                if self._looks_like_panels(image, info):
-                    panels.append(paths[index])
-                for t, generator in enumerate(generators):
-                    out = tiled(generator, image[None].to(device), info["size"], overlap)[0]
-                    target = output / f"target{t + 1}" / names[index]
-                    data = png((out.float().cpu() + 1) / 2, min_side=0)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write(target, lambda fh, data=data: fh.write(data))
-                done += 1
-            bar.update(len(indices) + len(bad), lambda: 0.0)
-        bar.close()
-        self._warn_of_panels(panels)
-        return done, skipped
+        inputs = InputImages(paths, info["mode"], lambda image: image.float() / 127.5 - 1.0)
+        generators = [trained.models[self.net("generator", t)] for t in range(self.targets)]
+        return TranslationPredictor(inputs, paths, device, generators, self, info, opts)
 
-    def _looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
+    def looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
         """An input and its targets side by side (the aligned layout's files), not an input alone."""
         return info.get("layout") != "plain" and image.shape[-1] == (self.targets + 1) * image.shape[-2]
 
-    def _warn_of_panels(self, panels: list[Path]) -> None:
+    def warn_of_panels(self, panels: list[Path]) -> None:
         if panels:
             count = self.targets + 1
             print(f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
@@ -366,3 +343,27 @@ def ssim(fake: torch.Tensor, real: torch.Tensor, sigma: float = 1.5, k1: float =
     c1, c2 = k1 ** 2, k2 ** 2
     index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
     return index.flatten(1).mean(1)
+
+
+class TranslationPredictor(Predictor):
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: list[nn.Module],
+                 task: TranslateTask, info: dict[str, Any], opts: Any):
+        super().__init__(inputs, paths, device)
+        self.generators, self.task, self.info = [g.to(device) for g in generators], task, info
+        self.names = output_names(paths)  # before any work: two images never share an output
+        self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
+        self.output, self.panels = Path(opts.output), []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        for index, image in zip(indices, images):
+            if self.task.looks_like_panels(image, self.info):
+                self.panels.append(self.paths[index])
+            for t, generator in enumerate(self.generators):
+                out = tiled(generator, image[None].to(self.device), self.info["size"], self.overlap)[0]
+                target = self.output / f"target{t + 1}" / self.names[index]
+                data = png((out.float().cpu() + 1) / 2, min_side=0)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, lambda fh, data=data: fh.write(data))
+
+    def finish(self) -> None:
+        self.task.warn_of_panels(self.panels)

@@ -85,6 +85,17 @@ class GatherOptions:
     dim: int = option(6, "Embedding size.")
 
 
+class ScaledLoss(nn.Module):
+    """A loss module with a buffer (its weight, 1) and no parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.tensor(1.0, dtype=torch.float64))
+
+    def forward(self, losses: torch.Tensor) -> torch.Tensor:
+        return losses * self.weight
+
+
 class GatherTask(Task):
     """A loss over the global batch: each sample's embedding is pulled away from every other
     sample's (a contrastive denominator), so its gradient reaches every rank's rows. Embeddings
@@ -110,14 +121,16 @@ class GatherTask(Task):
         return TaskData(SeededView(points[:80]), points[80:], "random vectors (80 train / 16 val)", info={})
 
     def build_models(self, data):
-        return {"encoder": nn.Linear(5, self.options.dim)}
+        # The criterion is a loss module with a buffer and no parameter, as DeepLIIF's GANLoss: it
+        # goes beside the networks (moved, checkpointed, never wrapped in DDP) with no optimizer.
+        return {"encoder": nn.Linear(5, self.options.dim), "criterion": ScaledLoss()}
 
-    def losses(self, z_local: torch.Tensor, z_all: torch.Tensor, start: int) -> torch.Tensor:
+    def losses(self, z_local: torch.Tensor, z_all: torch.Tensor, start: int, criterion: nn.Module) -> torch.Tensor:
         z_local, z_all = z_local - self.center.to(z_local), z_all - self.center.to(z_all)
         similarity = z_local @ z_all.T / 2.0
         own = torch.arange(len(z_local), device=z_local.device) + start
         similarity[torch.arange(len(z_local)), own] = float("-inf")  # a sample is not its own negative
-        return torch.logsumexp(similarity, dim=1) + (z_local ** 2).sum(1) * 0.05
+        return criterion(torch.logsumexp(similarity, dim=1) + (z_local ** 2).sum(1) * 0.05)
 
     def training_step(self, points, ctx):
         z = ctx.models["encoder"](points)
@@ -126,7 +139,7 @@ class GatherTask(Task):
         else:
             z_all, start = z, 0
         self.batch_mean = z_all.detach().mean(0)
-        return {"loss": self.losses(z, z_all, start)}
+        return {"loss": self.losses(z, z_all, start, ctx.models["criterion"])}
 
     def after_step(self, models):
         self.center = 0.5 * self.center + 0.5 * self.batch_mean.cpu()
@@ -139,7 +152,7 @@ class GatherTask(Task):
 
     def validation_step(self, models, points, ctx):
         z = models["encoder"](points)
-        return {"loss": self.losses(z, z, 0).sum(), "samples": torch.tensor(float(len(points)))}
+        return {"loss": self.losses(z, z, 0, models["criterion"]).sum(), "samples": torch.tensor(float(len(points)))}
 
 
 class StoppingGatherTask(StopAtStep, GatherTask):
