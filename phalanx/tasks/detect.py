@@ -229,7 +229,7 @@ class DetectTask(Task):
         inputs = InputImages(paths, "RGB", lambda image: image.float() / 255.0)
         return DetectionPredictor(inputs, paths, device, trained.models["detector"], self, named, opts)
 
-    def detections(self, found: dict[str, torch.Tensor], which: dict[str, Any], threshold: float) -> list[dict]:
+    def coco_rows(self, found: dict[str, torch.Tensor], which: dict[str, Any], threshold: float) -> list[dict]:
         """One image's detections at or above ``threshold`` as COCO results, each with ``which`` image's keys."""
         rows = []
         for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()):
@@ -338,7 +338,7 @@ class DetectionPredictor(Predictor):
         for index, found in zip(indices, self.detector([image.to(self.device) for image in images])):
             which = {"image_id": self.named.ids[index], "file_name": self.named.file_names[index],
                      "path": str(self.paths[index])}
-            self.rows += self.task.detections(found, which, self.threshold)
+            self.rows += self.task.coco_rows(found, which, self.threshold)
 
     def finish(self) -> None:
         atomic_write_text(self.output, json.dumps(self.rows, indent=1) + "\n")
