@@ -101,7 +101,7 @@ def test_the_plain_layout_trains_and_predict_translates_an_image_three_times_lar
 
 
 def test_a_tiled_translation_equals_the_untiled_one(tmp_path):
-    from phalanx.tasks.translate import tiled
+    from phalanx.tasks.tiling import tiled
 
     # A generator that maps each pixel on its own (no context): tiling must not change its output.
     generator = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.Tanh()).double()

@@ -22,7 +22,7 @@ from torch import nn
 from phalanx.data import SeededView, load_digits
 from phalanx.data.sources import holdout_indices
 from phalanx.fields import option
-from phalanx.tasks import Evaluation, Task, TaskData, denormalize, images_item, png, strip
+from phalanx.tasks import Evaluation, Inference, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
 
@@ -56,6 +56,11 @@ def bce(logits: torch.Tensor, real: bool) -> torch.Tensor:
     return nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none").flatten(1).mean(1)
 
 
+class AutoencoderInference(Inference):
+    def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:  # `phalanx export` writes the generator
+        return {"generator": (self.models["generator"], torch.zeros(2, 1, 8, 8))}
+
+
 class AdversarialAutoencoder(Task):
     Options = AutoencoderOptions
     defaults = {"optimizer": "adam", "betas": (0.5, 0.999), "lr": 1e-3, "weight_decay": 0.0}
@@ -65,6 +70,7 @@ class AdversarialAutoencoder(Task):
     metric_labels = {"L1": "L1 reconstruction error"}
     reads = ("val_fraction",)  # its own digits: --dataroot, --image-size, --model ... are refused
     manual_optimization = True  # two optimizers, stepped in turn by training_step
+    Inference = AutoencoderInference
     options: AutoencoderOptions
 
     def build_data(self) -> TaskData:
@@ -109,9 +115,6 @@ class AdversarialAutoencoder(Task):
 
     def visuals(self, data: TaskData) -> "Reconstructions":
         return Reconstructions(data.val[:SHOWN])
-
-    def export_modules(self, trained) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-        return {"generator": (trained.models["generator"], torch.zeros(2, 1, 8, 8))}
 
 
 class Reconstructions:

@@ -48,21 +48,21 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         raise PhalanxError(f"the run's data, recorded in the checkpoint as {recorded}, is not there; pass --dataroot "
                            "DIR to evaluate on data elsewhere", "--dataroot")
     with strategy_for(cfg, placement()) as strategy:
-        dataset, what = task.evaluation_data(trained, opts.dataroot, opts.dataset)
+        inference = trained.inference()
+        dataset, what = inference.evaluation_data(opts.dataroot, opts.dataset)
         models = {name: model.to(strategy.device) for name, model in trained.models.items()}
         if cfg.channels_last:
             models = {name: model.to(memory_format=torch.channels_last) for name, model in models.items()}
         workers = loader_workers(cfg.num_workers, strategy.local_world_size, strategy.training_threads)
-        collate = getattr(task, "eval_collate", None)
-        loader = DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate,
+        loader = DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
         evaluation = task.evaluate(models, loader, RunContext(strategy, cfg.precision, cfg.channels_last))
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         results = {"checkpoint": str(trained.path), "data": what, "task": cfg.task, "world_size": strategy.world_size,
-                   "metrics": evaluation.metrics, **task.results(evaluation)}
+                   "metrics": evaluation.metrics, **inference.results(evaluation)}
         if strategy.is_main:
-            print(task.results_table(results))
+            print(inference.results_table(results))
             if opts.output:
                 atomic_write_text(Path(opts.output), json.dumps(results, indent=2) + "\n")
         return results

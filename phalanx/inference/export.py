@@ -39,11 +39,12 @@ def export(opts: ExportOptions) -> list[Path]:
     check_output(output, opts.format)
     check_place(output)
     trained = load_trained(opts.checkpoint, opts.ema)
-    scripted = trained.task.script_export
+    inference = trained.inference()
+    scripted = inference.script_export
     if scripted and opts.format != "torchscript":
         raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
                            "list of images, which torch.export cannot follow)", "--format")
-    modules = trained.task.export_modules(trained)
+    modules = inference.export_modules()
     paths = {name: output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
              for name in modules}
     check_export_files(list(paths.values()), opts.checkpoint, opts.overwrite)
@@ -52,7 +53,7 @@ def export(opts: ExportOptions) -> list[Path]:
         path = paths[name]
         _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name,
                scripted)
-        meta = {**trained.task.export_metadata(trained), "network": name, "task": trained.config.task,
+        meta = {**inference.export_metadata(), "network": name, "task": trained.config.task,
                 "format": opts.format, "checkpoint": str(trained.path), "input_shape": list(example.shape[1:])}
         atomic_write_text(path.with_name(path.name + ".json"), json.dumps(meta, indent=2) + "\n")
         written.append(path)

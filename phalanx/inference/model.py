@@ -3,29 +3,19 @@ resolved to (classes, image size, normalisation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from torch import nn
 
 from .. import checkpoint
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
 from ..tasks import task_class
-from ..tasks.base import Task, TaskData
+from ..tasks.base import TaskData
+from ..tasks.inference import Trained
 
 OPTION = "--checkpoint"
-
-
-@dataclass
-class Trained:
-    path: Path
-    config: RunConfig
-    task: Task
-    models: dict[str, nn.Module]  # bare networks, in eval mode, on the CPU
-    info: dict[str, Any]
 
 
 def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None = None) -> Trained:

@@ -14,9 +14,8 @@ from ..data import loader_workers
 from ..data.inputs import collate_inputs, image_paths
 from ..errors import EXIT_FAILED, PhalanxError
 from ..progress import ProgressBar
-from ..tasks import Task
 from ..tasks.features import FeaturesPredictor, check_features_output
-from ..tasks.predicting import Predictor
+from ..tasks.inference import Inference, Predictor
 from .model import device_for, load_trained
 from .options import PredictOptions
 from .outputs import check_predict_files, check_predict_place
@@ -26,21 +25,20 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
     output = Path(opts.output)
     check_predict_place(output)  # before the model loads
     trained = load_trained(opts.checkpoint, opts.ema)
-    task = trained.task
+    inference = trained.inference()
     if opts.features:
-        if type(task).feature_inputs is Task.feature_inputs:
-            raise PhalanxError(f"--task {trained.config.task} has no network that makes features of an image "
-                               "(classify, simclr and byol have)", "--features")
+        if type(inference).feature_inputs is Inference.feature_inputs:
+            raise PhalanxError(f"--task {trained.config.task} has no network that makes features of an image", "--features")
         check_features_output(opts.output)
     else:
-        task.check_predict_output(opts.output)
+        inference.check_predict_output(opts.output)
     check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
     paths = image_paths(paths_given)
     device = device_for(opts.gpu_ids)
     if opts.features:
-        predictor: Predictor = FeaturesPredictor(*task.feature_inputs(trained, paths), paths, opts, device)
+        predictor: Predictor = FeaturesPredictor(*inference.feature_inputs(paths), paths, opts, device)
     else:
-        predictor = task.predictor(trained, paths, opts, device)
+        predictor = inference.predictor(paths, opts, device)
     predicted, skipped = run(predictor, opts, "features" if opts.features else "predict")
     for path, why in skipped:
         print(f"phalanx: warning: skipped {path}: {why}", file=sys.stderr, flush=True)

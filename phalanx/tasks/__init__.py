@@ -196,12 +196,17 @@ def task_class(name: str) -> type:
 
 
 def __getattr__(name: str) -> Any:
-    """``from phalanx.tasks import Task, TaskData, pane, images_item, png, strip, denormalize``: the
-    API, imported (with torch) on first use. The last four make a ``visuals`` record's pictures."""
+    """``from phalanx.tasks import Task, TaskData, Inference, pane, images_item, png, strip,
+    denormalize``: the API, imported (with torch) on first use. The last four make a ``visuals``
+    record's pictures."""
     if name in ("Task", "TaskData", "Evaluation", "pane"):
         from . import base
 
         return getattr(base, name)
+    if name in ("Inference", "Predictor", "Trained"):
+        from . import inference
+
+        return getattr(inference, name)
     if name in ("png", "strip", "denormalize"):
         from .. import pictures
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -31,7 +30,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
-from .predicting import Predictor
+from .inference import Inference
 
 
 @dataclass
@@ -101,8 +100,9 @@ class Task:
     - ``manual_optimization``: the step calls ``ctx.backward``/``ctx.step`` itself;
     - ``find_unused_parameters``: DDP's option, for networks whose forward leaves parameters out;
     - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one);
-    - ``script_export``: ``export`` scripts the networks (TorchScript only), for networks whose input
-      is not one tensor (a detector's list of images), which tracing and ``torch.export`` cannot follow.
+    - ``Inference``: what ``evaluate``, ``predict`` and ``export`` do with the trained task
+      (``tasks.inference.Inference``: the base evaluates on the validation split and has no
+      predict or export).
     """
 
     name = ""
@@ -115,7 +115,7 @@ class Task:
     manual_optimization = False
     find_unused_parameters = False
     ema_models: tuple[str, ...] | None = None
-    script_export = False
+    Inference: type[Inference] = Inference
     metric_labels: dict[str, str] = {}
 
     def __init__(self, cfg: Any):
@@ -262,52 +262,6 @@ class Task:
         return None
 
     # --- using a checkpoint --------------------------------------------------------------------
-    def results_table(self, results: dict[str, Any]) -> str:
-        """``evaluate``'s table."""
-        return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
-
     def restore_info(self, info: dict[str, Any]) -> None:
         """What a checkpoint says the data resolved to, before ``build_models`` (inference builds
         no training data: ``build_models`` reads ``data.info`` only)."""
-
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (else
-        DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
-        if dataroot:
-            root = Path(dataroot)
-            found = self.evaluation_split(trained, root / "val" if (root / "val").is_dir() else root)
-            if found is not None:
-                return found
-        data = self.build_data()  # from this command's configuration: --dataroot if given
-        return data.val, f"the run's validation split ({data.description})" if not dataroot else \
-            f"the validation split of {data.description}"
-
-    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str] | None:
-        """``evaluate --dataroot``: one folder read as a split of this task's data (no train/ needed),
-        and what it is; None: read DIR as ``build_data`` does and take its validation split."""
-        return None
-
-    def results(self, evaluation: Evaluation) -> dict[str, Any]:
-        """``evaluate``'s results beyond the metrics (JSON-able)."""
-        return {"samples": evaluation.extra.get("samples")}
-
-    def check_predict_output(self, output: str) -> None:
-        """Refuse an ``--output`` this task's ``predict`` does not write, before any work."""
-
-    def predictor(self, trained: Any, paths: list, opts: Any, device: torch.device) -> Predictor:
-        """``predict``: the images prepared for the network and what to write of each batch
-        (``tasks.predicting.Predictor``); the loop over them is ``phalanx predict``'s."""
-        raise PhalanxError(f"--task {self.name or type(self).__name__} has no predict", "--checkpoint")
-
-    def feature_inputs(self, trained: Any, paths: list) -> tuple[nn.Module, Dataset] | None:
-        """``predict --features``: the network whose outputs are an image's features, and the images
-        prepared for it (``data.inputs.InputImages``); None where the task has no such network."""
-        return None
-
-    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-        """``export``: the networks to write (by name) with an example input each."""
-        raise PhalanxError(f"--task {self.name or type(self).__name__} has nothing to export", "--checkpoint")
-
-    def export_metadata(self, trained: Any) -> dict[str, Any]:
-        """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
-        return {}

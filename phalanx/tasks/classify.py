@@ -4,33 +4,24 @@ predictions on the dashboard."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import random
 import re
-from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from .. import records
-from ..atomic import atomic_write
-from ..data import DataBundle, Mapped, build_datasets, dataset_labels, transforms
-from ..data.images import ImageFiles, PathTable
-from ..data.inputs import InputImages
-from ..data.manifest import checked
+from ..data import DataBundle, build_datasets, dataset_labels
 from ..errors import PhalanxError
-from ..finetune import Backbone, backbone_of, load_weights, param_groups
+from ..finetune import Backbone, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, full_precision
+from .classify_inference import ClassifyInference
 from .options import ClassifyOptions
-from .predicting import Predictor
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
 SAMPLE = 16  # validation images shown each epoch
@@ -40,6 +31,7 @@ class ClassifyTask(Task):
     name = "classify"
     defaults = BUILTIN["classify"].defaults  # also a subclass's (your own task built on it)
     reads = BUILTIN["classify"].reads
+    Inference = ClassifyInference
     Options = ClassifyOptions
     loss_names = ("loss",)
     primary_model = "model"
@@ -159,113 +151,9 @@ class ClassifyTask(Task):
     def visuals(self, data: TaskData) -> "ValidationSample":
         return ValidationSample(data.val, self.classes, data.info["mean"], data.info["std"], self.cfg.seed)
 
-    # --- using a checkpoint
-    def evaluation_data(self, trained: Any, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        if not dataroot or (dataset or "folder") != "folder":
-            data = self.build_data()
-            what = f"the run's validation split ({data.description})" if not dataroot else data.description
-            return data.val, what
-        root = Path(dataroot)
-        split = root / "val" if (root / "val").is_dir() else root
-        if not split.is_dir():
-            raise PhalanxError(f"{root} is not a directory", "--dataroot")
-        found = checked(split)
-        unknown = sorted(set(found.classes) - set(self.classes))
-        if unknown:
-            raise PhalanxError(f"{split} has classes the model was not trained on: {', '.join(unknown[:5])} (it "
-                               f"knows {', '.join(self.classes[:10])})", "--dataroot")
-        if found.broken:
-            path, why = next(iter(found.broken.items()))
-            raise PhalanxError(f"cannot read image {split / path} ({why})", "--dataroot")
-        labels = np.asarray([self.classes.index(found.classes[label]) for label in found.labels], dtype=np.int64)
-        files = ImageFiles(split, PathTable(found.paths), labels, "L" if trained.info["channels"] == 1 else "RGB")
-        pipeline = pipeline_of(trained.info)
-        files.min_side = pipeline.min_decoded_side(self.cfg.crop_scale)
-        prepare = transforms.build(pipeline, self.cfg, train=False)
-        return Mapped(files, prepare), f"{split} ({len(files)} images, {len(found.classes)} classes)"
-
-    def results(self, evaluation: Evaluation) -> dict[str, Any]:
-        confusion = evaluation.extra["confusion"]
-        per_class = {}
-        for index, name in enumerate(self.classes):
-            total = int(confusion[index].sum())
-            per_class[name] = {"images": total, "accuracy": confusion[index, index].item() / total if total else None}
-        k = min(5, len(self.classes))
-        m = evaluation.metrics
-        return {"images": evaluation.extra["samples"], "loss": m["loss"], "top1": m["acc"], f"top{k}": m["top5"],
-                "per_class": per_class, "classes": self.classes, "confusion_matrix": confusion.tolist()}
-
-    def results_table(self, results: dict[str, Any]) -> str:
-        k = next(key for key in results if key.startswith("top") and key != "top1")
-        lines = [f"{results['checkpoint']} on {results['data']}",
-                 f"images {results['images']}  loss {results['loss']:.4f}  top-1 {100 * results['top1']:.2f}%  "
-                 f"top-{k[3:]} {100 * results[k]:.2f}%", "", f"{'class':<20} {'images':>7} {'accuracy':>9}"]
-        for name, row in results["per_class"].items():
-            accuracy = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
-            lines.append(f"{name[:20]:<20} {row['images']:>7} {accuracy:>9}")
-        classes = results["classes"]
-        if len(classes) <= 12:  # larger matrices are in the JSON only
-            width = max(6, max(len(c) for c in classes) + 1)
-            lines += ["", "confusion (rows: true class, columns: predicted)",
-                      " " * width + "".join(f"{c[:width - 1]:>{width}}" for c in classes)]
-            for name, row in zip(classes, results["confusion_matrix"]):
-                lines.append(f"{name[:width - 1]:<{width}}" + "".join(f"{v:>{width}}" for v in row))
-        return "\n".join(lines)
-
-    def feature_inputs(self, trained: Any, paths: list[Path]) -> tuple[nn.Module, Dataset]:
-        """The classifier without its last Linear layer, on images prepared as validation prepares them."""
-        pipeline = pipeline_of(trained.info)
-        images = InputImages(paths, "L" if trained.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
-        return backbone_of(trained.models[self.primary_model])[0], images
-
-    def check_predict_output(self, output: str) -> None:
-        if Path(output).suffix not in (".csv", ".jsonl"):
-            raise PhalanxError(f"must end in .csv or .jsonl (got {Path(output).name})", "--output")
-
-    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
-        """The most likely classes of each image, to a CSV or JSONL table."""
-        pipeline = pipeline_of(trained.info)
-        inputs = InputImages(paths, "L" if trained.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
-        return ClassPredictor(inputs, paths, device, trained.models[self.primary_model], self.classes, opts)
-
-    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-        size, channels = trained.info["size"], trained.info["channels"]
-        example = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(0))
-        return {self.primary_model: (trained.models[self.primary_model], example)}
-
-    def export_metadata(self, trained: Any) -> dict[str, Any]:
-        """Class names and preprocessing, for files that leave phalanx (export's FILE.json)."""
-        info = trained.info
-        return {"classes": self.classes, "channels": info["channels"], "image_size": info["size"],
-                "resize_shorter_side": pipeline_of(info).evaluation_resize, "center_crop": info["size"],
-                "mean": list(info["mean"]), "std": list(info["std"]),
-                "input": "RGB" if info["channels"] == 3 else "grayscale",
-                "scale": "pixels / 255, then (x - mean) / std", "outputs": "logits, one per class"}
-
     def restore_info(self, info: dict[str, Any]) -> None:
         """What a checkpoint says the data resolved to (inference builds no training data)."""
         self.classes = list(info["classes"])
-
-
-class ClassPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module,
-                 classes: list[str], opts: Any):
-        super().__init__(inputs, paths, device)
-        self.model, self.classes, self.batch_size, self.output = model.to(device), classes, opts.batch_size, opts.output
-        self.k = min(opts.top_k, len(classes))
-        self.rows: list[dict[str, Any]] = []
-
-    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
-        probabilities = self.model(torch.stack(images).to(self.device)).float().softmax(1)
-        top = probabilities.topk(self.k, dim=1)
-        for i, p, c in zip(indices, top.values.tolist(), top.indices.tolist()):
-            self.rows.append({"path": str(self.paths[i]), "class": self.classes[c[0]], "probability": p[0],
-                              "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)]})
-
-    def finish(self) -> None:
-        _write_predictions(Path(self.output), self.rows)
 
 
 CHARACTER = re.compile(r"^(?:(?:digit|number|num|char|character|letter|class)[ _-]?)?[0-9A-Za-z]$", re.IGNORECASE)
@@ -283,10 +171,6 @@ def data_info(data: DataBundle) -> dict[str, Any]:
             "mean": list(p.mean), "std": list(p.std)}
 
 
-def pipeline_of(info: dict[str, Any]) -> transforms.Pipeline:
-    return transforms.Pipeline(info["size"], "none", info["crop_pct"], tuple(info["mean"]), tuple(info["std"]))
-
-
 def _mixer(options: ClassifyOptions, num_classes: int):
     if not options.mixup_alpha and not options.cutmix_alpha:
         return None  # and no torchvision import: it costs a process seconds
@@ -298,20 +182,6 @@ def _mixer(options: ClassifyOptions, num_classes: int):
     if options.cutmix_alpha > 0:
         mixers.append(v2.CutMix(alpha=options.cutmix_alpha, num_classes=num_classes))
     return mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
-
-
-def _write_predictions(output: Path, rows: list[dict[str, Any]]) -> None:
-    if output.suffix == ".jsonl":
-        text = "".join(json.dumps(row) + "\n" for row in rows)
-    else:
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow(["path", "class", "probability", "top_k"])
-        for row in rows:
-            top = ";".join(f"{t['class']}:{t['probability']:.6f}" for t in row["top_k"])
-            writer.writerow([row["path"], row["class"], f"{row['probability']:.6f}", top])
-        text = buffer.getvalue()
-    atomic_write(output, lambda fh: fh.write(text.encode()))
 
 
 class ValidationSample:

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
 from .base import full_precision
-from .predicting import Predictor
+from .inference import Predictor
 
 if TYPE_CHECKING:
     from ..inference.options import PredictOptions

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ..data import Mapped, SeededView, dataset_labels, transforms
-from ..data.inputs import InputImages
 from ..data.sources import load
 from ..errors import PhalanxError
 from ..finetune import backbone_of
@@ -29,8 +27,7 @@ from ..models import build_model, required_channels
 from ..sampling import ShardSampler
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from .features import FeaturesPredictor, check_features_output
-from .predicting import Predictor
+from .ssl_inference import SelfSupervisedInference
 from .options import BYOLOptions, SimCLROptions
 from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 
@@ -60,6 +57,7 @@ def knn_predict(features: torch.Tensor, bank: torch.Tensor, bank_labels: torch.T
 
 class SelfSupervisedTask(Task):
     primary_model = "backbone"
+    Inference = SelfSupervisedInference
     best_metric = ("knn_acc", "max")
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
 
@@ -207,34 +205,6 @@ class SelfSupervisedTask(Task):
     def visuals(self, data: TaskData) -> ViewSample:
         return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
                           data.info["std"])
-
-    # --- using a checkpoint
-    def results_table(self, results: dict[str, Any]) -> str:
-        m = results["metrics"]
-        knn = f"  kNN accuracy {100 * m['knn_acc']:.2f}%" if "knn_acc" in m else ""
-        return f"{results['checkpoint']} on {results['data']}\nimages {results['samples']}  view loss " \
-               f"{m['view_loss']:.4f}{knn}"
-
-    def check_predict_output(self, output: str) -> None:
-        check_features_output(output)
-
-    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
-        """The backbone's features of each image: what ``predict --features`` writes."""
-        return FeaturesPredictor(*self.feature_inputs(trained, paths), paths, opts, device)
-
-    def feature_inputs(self, trained: Any, paths: list[Path]) -> tuple[nn.Module, Dataset]:
-        info = trained.info
-        prepare = transforms.Prepare(info["size"], info["size"], tuple(info["mean"]), tuple(info["std"]))
-        return trained.models["backbone"], InputImages(paths, "L" if info["channels"] == 1 else "RGB", prepare)
-
-    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-        size, channels = trained.info["size"], trained.info["channels"]
-        return {"backbone": (trained.models["backbone"], torch.zeros(2, channels, size, size))}
-
-    def export_metadata(self, trained: Any) -> dict[str, Any]:
-        info = trained.info
-        return {"channels": info["channels"], "image_size": info["size"], "mean": info["mean"], "std": info["std"],
-                "scale": "pixels / 255, then (x - mean) / std", "outputs": "the backbone's features (a feature extractor)"}
 
 
 class SimCLRTask(SelfSupervisedTask):

@@ -10,7 +10,6 @@ Validation: per target, L1, PSNR and SSIM over every validation image once, at a
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,9 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from .. import records
-from ..atomic import atomic_write
 from ..data import SeededView
-from ..data.inputs import InputImages, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..errors import PhalanxError
@@ -29,8 +26,7 @@ from ..pictures import png, strip
 from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
-from .predicting import Predictor
-from .tiling import tile_overlap, tiled
+from .translate_inference import TranslateInference
 from .translate_nets import build_discriminator, build_generator, check_generator
 
 SHOWN = 4  # validation samples drawn each epoch
@@ -40,6 +36,7 @@ class TranslateTask(Task):
     name = "translate"
     defaults = BUILTIN["translate"].defaults  # also a subclass's (your own task built on it)
     reads = BUILTIN["translate"].reads
+    Inference = TranslateInference
     Options = TranslateOptions
     manual_optimization = True
     best_metric = ("L1", "min")
@@ -224,68 +221,6 @@ class TranslateTask(Task):
     def visuals(self, data: TaskData) -> "TranslationSample":
         return TranslationSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
 
-    # --- using a checkpoint
-    def evaluation_split(self, trained: Any, split: Path) -> tuple[Dataset, str]:
-        pairs = find_pairs(split, self.targets, skip_broken=False)
-        size = trained.info["size"]
-        return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \
-            f"{split} ({len(pairs)} {pairs.layout} pairs)"
-
-    def results(self, evaluation: Evaluation) -> dict[str, Any]:
-        return {"images": evaluation.extra["samples"], "targets": self.targets}
-
-    def results_table(self, results: dict[str, Any]) -> str:
-        m = results["metrics"]
-        lines = [f"{results['checkpoint']} on {results['data']}", f"images {results['images']}", "",
-                 f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
-        for t in range(self.targets):
-            s = self.suffix(t)
-            lines.append(f"{t + 1:<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} {m[f'SSIM{s}']:>8.4f}")
-        if self.targets > 1:
-            lines.append(f"{'mean':<8} {m['L1']:>8.4f} {m['PSNR']:>10.2f} {m['SSIM']:>8.4f}")
-        return "\n".join(lines)
-
-    def check_predict_output(self, output: str) -> None:
-        path = Path(output)
-        if path.suffix:
-            raise PhalanxError(f"is a folder for --task translate (one subfolder of PNGs per target), not a file "
-                               f"({path.name})", "--output")
-        if path.exists() and not path.is_dir():
-            raise PhalanxError(f"{path} exists and is not a folder", "--output")
-
-    def predictor(self, trained: Any, paths: list[Path], opts: Any, device: torch.device) -> Predictor:
-        """Each image translated at its own size (tiles of the training size, blended where they
-        overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
-        below the deepest folder holding every input (``output_names``)."""
-        info = trained.info
-        inputs = InputImages(paths, info["mode"], lambda image: image.float() / 127.5 - 1.0)
-        generators = [trained.models[self.net("generator", t)] for t in range(self.targets)]
-        return TranslationPredictor(inputs, paths, device, generators, self, info, opts)
-
-    def looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
-        """An input and its targets side by side (the aligned layout's files), not an input alone."""
-        return info.get("layout") != "plain" and image.shape[-1] == (self.targets + 1) * image.shape[-2]
-
-    def warn_of_panels(self, panels: list[Path]) -> None:
-        if panels:
-            count = self.targets + 1
-            print(f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
-                  f"x height, the aligned training data's input|target layout), e.g. {panels[0]}: each was "
-                  "translated whole; give predict the input panel (the left one) alone", file=sys.stderr, flush=True)
-
-    def export_modules(self, trained: Any) -> dict[str, tuple[nn.Module, torch.Tensor]]:
-        size, channels = trained.info["size"], trained.info["channels"]
-        example = torch.zeros(2, channels, size, size)
-        return {self.net("generator", t): (trained.models[self.net("generator", t)], example)
-                for t in range(self.targets)}
-
-    def export_metadata(self, trained: Any) -> dict[str, Any]:
-        info = trained.info
-        return {"input": "RGB" if info["channels"] == 3 else "grayscale", "image_size": info["size"],
-                "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
-                "outputs": "the translated image, (output + 1) * 127.5 for pixels",
-                "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does"}
-
 
 class TranslationSample:
     """Each epoch: the same validation inputs, each with its outputs and targets (input | output |
@@ -345,25 +280,3 @@ def ssim(fake: torch.Tensor, real: torch.Tensor, sigma: float = 1.5, k1: float =
     return index.flatten(1).mean(1)
 
 
-class TranslationPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: list[nn.Module],
-                 task: TranslateTask, info: dict[str, Any], opts: Any):
-        super().__init__(inputs, paths, device)
-        self.generators, self.task, self.info = [g.to(device) for g in generators], task, info
-        self.names = output_names(paths)  # before any work: two images never share an output
-        self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
-        self.output, self.panels = Path(opts.output), []
-
-    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
-        for index, image in zip(indices, images):
-            if self.task.looks_like_panels(image, self.info):
-                self.panels.append(self.paths[index])
-            for t, generator in enumerate(self.generators):
-                out = tiled(generator, image[None].to(self.device), self.info["size"], self.overlap)[0]
-                target = self.output / f"target{t + 1}" / self.names[index]
-                data = png((out.float().cpu() + 1) / 2, min_side=0)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(target, lambda fh, data=data: fh.write(data))
-
-    def finish(self) -> None:
-        self.task.warn_of_panels(self.panels)

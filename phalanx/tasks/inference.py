@@ -1,0 +1,124 @@
+"""What ``evaluate``, ``predict`` and ``export`` do with a trained task, apart from its training:
+each task names its own ``Inference`` (``Task.Inference``). The loops (the evaluation pass, the
+predict loader and its progress, the files written atomically) are the commands' own, the same for
+every task; an ``Inference`` says what is task-specific."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..errors import PhalanxError
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..inference.options import PredictOptions
+    from .base import Evaluation, Task
+
+
+@dataclass
+class Trained:
+    """A task rebuilt from its checkpoint alone."""
+
+    path: Path
+    config: RunConfig
+    task: Task
+    models: dict[str, nn.Module]  # bare networks, in eval mode, on the CPU
+    info: dict[str, Any]  # what the data resolved to (classes, image size, normalisation)
+
+    def inference(self) -> Inference:
+        return self.task.Inference(self)
+
+
+class Predictor:
+    """One ``predict`` over a list of image files.
+
+    ``inputs`` is a ``data.inputs.InputImages`` of the paths (its ``prepare`` makes an image what
+    the network takes); ``batch_size`` images go through ``predict`` at once (1 where each image
+    keeps its own size). ``predict`` writes each image's outputs, or keeps them for ``finish``,
+    which writes them once at least one image was predicted.
+    """
+
+    batch_size = 1
+
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device):
+        self.inputs, self.paths, self.device = inputs, paths, device
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        """``images[i]`` is ``paths[indices[i]]`` prepared; ``raws[i]`` its decoded pixels where the
+        inputs keep them (``keep_raw``), else None."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Write what ``predict`` kept (a table, a JSON of every detection); nothing by default."""
+
+
+class Inference:
+    """A trained task's evaluation, prediction and export. This base evaluates on the run's
+    validation split (or ``--dataroot``'s, read as training reads it) and has no predict or export.
+
+    Declarations: ``script_export`` (export scripts the networks, TorchScript only: for networks
+    whose input is not one tensor, such as a detector's list of images); ``eval_collate`` (how
+    ``evaluate`` batches samples; None: stacked).
+    """
+
+    script_export = False
+    eval_collate: Callable | None = None
+
+    def __init__(self, trained: Trained):
+        self.trained, self.task, self.cfg = trained, trained.task, trained.config
+        self.models, self.info = trained.models, trained.info
+
+    # --- evaluate ------------------------------------------------------------------------------
+    def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
+        """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (else
+        DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
+        if dataroot:
+            root = Path(dataroot)
+            found = self.evaluation_split(root / "val" if (root / "val").is_dir() else root)
+            if found is not None:
+                return found
+        data = self.task.build_data()  # from this command's configuration: --dataroot if given
+        return data.val, f"the run's validation split ({data.description})" if not dataroot else \
+            f"the validation split of {data.description}"
+
+    def evaluation_split(self, split: Path) -> tuple[Dataset, str] | None:
+        """``evaluate --dataroot``: one folder read as a split of this task's data (no train/ needed),
+        and what it is; None: read DIR as ``build_data`` does and take its validation split."""
+        return None
+
+    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+        """``evaluate``'s results beyond the metrics (JSON-able)."""
+        return {"samples": evaluation.extra.get("samples")}
+
+    def results_table(self, results: dict[str, Any]) -> str:
+        """``evaluate``'s table."""
+        return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
+
+    # --- predict -------------------------------------------------------------------------------
+    def check_predict_output(self, output: str) -> None:
+        """Refuse an ``--output`` this task's ``predict`` does not write, before any work."""
+
+    def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
+        """``predict``: the images prepared for the network and what to write of each batch; the
+        loop over them is ``phalanx predict``'s."""
+        raise PhalanxError(f"--task {self.cfg.task} has no predict", "--checkpoint")
+
+    def feature_inputs(self, paths: list[Path]) -> tuple[nn.Module, Dataset] | None:
+        """``predict --features``: the network whose outputs are an image's features, and the images
+        prepared for it (``data.inputs.InputImages``); None where the task has no such network."""
+        return None
+
+    # --- export --------------------------------------------------------------------------------
+    def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+        """``export``: the networks to write (by name) with an example input each."""
+        raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
+
+    def export_metadata(self) -> dict[str, Any]:
+        """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
+        return {}

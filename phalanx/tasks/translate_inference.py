@@ -1,0 +1,113 @@
+"""``--task translate``'s evaluation (L1, PSNR and SSIM per target), predictions (each image
+translated whole, tiled at the training size, to a folder of PNGs per target) and export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..atomic import atomic_write
+from ..data.inputs import InputImages, output_names
+from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
+from ..errors import PhalanxError
+from ..pictures import png
+from .base import Evaluation
+from .inference import Inference, Predictor
+from .tiling import tile_overlap, tiled
+
+if TYPE_CHECKING:
+    from ..inference.options import PredictOptions
+    from .translate import TranslateTask
+
+
+class TranslateInference(Inference):
+    task: TranslateTask
+
+    def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
+        pairs = find_pairs(split, self.task.targets, skip_broken=False)
+        size = self.info["size"]
+        return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \
+            f"{split} ({len(pairs)} {pairs.layout} pairs)"
+
+    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+        return {"images": evaluation.extra["samples"], "targets": self.task.targets}
+
+    def results_table(self, results: dict[str, Any]) -> str:
+        m = results["metrics"]
+        lines = [f"{results['checkpoint']} on {results['data']}", f"images {results['images']}", "",
+                 f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
+        for t in range(self.task.targets):
+            s = self.task.suffix(t)
+            lines.append(f"{t + 1:<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} {m[f'SSIM{s}']:>8.4f}")
+        if self.task.targets > 1:
+            lines.append(f"{'mean':<8} {m['L1']:>8.4f} {m['PSNR']:>10.2f} {m['SSIM']:>8.4f}")
+        return "\n".join(lines)
+
+    def check_predict_output(self, output: str) -> None:
+        path = Path(output)
+        if path.suffix:
+            raise PhalanxError(f"is a folder for --task translate (one subfolder of PNGs per target), not a file "
+                               f"({path.name})", "--output")
+        if path.exists() and not path.is_dir():
+            raise PhalanxError(f"{path} exists and is not a folder", "--output")
+
+    def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
+        """Each image translated at its own size (tiles of the training size, blended where they
+        overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
+        below the deepest folder holding every input (``output_names``)."""
+        inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0)
+        generators = [self.models[self.task.net("generator", t)] for t in range(self.task.targets)]
+        return TranslationPredictor(inputs, paths, device, generators, self, opts)
+
+    def looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
+        """An input and its targets side by side (the aligned layout's files), not an input alone."""
+        return info.get("layout") != "plain" and image.shape[-1] == (self.task.targets + 1) * image.shape[-2]
+
+    def warn_of_panels(self, panels: list[Path]) -> None:
+        if panels:
+            count = self.task.targets + 1
+            print(f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
+                  f"x height, the aligned training data's input|target layout), e.g. {panels[0]}: each was "
+                  "translated whole; give predict the input panel (the left one) alone", file=sys.stderr, flush=True)
+
+    def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+        size, channels = self.info["size"], self.info["channels"]
+        example = torch.zeros(2, channels, size, size)
+        return {self.task.net("generator", t): (self.models[self.task.net("generator", t)], example)
+                for t in range(self.task.targets)}
+
+    def export_metadata(self) -> dict[str, Any]:
+        info = self.info
+        return {"input": "RGB" if info["channels"] == 3 else "grayscale", "image_size": info["size"],
+                "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
+                "outputs": "the translated image, (output + 1) * 127.5 for pixels",
+                "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does"}
+
+
+class TranslationPredictor(Predictor):
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: list[nn.Module],
+                 inference: TranslateInference, opts: PredictOptions):
+        super().__init__(inputs, paths, device)
+        self.generators, self.inference, self.info = [g.to(device) for g in generators], inference, inference.info
+        self.names = output_names(paths)  # before any work: two images never share an output
+        self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
+        self.output, self.panels = Path(opts.output), []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        for index, image in zip(indices, images):
+            if self.inference.looks_like_panels(image, self.info):
+                self.panels.append(self.paths[index])
+            for t, generator in enumerate(self.generators):
+                out = tiled(generator, image[None].to(self.device), self.info["size"], self.overlap)[0]
+                target = self.output / f"target{t + 1}" / self.names[index]
+                data = png((out.float().cpu() + 1) / 2, min_side=0)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, lambda fh, data=data: fh.write(data))
+
+    def finish(self) -> None:
+        self.inference.warn_of_panels(self.panels)
