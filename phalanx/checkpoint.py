@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .atomic import atomic_write
+from .tasks import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
 from .errors import PhalanxError, RunFailed
 
 FORMAT = "phalanx-checkpoint"
@@ -159,7 +160,7 @@ def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
         state = {**state, "position": 0, "epoch_sums": [0.0, 0.0]}
     loss_sum, samples = state.get("epoch_sums") or [0.0, 0.0]
     best = state.get("best_val_acc")
-    return {**state, "version": VERSION, "task": "classify", "models": {"model": state["model"]},
+    return {**state, "version": VERSION, "task": FORMAT_2_TASK, "models": {"model": state["model"]},
             "optimizers": {"model": state["optimizer"]}, "scalers": {"model": state.get("scaler")},
             "ema": {"model": state["ema"]} if state.get("ema") else None, "task_state": {},
             "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},

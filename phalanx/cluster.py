@@ -32,7 +32,7 @@ class Placement:
                 f"{self.local_world_size}), rendezvous at {self.master_addr}:{self.master_port}")
 
 
-def detect(env: Mapping[str, str]) -> Placement | None:
+def placement_from(env: Mapping[str, str]) -> Placement | None:
     """The process group this process belongs to, or None when it runs alone."""
     if "RANK" in env and "WORLD_SIZE" in env:
         return _from_torch(env, "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env")
@@ -45,7 +45,7 @@ def detect(env: Mapping[str, str]) -> Placement | None:
 
 def launcher_name(env: Mapping[str, str]) -> str:
     """For --dry-run: what started this process, even where it forms no group."""
-    placement = detect(env)
+    placement = placement_from(env)
     if placement is not None:
         return placement.describe()
     if "SLURM_JOB_ID" in env:

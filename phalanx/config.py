@@ -28,10 +28,9 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class RunConfig:
     # --- the run and where it lives
-    task: str = option("classify", "What to train: classify (default), translate (pix2pix), simclr, byol, "
-                       "detect, segment, or your own task as package.module:Class (see the README's \"Your own "
-                       "task\"). Recorded in checkpoints: evaluate, predict, export and "
-                       "--resume need no --task.", metavar="NAME")
+    task: str = option(tasks.DEFAULT, f"What to train: {tasks.names_help()}, or your own task as "
+                       "package.module:Class (see the README's \"Your own task\"). Recorded in checkpoints: "
+                       "evaluate, predict, export and --resume need no --task.", metavar="NAME")
     task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "
                                 "your own task, or a task: section of --config).", cli=False)
     name: str = option("experiment", "Run name; files go to <checkpoints-dir>/<name>/.", identity=False)
@@ -41,8 +40,8 @@ class RunConfig:
                                 "checkpoint in the run directory.", identity=False, metavar="PATH|auto")
     overwrite: bool = option(False, "Replace a previous run in the run directory.", identity=False)
     # --- data
-    dataroot: str | None = option(None, "Data directory: for classify an ImageFolder layout "
-                                  "(DIR/train/<class>/*.png, optional DIR/val/) or torchvision's files for "
+    dataroot: str | None = option(None, "Data directory: for classification an ImageFolder "
+                                  "layout (DIR/train/<class>/*.png, optional DIR/val/) or torchvision's files for "
                                   "--dataset; the other tasks' layouts are in the README.",
                                   identity=False, metavar="DIR")
     dataset: str | None = option(None, "Dataset kind. Default: 'folder' with --dataroot, else the "
@@ -50,18 +49,18 @@ class RunConfig:
     download: bool = option(False, "Let torchvision download --dataset into --dataroot (needs internet).",
                             identity=False)
     synthetic_samples: int = option(4096, "With --dataset synthetic: random RGB images in memory (for "
-                                    "benchmarks: the data pipeline costs nothing).", metavar="N")
-    val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.")
+                                    "benchmarks: the data pipeline costs nothing).", metavar="N", at_least=2)
+    val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.", above=0, below=1)
     image_size: int = option(0, "Train and evaluate on N x N images (0: the dataset's own size; 32 for "
                              "folders). Images are resized by their shorter side and cropped, never squashed.",
-                             metavar="N")
+                             metavar="N", at_least=0)
     augment: str = option("auto", "Training augmentation: basic = random crop (pad-and-crop up to 64 px, random "
                           "resized crop above) + horizontal flip; the policies add torchvision's. auto: basic for "
                           "folders and CIFAR-10, none for the rest.", choices=AUGMENTS)
     hflip: bool = option(True, "Random horizontal flips in augmentation (--no-hflip where a flip changes the "
                          "label: digits, text).")
     crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
-                               metavar="FRACTION")
+                               metavar="FRACTION", above=0, at_most=1)
     val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
                                  "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros, as torchvision's "
                                  "CenterCrop does; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
@@ -92,31 +91,31 @@ class RunConfig:
                            identity=False)
     # --- optimisation
     epochs: int = option(5, "Number of epochs to train for (in total, counting resumed ones).",
-                         identity=False)
+                         identity=False, above=0)
     batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
-                             "--grad-accum x world size.")
-    lr: float = option(0.1, "Learning rate (before --scale-lr).")
+                             "--grad-accum x world size.", above=0)
+    lr: float = option(0.1, "Learning rate (before --scale-lr).", above=0)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
-    momentum: float = option(0.9, "SGD momentum.")
+    momentum: float = option(0.9, "SGD momentum.", at_least=0)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
-    weight_decay: float = option(5e-4, "Weight decay.")
+    weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
     lr_schedule: str = option("cosine", "Learning-rate schedule after warmup (linear: constant, then a linear "
                               "decay to zero over the last --lr-decay-epochs, as pix2pix).",
                               choices=("cosine", "step", "constant", "linear"))
     lr_decay_epochs: float = option(0.0, "With --lr-schedule linear: the epochs of the decay to zero (0: the second "
-                                    "half of --epochs).", metavar="N")
+                                    "half of --epochs).", metavar="N", at_least=0)
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
-                                 metavar="N")
-    warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.")
+                                 metavar="N", above=0)
+    warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.", at_least=0)
     scale_lr: str = option("none", "'linear': multiply --lr by the number of devices that share a step "
                            "(linear scaling rule).", choices=("none", "linear"),
                            launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
-    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N")
+    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0)
     ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
-                              "evaluated beside the model; 0: off.", metavar="D")
+                              "evaluated beside the model; 0: off.", metavar="D", at_least=0, below=1)
     best_metric: str | None = option(None, "The validation metric that picks best.pt (default: the task's: "
-                                     "accuracy for classify).", identity=False, metavar="NAME")
+                                     "accuracy for classification).", identity=False, metavar="NAME")
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "
                             "fp64 trains every network and input in float64: slow, for checking that a run is "
                             "exact).", choices=("fp32", "bf16", "fp16", "fp64"))
@@ -131,21 +130,21 @@ class RunConfig:
                                  "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
     dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "
                                  "or lost worker ends the run instead of blocking it forever.",
-                                 identity=False, metavar="SECONDS")
+                                 identity=False, metavar="SECONDS", above=0)
     sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
     # --- output
     save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
-                                  identity=False, metavar="N")
+                                  identity=False, metavar="N", at_least=0)
     pickle_dir: str | None = option(None, "Where global rank 0 writes loss snapshots for `phalanx "
                                     "visualize` (default: <run dir>/pickle).", identity=False, metavar="DIR")
     snapshot_every: float = option(5.0, "Write a loss snapshot at most every N seconds (and at each "
-                                   "epoch end).", identity=False, metavar="SECONDS")
+                                   "epoch end).", identity=False, metavar="SECONDS", at_least=0)
     log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
-                            identity=False, metavar="N")
+                            identity=False, metavar="N", above=0)
     progress: bool = option(True, "Show progress on stderr: a bar on a terminal, else a line every "
                             "--log-interval seconds.", identity=False)
     log_interval: float = option(30.0, "Without a terminal: a progress line every N seconds of an epoch (0: none).",
-                                 identity=False, metavar="SECONDS")
+                                 identity=False, metavar="SECONDS", at_least=0)
     # --- remote storage
     remote: bool = option(False, "DeepLIIF's --remote True|False, accepted as its multi-GPU guide writes it: "
                           "phalanx always does what --remote True asks (global rank 0 writes pickled snapshots "
@@ -331,21 +330,10 @@ def _validate(cfg: RunConfig) -> None:
     check_fields(cfg)
     tasks.check_name(cfg.task)
     object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
-    for name in ("epochs", "batch_size", "grad_accum", "lr_step_epochs", "log_every"):
-        if getattr(cfg, name) <= 0:
-            raise bad(name, f"must be a positive integer (got {getattr(cfg, name)})")
-    if not cfg.dist_timeout > 0:
-        raise bad("dist_timeout", f"must be positive (got {cfg.dist_timeout})")
-    if not cfg.lr > 0:
-        raise bad("lr", f"must be positive (got {cfg.lr})")
+    if not (cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25):
+        raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.val_crop_pct})")
     if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
         raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
-    for name, inside, where in (("crop_scale", 0 < cfg.crop_scale <= 1, "in (0, 1]"),
-                                ("val_crop_pct", cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25,
-                                 "in [0.5, 1.25], or 0 for auto"),
-                                ("ema_decay", 0 <= cfg.ema_decay < 1, "in [0, 1)")):
-        if not inside:
-            raise bad(name, f"must be {where} (got {getattr(cfg, name)})")
     if len(cfg.mean) != len(cfg.std):
         raise bad("mean" if cfg.mean else "std", f"--mean has {len(cfg.mean)} values, --std {len(cfg.std)}; give both, "
                   "one per channel")
@@ -353,16 +341,8 @@ def _validate(cfg: RunConfig) -> None:
         raise bad("std", f"must be positive (got {cfg.std})")
     if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
         raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.betas))})")
-    for name in ("save_epoch_freq", "image_size", "weight_decay", "momentum", "warmup_epochs", "snapshot_every",
-                 "lr_decay_epochs", "log_interval"):
-        if getattr(cfg, name) < 0:
-            raise bad(name, f"must not be negative (got {getattr(cfg, name)})")
-    if not 0 < cfg.val_fraction < 1:
-        raise bad("val_fraction", f"must be between 0 and 1 (got {cfg.val_fraction})")
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
-    if cfg.synthetic_samples < 2:
-        raise bad("synthetic_samples", f"must be at least 2 (got {cfg.synthetic_samples})")
     if cfg.dataset not in ("digits", "synthetic") and not cfg.dataroot:
         raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
     if cfg.resume is not None and cfg.overwrite:

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .cluster import Placement, detect
+from .cluster import Placement, placement_from
 from .config import RunConfig
 from .errors import PhalanxError
 
 
 def placement() -> Placement | None:
     """This process's place in a process group started by torchrun, srun, mpirun or an operator."""
-    return detect(os.environ)
+    return placement_from(os.environ)
 
 
 def elastic_restart_count(environ: dict[str, str] | None = None) -> int:

@@ -19,7 +19,8 @@ from .errors import PhalanxError
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
            identity: bool = True, metavar: str | None = None, launch_help: str | None = None,
-           cli: bool = True, valued: bool = False) -> Any:
+           cli: bool = True, valued: bool = False, at_least: float | None = None, above: float | None = None,
+           at_most: float | None = None, below: float | None = None) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``identity=False`` marks options that do not change what a run computes (where files go,
@@ -27,10 +28,12 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
     different value. ``launch_help`` replaces ``help`` in ``trainlaunch --help`` where the option
     means something else per DDP worker. ``cli=False``: a field of the configuration that no flag
     sets directly. ``valued=True``: a bool option typed with a value (``--remote True``, as DeepLIIF
-    spells it) instead of a ``--flag/--no-flag`` pair.
+    spells it) instead of a ``--flag/--no-flag`` pair. ``at_least``/``above`` and ``at_most``/``below``
+    bound a number (inclusive/exclusive), checked wherever the value comes from.
     """
     meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
-            "launch_help": launch_help or help, "cli": cli, "valued": valued}
+            "launch_help": launch_help or help, "cli": cli, "valued": valued,
+            "bounds": (at_least, above, at_most, below)}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     if isinstance(default, dict):
@@ -86,6 +89,25 @@ def check_fields(obj: Any) -> None:
         choices = f.metadata.get("choices")
         if choices and value is not None and value not in choices:
             raise PhalanxError(f"must be one of {', '.join(choices)} (got {value!r})", flag(f.name))
+        if value is not None and f.type in ("int", "float", "float | None", "int | None"):
+            check_bounds(value, f.metadata.get("bounds") or (None,) * 4, f.type.startswith("int"), flag(f.name))
+
+
+def check_bounds(value: float, bounds: tuple, integer: bool, option_name: str) -> None:
+    """A number within its field's bounds, else one line saying them."""
+    at_least, above, at_most, below = bounds
+    if ((at_least is None or value >= at_least) and (above is None or value > above)
+            and (at_most is None or value <= at_most) and (below is None or value < below)):
+        return
+    if at_most is None and below is None:
+        words = ("a positive integer" if integer else "positive") if above == 0 else \
+            f"at least {at_least}" if at_least not in (None, 0) else f"above {above}" if above is not None else None
+        message = f"must be {words}" if words else "must not be negative"
+    else:
+        left = f"[{at_least}" if at_least is not None else f"({above}" if above is not None else "(-inf"
+        right = f"{at_most}]" if at_most is not None else f"{below})"
+        message = f"must be in {left}, {right}"
+    raise PhalanxError(f"{message} (got {value})", option_name)
 
 
 def parse_text(text: str, type_name: str, option: str) -> Any:

@@ -88,8 +88,9 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
         raise PhalanxError(f"{path} does not load as weights: {unloadable(path, exc)}", OPTION) from None
     classes, note = None, ""
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
-        task = state.get("task", "classify")
-        if task == "classify":
+        task = state.get("task")
+        # One whole network (formats 1 and 2 hold nothing else): its head ends in the data's classes.
+        if list(state.get("models") or {"model": None}) == ["model"]:
             classes = (state.get("data") or {}).get("classes")
         else:  # another task's primary network (a backbone); the rest (heads, ...) stays behind
             others = sorted(set(state.get("models") or {}) - {"backbone", "model"})

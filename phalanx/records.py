@@ -39,8 +39,8 @@ def _pane(win: str, title: str, ylabel: str, record: str, traces: list[list[str]
     return {"win": win, "title": title, "ylabel": ylabel, "record": record, "traces": traces, "percent": percent}
 
 
-#: The panes of a classification run, and of every snapshot before schema 3 (only classifiers then).
-CLASSIFY_PANES = [
+#: The panes of every snapshot before schema 3 (which only classifiers wrote); a classifier's today.
+SCHEMA_2_PANES = [
     _pane("train_loss", "train loss (mean over ranks)", "cross-entropy loss", "train", [["loss", "loss"]]),
     _pane("val_loss", "validation loss", "cross-entropy loss", "val",
           [["loss", "val loss"], ["ema_loss", "EMA val loss"]]),
@@ -87,7 +87,7 @@ def panes_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in reversed(records):
         if isinstance(record, dict) and record.get("kind") == "panes":
             return record["panes"]
-    return CLASSIFY_PANES
+    return SCHEMA_2_PANES
 
 
 def images_item(png: bytes, caption: str, ok: bool | None = None) -> dict[str, Any]:

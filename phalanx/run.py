@@ -23,6 +23,7 @@ from .devices import Placement, elastic_restart_count, missing_gpus, placement, 
 from .parallel import Strategy, strategy_for
 from .preempt import Preempted, StopRequest
 from .sampling import steps_per_epoch
+from . import tasks
 from .tasks import task_class
 from .tasks.base import Task, TaskData
 from .trainer import Best, Trainer
@@ -206,9 +207,10 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models:
          outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
         trainer = Trainer(cfg, strategy, task, data, models, outputs, run_id, say, stop)
-        task_part = f"task {cfg.task}; " if cfg.task != "classify" else ""
+        task_part = f"task {cfg.task}; " if cfg.task != tasks.DEFAULT else ""
         workers = f"{trainer.num_workers} loader worker{'s' if trainer.num_workers != 1 else ''}"
-        say(f"phalanx: {task_part}{data.description}; model {cfg.model if cfg.task == 'classify' else ', '.join(models)}; "
+        networks = cfg.model if list(models) == ["model"] else ", ".join(models)  # one whole model: --model's name
+        say(f"phalanx: {task_part}{data.description}; model {networks}; "
             f"{strategy.describe()}; {workers}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
         if cfg.precision == "fp16" and strategy.device.type == "cpu":
             say("phalanx: warning: --precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's "

@@ -81,7 +81,7 @@ CASES = [
     ("epochs-zero", ["--epochs", "0"], "--epochs", "positive"),
     ("batch-negative", ["--batch-size", "-4"], "--batch-size", "positive"),
     ("lr-zero", ["--lr", "0"], "--lr", "positive"),
-    ("val-fraction", ["--val-fraction", "1.5"], "--val-fraction", "between 0 and 1"),
+    ("val-fraction", ["--val-fraction", "1.5"], "--val-fraction", "must be in (0, 1) (got 1.5)"),
     ("config-does-not-parse", ["--config", "{w}/bad.yaml"], "--config", "does not parse"),
     ("config-unknown-option", ["--config", "{w}/unknown.yaml"], "--config", "learning_rate"),
     ("config-not-a-mapping", ["--config", "{w}/list.json"], "--config", "mapping"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, USER_MODELS, free_port, gate, paused, records, release, wait_until
-from phalanx.cluster import detect, first_host, launcher_name, tasks_on_node
+from phalanx.cluster import placement_from, first_host, launcher_name, tasks_on_node
 from phalanx.errors import PhalanxError
 
 TRAIN_SAMPLES = 1438
@@ -27,31 +27,31 @@ SLURM_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
 
 
 def test_an_srun_task_is_placed_from_slurms_variables():
-    placement = detect(SLURM_TASK)
+    placement = placement_from(SLURM_TASK)
     assert (placement.launcher, placement.rank, placement.local_rank, placement.world_size,
             placement.local_world_size) == ("slurm", 3, 1, 4, 2)
     assert (placement.master_addr, placement.master_port) == ("gpu07", 15000 + 4242 % 20000)
-    assert detect({**SLURM_TASK, "MASTER_PORT": "29999"}).master_port == 29999
+    assert placement_from({**SLURM_TASK, "MASTER_PORT": "29999"}).master_port == 29999
 
 
 def test_torchrun_wins_over_slurm_and_mpi_wins_inside_an_allocation():
     torchrun = {**SLURM_TASK, "RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                 "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "job"}
-    assert (detect(torchrun).launcher, detect(torchrun).rank) == ("torchrun", 1)
+    assert (placement_from(torchrun).launcher, placement_from(torchrun).rank) == ("torchrun", 1)
     # mpirun inside an sbatch allocation: every rank inherits the batch script's SLURM_PROCID=0.
     batch = {k: v for k, v in SLURM_TASK.items() if not k.startswith("SLURM_STEP")}
     mpi = {**batch, "SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    assert (detect(mpi).launcher, detect(mpi).rank, detect(mpi).world_size) == ("mpi", 1, 2)
-    assert detect(batch) is None  # the batch script itself is no task of a step
+    assert (placement_from(mpi).launcher, placement_from(mpi).rank, placement_from(mpi).world_size) == ("mpi", 1, 2)
+    assert placement_from(batch) is None  # the batch script itself is no task of a step
     assert "not an srun task" in launcher_name(batch)
     pod = {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "svc", "MASTER_PORT": "23456"}
-    assert (detect(pod).launcher, detect(pod).local_rank) == ("env", 0)
+    assert (placement_from(pod).launcher, placement_from(pod).local_rank) == ("env", 0)
 
 
 def test_mpi_without_a_rendezvous_address_says_how_to_give_one():
     with pytest.raises(PhalanxError, match="started by mpirun .Open MPI.: MASTER_ADDR is not set; export MASTER_ADDR"):
-        detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+        placement_from({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
 
 
 @pytest.mark.parametrize("nodelist, host", [("vm", "vm"), ("gpu[07-09,12],cpu3", "gpu07"), ("n[1-2]", "n1"),

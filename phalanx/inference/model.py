@@ -47,7 +47,7 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
             model.load_state_dict(weights)
         except RuntimeError as exc:  # missing keys, unexpected keys, shapes
             first = str(exc).strip().splitlines()[0]
-            what = cfg.model if cfg.task == "classify" else f"{cfg.task}'s {name}"
+            what = cfg.model if name == "model" else f"{cfg.task}'s {name}"  # one whole model: --model's name
             raise PhalanxError(f"{path} does not fit model {what!r} ({first[:200]})", OPTION) from None
         model.eval()
     task.load_state_dict(state.get("task_state") or {})

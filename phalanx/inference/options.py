@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import tasks
 from ..config import DATASETS
 from ..errors import PhalanxError
 from ..fields import option
@@ -40,10 +41,10 @@ class EvaluateOptions:
 @dataclass(frozen=True)
 class PredictOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    output: str = option(None, "Where to write the predictions: .csv or .jsonl (classify), a folder (translate, "
-                         "segment), .json (detect), .npy (simclr, byol, --features).", metavar="PATH")
+    output: str = option(None, f"Where to write the predictions: {tasks.predict_outputs_help()}; .npy with "
+                         "--features.", metavar="PATH")
     features: bool = option(False, "Write each image's features instead (OUTPUT.npy, one row per image, the image "
-                            "list in OUTPUT.txt): a classifier without its last Linear layer, a SimCLR/BYOL "
+                            "list in OUTPUT.txt): a classifier without its last Linear layer, a self-supervised "
                             "backbone.")
     top_k: int = option(5, "How many of the most likely classes to list per image.", metavar="K")
     batch_size: int = option(64, "Images per batch.", metavar="N")
@@ -51,9 +52,9 @@ class PredictOptions:
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
     progress: bool = option(True, "Show a progress bar on stderr.")
-    score_threshold: float = option(0.3, "--task detect: detections below this score are left out (0 keeps "
+    score_threshold: float = option(0.3, "Detection: detections below this score are left out (0 keeps "
                                     "every detection, as COCO mAP counts them).", metavar="S")
-    tile_overlap: str = option("auto", "--task translate: images larger than the training size are translated in "
+    tile_overlap: str = option("auto", "Translation: images larger than the training size are translated in "
                                "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
                                "the training size).", metavar="PIXELS|auto")
     overwrite: bool = option(False, OVERWRITE_HELP)
@@ -64,7 +65,7 @@ class PredictOptions:
         if not 0 <= self.score_threshold <= 1:
             raise PhalanxError(f"must be between 0 and 1 (a detection's score); got {self.score_threshold}",
                                "--score-threshold")
-        self.overlap_pixels()  # checked now, used by --task translate
+        self.overlap_pixels()  # checked now, used by translation
 
     def overlap_pixels(self) -> int | None:
         """``--tile-overlap`` in pixels; None for auto (the task picks it from the training size)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PhalanxError
-from ..fields import flag, parse_text, suggest
+from ..fields import check_fields, flag, parse_text, suggest
 from .options import BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions, TranslateOptions
 
 OPTION = "--task"
@@ -39,6 +39,8 @@ class TaskInfo:
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # general options it does not read -> what to use instead: given, they are refused, not ignored
     unused: dict[str, str] = field(default_factory=dict)
+    aka: str = ""  # what its users know it as (pix2pix), in the --task help
+    predicts: str = ""  # what `predict --output` names for it
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -61,32 +63,49 @@ def _classifier_lr(given: dict[str, Any]) -> dict[str, Any]:
 
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=_classifier_lr),
+             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=_classifier_lr, predicts=".csv or .jsonl"),
     TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
              "phalanx.tasks.translate:TranslateTask",
              # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 256, "model": "pix2pix"},
-             unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm"}),
+             unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm"},
+             aka="pix2pix", predicts="a folder"),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
-             "phalanx.tasks.ssl:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
+             "phalanx.tasks.ssl:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             predicts=".npy"),
     TaskInfo("byol", "Self-supervised: BYOL (--task byol)",
              "pretraining with a momentum teacher, no negatives", BYOLOptions,
-             "phalanx.tasks.ssl:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}),
+             "phalanx.tasks.ssl:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             predicts=".npy"),
     TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
              DetectOptions, "phalanx.tasks.detect:DetectTask",
              # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
              {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 4, "warmup_epochs": 1.0}),
+              "batch_size": 4, "warmup_epochs": 1.0}, predicts=".json"),
     TaskInfo("segment", "Segmentation (--task segment)", "semantic segmentation on image + mask pairs",
              SegmentOptions, "phalanx.tasks.segment:SegmentTask",
              # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
              {"model": "lraspp_mobilenet_v3_large", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 8, "image_size": 256}),
+              "batch_size": 8, "image_size": 256}, predicts="a folder"),
 ]}
 DEFAULT = "classify"
+
+
+def names_help() -> str:
+    """The built-in tasks for ``--task``'s help: ``classify (default), translate (pix2pix), ...``."""
+    return ", ".join(name + (f" ({info.aka})" if info.aka else "") + (" (default)" if name == DEFAULT else "")
+                     for name, info in BUILTIN.items())
+
+
+def predict_outputs_help() -> str:
+    """What ``predict --output`` names for each built-in task: ``.csv or .jsonl (classify), ...``."""
+    by_output: dict[str, list[str]] = {}
+    for name, info in BUILTIN.items():
+        by_output.setdefault(info.predicts, []).append(name)
+    return ", ".join(f"{output} ({', '.join(names)})" for output, names in by_output.items())
 
 
 def is_user_task(name: str) -> bool:
@@ -132,18 +151,32 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
     if is_user_task(task):
         options = task_class(task).parse_options(given)
         return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(given)
-    info = BUILTIN[task]
-    known = {f.name: f for f in dataclasses.fields(info.options)}
+    return dataclasses.asdict(parse_options(BUILTIN[task].options, given, f"--task {task}", task))
+
+
+def parse_options(options_class: type | None, given: dict[str, Any], owner: str, task: str) -> Any:
+    """A task's options from plain data (``--task-option`` text, a config's ``task:`` section): the
+    one parser of built-in and user tasks' options, which are then checked as every option is
+    (types, finite numbers, bounds), whether or not their dataclass checks itself."""
+    known = {f.name: f for f in dataclasses.fields(options_class)} if options_class is not None else {}
     values = {}
-    for name, value in given.items():
+    for key, value in given.items():
+        name = str(key).replace("-", "_")
         if name not in known:
             raise not_an_option_of(name, task) if name in option_owners() else \
-                PhalanxError(f"--task {task} has no option '{name}'{suggest(name, sorted(known))}", "--task-option")
+                PhalanxError(f"{owner} has no option '{key}'{suggest(name, sorted(known))}", "--task-option")
         if isinstance(value, str) and known[name].type not in ("str", "str | None") \
                 and not known[name].type.startswith("tuple["):  # --task-option ngf=32
-            value = parse_text(value, known[name].type, flag(name))
+            value = parse_text(value, known[name].type, flag(name) if task in BUILTIN else f"--task-option {name}")
         values[name] = value
-    return dataclasses.asdict(info.options(**values))
+    if options_class is None:
+        return None
+    try:
+        options = options_class(**values)
+    except TypeError as exc:
+        raise PhalanxError(f"{owner}'s options: {exc}", "--task-option") from None
+    check_fields(options)
+    return options
 
 
 def check_used(task: str, given: dict[str, Any], general_defaults: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ any world size) or a 0-dim mean over the micro-batch's samples (weighted by them
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -124,28 +123,10 @@ class Task:
 
     @classmethod
     def parse_options(cls, given: dict[str, Any]) -> Any:
-        """The task's options from plain data (a config's ``task_options``), checked."""
-        known = {f.name: f for f in dataclasses.fields(cls.Options)} if cls.Options is not None else {}
-        from ..fields import parse_text, suggest
+        """The task's options from plain data (a config's ``task_options``), typed and checked."""
+        from . import parse_options
 
-        from . import not_an_option_of, option_owners
-
-        values = {}
-        for key, value in given.items():
-            name = str(key).replace("-", "_")
-            if name not in known and name in option_owners():  # --label-smoothing with your own task
-                raise not_an_option_of(name, cls.__name__)
-            if name not in known:
-                raise PhalanxError(f"{cls.__name__} has no option '{key}'{suggest(name, list(known))}", "--task-option")
-            if isinstance(value, str) and known[name].type not in ("str", "str | None"):
-                value = parse_text(value, known[name].type, f"--task-option {name}")
-            values[name] = value
-        if cls.Options is None:
-            return None
-        try:
-            return cls.Options(**values)
-        except TypeError as exc:
-            raise PhalanxError(f"{cls.__name__}'s options: {exc}", "--task-option") from None
+        return parse_options(cls.Options, given, cls.__name__, cls.__name__)
 
     # --- data, models, optimizers ------------------------------------------------------------
     def build_data(self) -> TaskData:

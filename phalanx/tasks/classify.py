@@ -146,7 +146,7 @@ class ClassifyTask(Task):
 
     # --- dashboard
     def panes(self) -> list[dict[str, Any]]:
-        return records.CLASSIFY_PANES
+        return records.SCHEMA_2_PANES
 
     def visuals(self, data: TaskData) -> "ValidationSample":
         return ValidationSample(data.val, self.classes, data.info["mean"], data.info["std"], self.cfg.seed)

@@ -19,34 +19,23 @@ def _bad(name: str, message: str) -> PhalanxError:
     return PhalanxError(message, flag(name))
 
 
-def _not_negative(obj, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) < 0:
-            raise _bad(name, f"must not be negative (got {getattr(obj, name)})")
-
-
 @dataclass(frozen=True)
 class ClassifyOptions:
     num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data; --task segment: "
                               "the masks' classes, background included, 0: the largest mask value + 1).",
-                              metavar="N")
-    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E")
-    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A")
+                              metavar="N", at_least=0)
+    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E", at_least=0, below=1)
+    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A", at_least=0)
     cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
-                                 "--mixup-alpha, one of the two per batch).", metavar="A")
+                                 "--mixup-alpha, one of the two per batch).", metavar="A", at_least=0)
     random_erasing: float = option(0.0, "Probability of erasing a random rectangle of a training image.",
-                                   metavar="P")
+                                   metavar="P", at_least=0, at_most=1)
     freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
                                    "BatchNorm statistics stay as loaded.")
-    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M")
+    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _not_negative(self, "num_classes", "mixup_alpha", "cutmix_alpha", "head_lr_mult")
-        if not 0 <= self.label_smoothing < 1:
-            raise _bad("label_smoothing", f"must be in [0, 1) (got {self.label_smoothing})")
-        if not 0 <= self.random_erasing <= 1:
-            raise _bad("random_erasing", f"must be in [0, 1] (got {self.random_erasing})")
         if self.freeze_backbone and self.head_lr_mult == 0:
             raise _bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
 
@@ -56,43 +45,34 @@ class TranslateOptions:
     generator: str = option("unet_256", "Generator: unet_64, unet_128, unet_256 (pix2pix's U-Nets, for images whose "
                             "sides are multiples of 64, 128, 256), unet_N for N-pixel images, resnet_6blocks or "
                             "resnet_9blocks.", metavar="NAME")
-    ngf: int = option(64, "Filters in the generator's first layer.", metavar="N")
-    ndf: int = option(64, "Filters in the discriminator's first layer.", metavar="N")
-    d_layers: int = option(3, "Layers of the PatchGAN discriminator (3: 70x70 patches).", metavar="N")
+    ngf: int = option(64, "Filters in the generator's first layer.", metavar="N", above=0)
+    ndf: int = option(64, "Filters in the discriminator's first layer.", metavar="N", above=0)
+    d_layers: int = option(3, "Layers of the PatchGAN discriminator (3: 70x70 patches).", metavar="N", above=0)
     norm: str = option("batch", "Normalisation in both networks (pix2pix's default: batch; instance or none make 2 DDP "
                        "workers x B train exactly what one process x 2B does).", choices=("batch", "instance", "none"))
     dropout: bool = option(True, "Dropout in the generator, as pix2pix (--no-dropout: deterministic networks).")
     gan_loss: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan (least squares).",
                            choices=("vanilla", "lsgan"))
-    lambda_l1: float = option(100.0, "Weight of the L1 loss of each generator against its GAN loss.", metavar="L")
+    lambda_l1: float = option(100.0, "Weight of the L1 loss of each generator against its GAN loss.", metavar="L", at_least=0)
     targets: int = option(0, "Target images per input; a generator and a discriminator each (0: what the data holds).",
-                          metavar="N")
+                          metavar="N", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _not_negative(self, "lambda_l1", "targets")
-        for name in ("ngf", "ndf", "d_layers"):
-            if getattr(self, name) < 1:
-                raise _bad(name, f"must be a positive integer (got {getattr(self, name)})")
 
 
-def _check_ssl(options) -> None:
-    check_fields(options)
-    for name in ("projection_dim", "knn_k"):
-        if getattr(options, name) < 1:
-            raise _bad(name, f"must be a positive integer (got {getattr(options, name)})")
-    _not_negative(options, "hidden_dim")
-    if not options.knn_temperature > 0:
-        raise _bad("knn_temperature", f"must be positive (got {options.knn_temperature})")
+def _check_blur(blur: float) -> None:
+    if blur != -1.0 and not 0 <= blur <= 1:
+        raise _bad("blur", f"must be in [0, 1], or -1 (got {blur})")
 
 
 @dataclass(frozen=True)
 class SimCLROptions:
-    temperature: float = option(0.5, "NT-Xent temperature.", metavar="T")
+    temperature: float = option(0.5, "NT-Xent temperature.", metavar="T", above=0)
     projection_dim: int = option(128, "Output size of the projection head (and BYOL's prediction head).",
-                                 metavar="N")
+                                 metavar="N", above=0)
     hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size; --task byol: "
-                             "of its projection and prediction heads, 0: 4 x the feature size).", metavar="N")
+                             "of its projection and prediction heads, 0: 4 x the feature size).", metavar="N", at_least=0)
     head_norm: str = option("batch", "Normalisation in the projection head: batch (SimCLR's) or none (with a backbone "
                             "without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
                             choices=("batch", "none"))
@@ -100,37 +80,31 @@ class SimCLROptions:
                           "rank's samples only.")
     blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px, as "
                          "Lightly's CIFAR-10 recipe).", metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K")
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
 
     def __post_init__(self) -> None:
-        _check_ssl(self)
-        if not self.temperature > 0:
-            raise _bad("temperature", f"must be positive (got {self.temperature})")
-        if self.blur != -1.0 and not 0 <= self.blur <= 1:
-            raise _bad("blur", f"must be in [0, 1], or -1 (got {self.blur})")
+        check_fields(self)
+        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)
 class BYOLOptions:
-    projection_dim: int = option(128, "Output size of the projection and prediction heads.", metavar="N")
+    projection_dim: int = option(128, "Output size of the projection and prediction heads.", metavar="N", above=0)
     hidden_dim: int = option(0, "Hidden size of the projection and prediction heads (0: 4 x the backbone's feature "
-                             "size).", metavar="N")
+                             "size).", metavar="N", at_least=0)
     head_norm: str = option("batch", "Normalisation in the projection and prediction heads.",
                             choices=("batch", "none"))
     teacher_momentum: float = option(0.99, "The momentum teacher's starting EMA decay; it rises to 1 on a cosine "
-                                     "over training, as in BYOL.", metavar="M")
+                                     "over training, as in BYOL.", metavar="M", at_least=0, at_most=1)
     blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
                          metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K")
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
 
     def __post_init__(self) -> None:
-        _check_ssl(self)
-        if not 0 <= self.teacher_momentum <= 1:
-            raise _bad("teacher_momentum", f"must be in [0, 1] (got {self.teacher_momentum})")
-        if self.blur != -1.0 and not 0 <= self.blur <= 1:
-            raise _bad("blur", f"must be in [0, 1], or -1 (got {self.blur})")
+        check_fields(self)
+        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)
@@ -150,12 +124,11 @@ class DetectOptions:
 @dataclass(frozen=True)
 class SegmentOptions:
     num_classes: int = option(0, "Classes of the masks, background (0) included (0: the largest value found in the "
-                              "masks, plus one).", metavar="N")
-    ignore_index: int = option(255, "Mask value of pixels that neither train nor count in the metrics.", metavar="V")
+                              "masks, plus one).", metavar="N", at_least=0)
+    ignore_index: int = option(255, "Mask value of pixels that neither train nor count in the metrics.", metavar="V", at_least=0)
     aux_loss: bool = option(False, "torchvision's auxiliary classifier (fcn, deeplabv3), its loss weighted 0.5.")
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _not_negative(self, "num_classes", "ignore_index")
         if self.num_classes == 1:
             raise _bad("num_classes", "1 class is the background alone; give 2 or more (or 0 to count them)")
