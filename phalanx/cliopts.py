@@ -15,6 +15,7 @@ from click.core import ParameterSource
 from . import config as config_mod
 from . import tasks
 from .config import FIELDS, RunConfig, section_of
+from .config_file import load_config_file
 from .errors import PhalanxError
 from .fields import flag, parse_list
 
@@ -201,7 +202,7 @@ def build_options(cls: type, values: dict[str, Any]) -> Any:
 def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     """The task's defaults < ``--config FILE`` < flags typed on the command line."""
     merged: dict[str, Any] = {}
-    file_values = config_mod.load_config_file(values["config_file"]) if values.get("config_file") else None
+    file_values = load_config_file(values["config_file"]) if values.get("config_file") else None
     if file_values is not None:
         merged.update(file_values)
     typed = set()

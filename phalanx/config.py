@@ -18,7 +18,8 @@ from typing import Any
 
 from . import tasks
 from .errors import PhalanxError
-from .fields import check_fields, flag, option, suggest
+from .config_checks import check_config
+from .fields import option, suggest
 
 DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
 AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
@@ -169,7 +170,7 @@ class RunConfig:
             object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
         if isinstance(self.dataroot, str) and self.dataroot:  # recorded absolute: evaluate and workers may run from another directory
             object.__setattr__(self, "dataroot", os.path.abspath(self.dataroot))
-        _validate(self)
+        check_config(self)
 
     # --- derived values
     @property
@@ -260,108 +261,3 @@ def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
     tasks.check_name(task)
     defaults = {k: v for k, v in tasks.defaults_of(task, general).items() if k not in general}
     return RunConfig(**{**defaults, **general, "task_options": task_values})
-
-
-class ConfigFileValues(dict):
-    """The option values of a ``--config`` file, with the line of each key (for error messages)."""
-
-    def __init__(self, path: str, values: dict[str, Any], lines: dict[str, int]):
-        super().__init__(values)
-        self.path, self.lines = path, lines
-
-    def where(self, name: str) -> str | None:
-        """``--config FILE, line N`` for an option set in this file, else None."""
-        for key, line in self.lines.items():
-            if key.replace("-", "_") == name:
-                return f"--config {self.path}, line {line}"
-        return None
-
-
-def load_config_file(path: str) -> ConfigFileValues:
-    """Read ``--config FILE`` (YAML or JSON) into a dict of option values; a syntax error names its line."""
-    where = f"--config {path}"
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise PhalanxError(f"cannot read the file ({exc.strerror})", where) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise PhalanxError(f"is larger than {MAX_CONFIG_BYTES // 1024} KiB; a configuration is a few lines", where)
-    text = raw.decode("utf-8", errors="replace")
-    lines: dict[str, int] = {}
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml  # JSON is YAML too, so any other suffix is read as YAML
-
-            data = yaml.safe_load(text)
-            node = yaml.compose(text)
-            if isinstance(node, yaml.MappingNode):
-                lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
-    except json.JSONDecodeError as exc:
-        raise PhalanxError(f"line {exc.lineno}: does not parse: {exc.msg}", where) from None
-    except Exception as exc:  # yaml.YAMLError
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        at = f"line {mark.line + 1}: " if mark is not None else ""
-        raise PhalanxError(f"{at}does not parse: {problem}", where) from None
-    if data is None:
-        return ConfigFileValues(path, {}, {})
-    if not isinstance(data, dict):
-        raise PhalanxError("must hold a mapping of option: value", where)
-    if path.endswith(".json"):
-        for key in data:
-            at = text.find(f'"{key}"')
-            lines[str(key)] = text.count("\n", 0, at) + 1 if at >= 0 else 0
-    split_keys(data, where)  # unknown keys: named now, with the file
-    return ConfigFileValues(path, data, lines)
-
-
-MAX_CONFIG_BYTES = 1024 * 1024
-
-
-def _validate(cfg: RunConfig) -> None:
-    def bad(name: str, message: str) -> PhalanxError:
-        return PhalanxError(message, flag(name))
-
-    # Types, choices, finite numbers, and lists from JSON and YAML ("0,1", a lone 0) as tuples: the
-    # one check every options dataclass goes through.
-    check_fields(cfg)
-    tasks.check_name(cfg.task)
-    object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
-    if not (cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25):
-        raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.val_crop_pct})")
-    if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
-        raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
-    if len(cfg.mean) != len(cfg.std):
-        raise bad("mean" if cfg.mean else "std", f"--mean has {len(cfg.mean)} values, --std {len(cfg.std)}; give both, "
-                  "one per channel")
-    if any(s <= 0 for s in cfg.std):
-        raise bad("std", f"must be positive (got {cfg.std})")
-    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
-        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.betas))})")
-    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
-        raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
-    if cfg.dataset not in ("digits", "synthetic") and not cfg.dataroot:
-        raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
-    if cfg.resume is not None and cfg.overwrite:
-        raise bad("overwrite", "conflicts with --resume; pick one")
-    if cfg.remote_transfer is not None:
-        from .remote import parse_s3_url  # stdlib only at import
-
-        parse_s3_url(cfg.remote_transfer, "--remote-transfer")
-    if cfg.sync_bn and cfg.uses_cpu:
-        raise bad("sync_bn", "torch's SyncBatchNorm runs on GPUs only; give --gpu-ids, or train without it")
-    if cfg.backend == "nccl" and cfg.uses_cpu:
-        raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
-    ids = cfg.gpu_ids
-    if len(set(ids)) != len(ids):
-        raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")
-    if -1 in ids and len(ids) > 1:
-        raise bad("gpu_ids", "-1 (CPU) cannot be mixed with GPU ids")
-    if any(i < -1 for i in ids):
-        raise bad("gpu_ids", f"ids are >= 0, or -1 for CPU (got {min(ids)})")
-    if len(ids) > 1 and cfg.batch_size < len(ids):
-        raise bad("batch_size", f"{cfg.batch_size} is smaller than the {len(ids)} DataParallel devices; "
-                  f"use at least {len(ids)}")

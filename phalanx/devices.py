@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .cluster import Placement, placement_from
 from .config import RunConfig
 from .errors import PhalanxError
+
+if TYPE_CHECKING:
+    from .parallel import Strategy
 
 
 def placement() -> Placement | None:
@@ -127,3 +131,12 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
         mode, device, world, sharing, backend = "dataparallel", devices[0], 1, len(devices), None
     return RunPlan(mode, device, devices, backend, world, sharing, cfg.batch_size * cfg.grad_accum * world,
                    effective_lr(cfg, sharing))
+
+
+def peak_memory(strategy: Strategy) -> dict[str, Any]:
+    """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
+    if strategy.device.type != "cuda":
+        return {}
+    peaks = torch.zeros(strategy.world_size, device=strategy.device, dtype=torch.float64)
+    peaks[strategy.rank] = torch.cuda.max_memory_allocated(strategy.device) / 2**30
+    return {"memory_gib": strategy.all_reduce_sum(peaks).tolist()}

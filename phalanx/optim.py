@@ -52,3 +52,9 @@ def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> N
     """Each param group keeps its own multiple of the base LR (``lr_mult``, 1 unless set)."""
     for group in optimizer.param_groups:
         group["lr"] = base_lr * factor * group.get("lr_mult", 1.0)
+
+
+def first_lr(optimizers: dict[str, torch.optim.Optimizer]) -> float:
+    """The learning rate the console and the ``lr`` record show: the first optimizer's (each
+    optimizer's is in the record's ``lrs`` where a run has several)."""
+    return next(iter(optimizers.values())).param_groups[0]["lr"]

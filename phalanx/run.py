@@ -26,7 +26,8 @@ from .sampling import steps_per_epoch
 from . import tasks
 from .tasks import task_class
 from .tasks.base import Task, TaskData
-from .trainer import Best, Trainer
+from .best import Best
+from .trainer import Trainer
 
 
 def train_run(cfg: RunConfig) -> dict[str, Any]:
@@ -242,9 +243,9 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
              else f"after epoch {trainer.epoch}")
     lines = [f"phalanx: resumed from {resume.path} {where}" + (f" (elastic restart {restart})" if restart else "")]
     old_world, old_batch = state.get("world_size"), state.get("effective_batch")
-    if old_batch is not None and old_batch != trainer.effective_batch:
+    if old_batch is not None and old_batch != trainer.strategy.plan.effective_batch:
         lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
-                     f"batch {old_batch} -> {trainer.effective_batch}, learning rate {trainer.base_lr:g} "
+                     f"batch {old_batch} -> {trainer.strategy.plan.effective_batch}, learning rate {trainer.base_lr:g} "
                      f"(--scale-lr {cfg.scale_lr}); the sample order and the schedule continue where they were")
     old_ids = tuple(state.get("config", {}).get("gpu_ids") or ())
     if _devices(old_ids) != _devices(cfg.gpu_ids):

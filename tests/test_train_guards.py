@@ -163,7 +163,7 @@ def test_every_validation_metric_gets_a_pane_and_can_pick_best_pt(phalanx, tmp_p
     # --best-metric PSNR_1 was refused.
     from phalanx.config import from_mapping
     from phalanx.tasks import task_class
-    from phalanx.trainer import Best
+    from phalanx.best import Best
 
     task = task_class("phalanx_testtasks:PerTargetMetric")(from_mapping({"task": "phalanx_testtasks:PerTargetMetric"},
                                                                         "test"))

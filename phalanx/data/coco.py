@@ -69,6 +69,24 @@ def load_split(split: Path, annotations: Path | None, skip_broken: bool,
         raise PhalanxError(f"{split} has no images/ folder; expected {split}/images/ and {split}/annotations.json",
                            OPTION)
     data = read_json(json_path, where)
+    cats = _categories(data, json_path, where, categories)
+    bad: dict[str, str] = {}
+    images, sizes = _images(data, images_dir, json_path, where, bad)
+    boxes = _boxes(data, {c["id"] for c in cats}, sizes, json_path, where, bad)
+    if bad and not skip_broken:
+        name, why = next(iter(bad.items()))
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise PhalanxError(f"{images_dir / name}: {why}{more}; --skip-broken leaves such images out", where)
+    images = [image for image in images if image["file_name"] not in bad]
+    if not images:
+        raise PhalanxError(f"no usable image in {json_path}", where)
+    kept = {image["id"] for image in images}
+    return CocoSplit(images_dir, json_path, cats, images, {k: v for k, v in boxes.items() if k in kept}, data,
+                     {str(images_dir / k): v for k, v in bad.items()})
+
+
+def _categories(data: dict[str, Any], json_path: Path, where: str,
+                training: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     try:
         cats = sorted(({"id": int(c["id"]), "name": str(c.get("name", c["id"]))} for c in data["categories"]),
                       key=lambda c: c["id"])
@@ -76,10 +94,14 @@ def load_split(split: Path, annotations: Path | None, skip_broken: bool,
         raise PhalanxError(f"{json_path}: a category without an id", where) from None
     if not cats:
         raise PhalanxError(f"{json_path} declares no category", where)
-    if categories is not None and [c["id"] for c in cats] != [c["id"] for c in categories]:
+    if training is not None and [c["id"] for c in cats] != [c["id"] for c in training]:
         raise PhalanxError(f"{json_path} has other categories than the training split's", where)
-    known = {c["id"] for c in cats}
-    bad: dict[str, str] = {}
+    return cats
+
+
+def _images(data: dict[str, Any], images_dir: Path, json_path: Path, where: str,
+            bad: dict[str, str]) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, str]]]:
+    """The listed images whose files are there; the others go to ``bad`` with the reason."""
     images, sizes = [], {}
     for image in data["images"]:
         try:
@@ -95,7 +117,14 @@ def load_split(split: Path, annotations: Path | None, skip_broken: bool,
         else:
             images.append({"id": image_id, "file_name": name, "width": width, "height": height})
             sizes[image_id] = (width, height, name)
-    boxes: dict[int, list[tuple[list[float], int]]] = {image["id"]: [] for image in images}
+    return images, sizes
+
+
+def _boxes(data: dict[str, Any], known: set[int], sizes: dict[int, tuple[int, int, str]], json_path: Path,
+           where: str, bad: dict[str, str]) -> dict[int, list[tuple[list[float], int]]]:
+    """Each image's boxes and categories; an image with a box outside it or of an undeclared
+    category goes to ``bad``."""
+    boxes: dict[int, list[tuple[list[float], int]]] = {image_id: [] for image_id in sizes}
     for annotation in data["annotations"]:
         try:
             image_id, category = int(annotation["image_id"]), int(annotation["category_id"])
@@ -114,16 +143,7 @@ def load_split(split: Path, annotations: Path | None, skip_broken: bool,
                                  f"inside the {width}x{height} image")
         else:
             boxes[image_id].append(([x, y, w, h], category))
-    if bad and not skip_broken:
-        name, why = next(iter(bad.items()))
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise PhalanxError(f"{images_dir / name}: {why}{more}; --skip-broken leaves such images out", where)
-    images = [image for image in images if image["file_name"] not in bad]
-    if not images:
-        raise PhalanxError(f"no usable image in {json_path}", where)
-    kept = {image["id"] for image in images}
-    return CocoSplit(images_dir, json_path, cats, images, {k: v for k, v in boxes.items() if k in kept}, data,
-                     {str(images_dir / k): v for k, v in bad.items()})
+    return boxes
 
 
 class CocoImages(Dataset):

@@ -246,3 +246,17 @@ class Task:
     def restore_info(self, info: dict[str, Any]) -> None:
         """What a checkpoint says the data resolved to, before ``build_models`` (inference builds
         no training data: ``build_models`` reads ``data.info`` only)."""
+
+
+def check_step_losses(task: Task, losses: Any, loss_names: tuple[str, ...], manual: bool) -> None:
+    """The losses a step returns are those its task declares (``loss_names``): said at the first
+    step in one line, not as a KeyError in a log."""
+    wanted = set(loss_names) | ({"loss"} if not manual else set())
+    got = set(losses) if isinstance(losses, dict) else set()
+    if not isinstance(losses, dict) or not wanted <= got:
+        name = type(task).__name__
+        missing = ", ".join(sorted(wanted - got)) or "a dict"
+        raise PhalanxError(f"{name}.training_step returned {sorted(got) if isinstance(losses, dict) else type(losses).__name__}"
+                           f" without {missing}: it returns a dict with every name of {name}.loss_names "
+                           f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"),
+                           exit_code=1)

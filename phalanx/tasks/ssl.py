@@ -1,4 +1,5 @@
-"""Self-supervised pretraining, Lightly's job: ``--task simclr`` and ``--task byol``.
+"""Self-supervised pretraining, Lightly's job: what every method shares (``SelfSupervisedTask``);
+each method is a module of its own (``simclr.py``, ``byol.py``).
 
 A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each
 image, no labels needed. SimCLR's NT-Xent takes its negatives from the global batch: embeddings
@@ -11,7 +12,6 @@ against the labelled training images' features, gathered from every rank.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Mapping
 
@@ -25,10 +25,8 @@ from ..errors import PhalanxError
 from ..finetune import backbone_of
 from ..models import build_model, required_channels
 from ..sampling import ShardSampler
-from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .ssl_inference import SelfSupervisedInference
-from .options import BYOLOptions, SimCLROptions
 from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 
 SHOWN = 8  # training images drawn each epoch with their two views
@@ -205,130 +203,3 @@ class SelfSupervisedTask(Task):
     def visuals(self, data: TaskData) -> ViewSample:
         return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
                           data.info["std"])
-
-
-class SimCLRTask(SelfSupervisedTask):
-    name = "simclr"
-    defaults = BUILTIN["simclr"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["simclr"].reads
-    Options = SimCLROptions
-    loss_label = "NT-Xent loss"
-    options: SimCLROptions
-
-    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
-        backbone, size = self.backbone(data.info)
-        o = self.options
-        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim or size, o.projection_dim, o.head_norm)}
-
-    def nt_xent(self, z1: torch.Tensor, z2: torch.Tensor, all1: torch.Tensor, all2: torch.Tensor,
-                start: int) -> torch.Tensor:
-        """Per sample: the mean of its two views' NT-Xent (Chen et al. 2020): each view's positive is
-        the other view of its image, its negatives every other view in ``all1``/``all2``."""
-        z1, z2 = nn.functional.normalize(z1, dim=1), nn.functional.normalize(z2, dim=1)
-        candidates = torch.cat([nn.functional.normalize(all1, dim=1), nn.functional.normalize(all2, dim=1)])
-        count, local = len(all1), torch.arange(len(z1), device=z1.device)
-        own = local + start
-        losses = []
-        for anchors, itself, positive in ((z1, own, own + count), (z2, own + count, own)):
-            logits = anchors @ candidates.T / self.options.temperature
-            logits[local, itself] = -math.inf  # a view is not its own negative
-            losses.append(nn.functional.cross_entropy(logits, positive, reduction="none"))
-        return 0.5 * (losses[0] + losses[1])
-
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
-        v1, v2 = batch
-        z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
-        if self.options.gather:
-            all1, start = ctx.all_gather(z1)
-            all2, _ = ctx.all_gather(z2)
-        else:
-            (all1, start), all2 = (z1, 0), z2
-        if not ctx.samples:  # a padding sample: it takes part, weighing nothing
-            return {"loss": (z1.sum() + z2.sum()) * 0.0}
-        return {"loss": self.nt_xent(z1, z2, all1, all2, start)}
-
-    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
-        """Per sample: 2 - 2 cos between the embeddings of its two views (alignment; exact at any
-        world size, unlike NT-Xent, whose negatives depend on how a batch is cut)."""
-        z1, z2 = self.embed(models, v1), self.embed(models, v2)
-        return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)
-
-
-class BYOLTask(SelfSupervisedTask):
-    name = "byol"
-    defaults = BUILTIN["byol"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["byol"].reads
-    Options = BYOLOptions
-    loss_label = "BYOL loss (2 - 2 cos)"
-    options: BYOLOptions
-
-    def __init__(self, cfg: Any):
-        super().__init__(cfg)
-        self.teacher: nn.Module | None = None
-        self.progress = 0.0
-
-    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
-        backbone, size = self.backbone(data.info)
-        o = self.options
-        hidden = o.hidden_dim or 4 * size
-        projector = mlp(size, hidden, o.projection_dim, o.head_norm)
-        predictor = mlp(o.projection_dim, hidden, o.projection_dim, o.head_norm)
-        # The teacher starts as the student's copy and follows it as a moving average (never by backward).
-        self.teacher = copy.deepcopy(nn.Sequential(backbone, projector)).requires_grad_(False)
-        return {"backbone": backbone, "projector": projector, "predictor": predictor}
-
-    def _teacher(self, like: torch.Tensor) -> nn.Module:
-        param = next(self.teacher.parameters())
-        if param.device != like.device or param.dtype != like.dtype:
-            self.teacher.to(device=like.device, dtype=like.dtype)
-        return self.teacher
-
-    @staticmethod
-    def byol(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return 2 - 2 * nn.functional.cosine_similarity(prediction, target.detach(), dim=1)
-
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
-        v1, v2 = batch
-        p1 = ctx.models["predictor"](self.embed(ctx.models, v1))
-        p2 = ctx.models["predictor"](self.embed(ctx.models, v2))
-        teacher = self._teacher(p1)
-        with torch.no_grad():
-            t1, t2 = teacher(v1), teacher(v2)
-        self.progress = ctx.progress / max(ctx.epochs, 1)
-        return {"loss": 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))}
-
-    def train_mode(self, models: Mapping[str, nn.Module]) -> None:
-        super().train_mode(models)
-        self.teacher.train()
-
-    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
-        # The teacher validates as the networks do, in eval mode: its BatchNorm uses its running
-        # statistics (a last validation batch of one image would fail in train mode) and validation
-        # leaves them unchanged. train_mode puts it back for the next epoch.
-        self.teacher.eval()
-        return super().evaluate(models, loader, ctx)
-
-    @torch.no_grad()
-    def after_step(self, models: Mapping[str, nn.Module]) -> None:
-        """The teacher moves towards the student; its decay rises from --teacher-momentum to 1 on a
-        cosine over training (BYOL's schedule)."""
-        decay = 1 - (1 - self.options.teacher_momentum) * (math.cos(math.pi * self.progress) + 1) / 2
-        student = nn.Sequential(models["backbone"], models["projector"])
-        teacher = self._teacher(next(student.parameters()))
-        for t, s in zip(teacher.state_dict().values(), student.state_dict().values()):
-            if t.is_floating_point():
-                t.lerp_(s, 1 - decay)
-            else:
-                t.copy_(s)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"teacher": {k: v.detach().cpu().clone() for k, v in self.teacher.state_dict().items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("teacher"):
-            self.teacher.load_state_dict(state["teacher"])
-
-    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
-        teacher = self._teacher(v1)
-        p1, p2 = models["predictor"](self.embed(models, v1)), models["predictor"](self.embed(models, v2))
-        return 0.5 * (self.byol(p1, teacher(v2)) + self.byol(p2, teacher(v1)))

@@ -12,7 +12,7 @@ from lightly.loss import NTXentLoss
 from phalanx.config import RunConfig
 from phalanx.devices import placement
 from phalanx.parallel import make_strategy
-from phalanx.tasks.ssl import SimCLRTask
+from phalanx.tasks.simclr import SimCLRTask
 
 strategy = make_strategy(RunConfig(task="simclr"), placement())
 rank = dist.get_rank()

@@ -176,7 +176,7 @@ class RaisesInStep(GatherTask):
         return super().training_step(points, ctx)
 
 
-from phalanx.tasks.ssl import BYOLTask  # noqa: E402
+from phalanx.tasks.byol import BYOLTask  # noqa: E402
 
 
 class StoppingBYOL(StopAtStep, BYOLTask):

@@ -1,0 +1,47 @@
+"""The named stateful parts of a training run, saved and restored as one (Lightning Fabric's
+``save_checkpoint(path, state)``, torchtitan's ``CheckpointManager(states=...)``): the networks,
+their optimizers and gradient scalers, the moving averages of the weights, and the task's own state
+(a momentum teacher, a queue), the best metric so far and the epoch's loss sums. The position in
+training (epoch, samples, steps) is the trainer's, beside these."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .best import Best
+from .recipe import ModelEma
+from .tasks.base import Task
+from .train_losses import TrainLosses
+
+
+class RunState:
+    def __init__(self, bare_models: Callable[[], dict[str, nn.Module]], optimizers: dict[str, torch.optim.Optimizer],
+                 scalers: dict[str, torch.amp.GradScaler], ema: dict[str, ModelEma], task: Task, best: Best,
+                 losses: TrainLosses):
+        self.bare_models, self.optimizers, self.scalers, self.ema, self.task = bare_models, optimizers, scalers, ema, task
+        self.best, self.losses = best, losses
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": {name: model.state_dict() for name, model in self.bare_models().items()},
+                "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
+                "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
+                "task_state": self.task.state_dict(), "best": self.best.state(), "epoch_sums": self.losses.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, model in self.bare_models().items():
+            model.load_state_dict(state["models"][name])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        for name, scaler in self.scalers.items():
+            if state.get("scalers", {}).get(name):
+                scaler.load_state_dict(state["scalers"][name])
+        saved_ema = state.get("ema") or {}
+        for name, ema in self.ema.items():  # a checkpoint from before --ema-decay starts the average at its weights
+            ema.module.load_state_dict(saved_ema.get(name) or state["models"][name])
+        self.task.load_state_dict(state.get("task_state") or {})
+        self.best.restore(state.get("best") or {})
+        self.losses.restore(state["epoch_sums"])

@@ -1,0 +1,62 @@
+"""``--task simclr``: NT-Xent over two views, its negatives from the global batch (embeddings
+all-gathered with their gradients), so 2 workers x B train what one process x 2B does."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from . import BUILTIN
+from .base import TaskData
+from .options import SimCLROptions
+from .ssl import SelfSupervisedTask, mlp
+
+
+class SimCLRTask(SelfSupervisedTask):
+    name = "simclr"
+    defaults = BUILTIN["simclr"].defaults  # also a subclass's (your own task built on it)
+    reads = BUILTIN["simclr"].reads
+    Options = SimCLROptions
+    loss_label = "NT-Xent loss"
+    options: SimCLROptions
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim or size, o.projection_dim, o.head_norm)}
+
+    def nt_xent(self, z1: torch.Tensor, z2: torch.Tensor, all1: torch.Tensor, all2: torch.Tensor,
+                start: int) -> torch.Tensor:
+        """Per sample: the mean of its two views' NT-Xent (Chen et al. 2020): each view's positive is
+        the other view of its image, its negatives every other view in ``all1``/``all2``."""
+        z1, z2 = nn.functional.normalize(z1, dim=1), nn.functional.normalize(z2, dim=1)
+        candidates = torch.cat([nn.functional.normalize(all1, dim=1), nn.functional.normalize(all2, dim=1)])
+        count, local = len(all1), torch.arange(len(z1), device=z1.device)
+        own = local + start
+        losses = []
+        for anchors, itself, positive in ((z1, own, own + count), (z2, own + count, own)):
+            logits = anchors @ candidates.T / self.options.temperature
+            logits[local, itself] = -math.inf  # a view is not its own negative
+            losses.append(nn.functional.cross_entropy(logits, positive, reduction="none"))
+        return 0.5 * (losses[0] + losses[1])
+
+    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        v1, v2 = batch
+        z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
+        if self.options.gather:
+            all1, start = ctx.all_gather(z1)
+            all2, _ = ctx.all_gather(z2)
+        else:
+            (all1, start), all2 = (z1, 0), z2
+        if not ctx.samples:  # a padding sample: it takes part, weighing nothing
+            return {"loss": (z1.sum() + z2.sum()) * 0.0}
+        return {"loss": self.nt_xent(z1, z2, all1, all2, start)}
+
+    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        """Per sample: 2 - 2 cos between the embeddings of its two views (alignment; exact at any
+        world size, unlike NT-Xent, whose negatives depend on how a batch is cut)."""
+        z1, z2 = self.embed(models, v1), self.embed(models, v2)
+        return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)
