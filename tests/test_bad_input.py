@@ -200,6 +200,7 @@ CASES += [("visualize", *case) for case in [
 ]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES])
 def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args, option, words):
     before = snapshot_tree(world)
@@ -223,6 +224,7 @@ def test_every_command_has_bad_input_cases():
     assert all(count >= 3 for count in per_command.values()), per_command  # a new command needs its own
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_has_no_traceback(world):
     result = run_phalanx("train", "--dataroot", world / "corrupt", "--checkpoints-dir", world / "ck2")
     assert result.code == 2

@@ -83,6 +83,7 @@ def test_print_config_writes_yaml_that_config_reads_back(phalanx, tmp_path, comm
                                                                  name="x y", pickle_dir="p")
 
 
+@pytest.mark.slow
 def test_train_finds_user_modules_in_the_current_directory_as_trainlaunch_does(tmp_path):
     (tmp_path / "mymodel.py").write_text(
         "import torch.nn as nn\n"

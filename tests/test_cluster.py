@@ -172,6 +172,7 @@ def assert_every_epoch_once(run: Path, epochs: int, world: int) -> None:
         assert sum(r["samples"] for r in records(run, "train") if r["epoch"] == epoch) == TRAIN_SAMPLES
 
 
+@pytest.mark.slow
 def test_srun_phalanx_train_forms_one_ddp_group(slurm, tmp_path):
     job = submit(slurm, "train.sbatch", tmp_path, "--epochs", "2", env={"PHALANX_CHECKPOINTS": str(tmp_path)})
     assert wait_for_job(slurm, job) == "COMPLETED", (tmp_path / f"phalanx-{job}.out").read_text()
@@ -182,6 +183,7 @@ def test_srun_phalanx_train_forms_one_ddp_group(slurm, tmp_path):
     assert [p.name for p in run.iterdir() if p.suffix == ".pt"].count("latest.pt") == 1
 
 
+@pytest.mark.slow
 def test_srun_phalanx_trainlaunch_runs_one_torchrun_per_node(slurm, tmp_path):
     job = submit(slurm, "trainlaunch.sbatch", tmp_path, "--epochs", "1",
                  env={"PHALANX_CHECKPOINTS": str(tmp_path), "PHALANX_NPROC": "2"})
@@ -189,6 +191,7 @@ def test_srun_phalanx_trainlaunch_runs_one_torchrun_per_node(slurm, tmp_path):
     assert_every_epoch_once(tmp_path / f"phalanx-launch-{job}", 1, world=2)
 
 
+@pytest.mark.slow
 def test_a_job_requeued_mid_run_resumes_with_nothing_lost(slurm, tmp_path):
     job = submit(slurm, "train.sbatch", tmp_path, "--epochs", "3", "--model", "phalanx_testmodels:slow",
                  "--log-every", "1", env={"PHALANX_CHECKPOINTS": str(tmp_path), **gate(tmp_path / "gate", 30)})
@@ -207,6 +210,7 @@ def test_a_job_requeued_mid_run_resumes_with_nothing_lost(slurm, tmp_path):
 
 # --- Open MPI -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="Debian's openmpi-bin is not installed "
                     "(scripts/setup.sh --test installs it as root)")
 def test_mpirun_starts_two_phalanx_train_processes_that_form_one_group(tmp_path):

@@ -82,3 +82,20 @@ def test_each_task_names_its_inference_and_no_task_module_holds_a_predict_loop()
     for path in sorted((PACKAGE / "tasks").glob("*.py")):
         text = path.read_text()
         assert "ProgressBar(" not in text and "collate_inputs" not in text, path.name
+
+
+def test_every_hook_of_the_task_contract_is_typed_and_none_with_any():
+    import inspect
+
+    from phalanx.tasks.base import Task
+    from phalanx.tasks.inference import Inference
+
+    for cls in (Task, Inference):
+        for name, member in vars(cls).items():
+            function = getattr(member, "__func__", member)
+            if not inspect.isfunction(function):
+                continue
+            parameters = [p for p in inspect.signature(function).parameters.values() if p.name not in ("self", "cls")]
+            assert all(p.annotation is not inspect.Parameter.empty for p in parameters), (cls.__name__, name)
+            assert not any("Any" in str(p.annotation) for p in parameters), (cls.__name__, name)
+    assert "Any" not in (PACKAGE / "tasks" / "base.py").read_text()

@@ -37,6 +37,7 @@ def detector(scenes, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_a_detector_learns_far_above_an_untrained_one(detector):
     trained = records(detector / "trained", "val")
     untrained = records(detector / "untrained", "val")[-1]["mAP50"]
@@ -79,6 +80,7 @@ def _direct_coco(checkpoint, scenes) -> list[float]:
     return [None if s < 0 else float(s) for s in scored.stats]  # -1: no ground truth of that size
 
 
+@pytest.mark.slow
 def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_image(detector, scenes, tmp_path):
     best = detector / "trained/best.pt"
     one = run_phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json", env=USER_MODELS)
@@ -103,6 +105,7 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
     assert json.loads((tmp_path / "other.json").read_text())["coco"] == one_result["coco"]
 
 
+@pytest.mark.slow
 def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torchscript(detector, scenes, tmp_path,
                                                                                           phalanx):
     import contextlib
@@ -139,6 +142,7 @@ def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torch
     assert program.code == 2 and "exports as torchscript only" in program.err and not (tmp_path / "det.pt2").exists()
 
 
+@pytest.mark.slow
 def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx):
     small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
     result = phalanx("train", "--task", "detect", "--dataroot", small, "--epochs", 1, "--batch-size", 2,
@@ -151,6 +155,7 @@ def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx)
     assert result.code == 0, result.err
 
 
+@pytest.mark.slow
 def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categories(tmp_path, phalanx, monkeypatch):
     from torchvision.models import get_model, get_weight
 
@@ -179,6 +184,7 @@ def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categor
     assert saved["roi_heads.box_predictor.cls_score.weight"].shape[0] == 4
 
 
+@pytest.mark.slow
 def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scenes, tmp_path):
     common = [*SEGMENTER, "--dataroot", scenes, "--batch-size", 8, "--lr", 0.05, "--checkpoints-dir", tmp_path]
     trained = run_phalanx("train", *common, "--epochs", 8, "--name", "trained", env=USER_MODELS)
@@ -229,6 +235,7 @@ def _broken(root, case):
     return data, coco["images"][0]["file_name"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, case, words", [
     ("detect", "box-outside", "box [50, 50, 30, 30] is not inside the 64x64 image"),
     ("detect", "unknown-category", "has category 9, which annotations.json does not declare"),

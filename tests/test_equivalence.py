@@ -51,6 +51,7 @@ def weights(path):
     return torch.load(path, weights_only=True)["model"]
 
 
+@pytest.mark.slow
 def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp_path, phalanx):
     import phalanx_testmodels
 
@@ -74,6 +75,7 @@ def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp
         [r["lr"] for r in records(tmp_path / "single", "train")]
 
 
+@pytest.mark.slow
 def test_float64_ddp_with_gradient_accumulation_equals_one_big_batch_and_skips_the_sync(tmp_path):
     import phalanx_testmodels
 
@@ -106,6 +108,7 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("momentum, schedule", [(0, "constant"), (0.9, "cosine")])
 def test_float32_ddp_differs_from_one_process_only_by_the_rounding_of_a_regrouped_sum(tmp_path, phalanx,
                                                                                         momentum, schedule):

@@ -40,6 +40,7 @@ def test_evaluate_reproduces_the_validation_accuracy_training_recorded(trained, 
     assert ema.code == 0 and json.loads((tmp_path / "e.json").read_text())["top1"] == val["ema_acc"]
 
 
+@pytest.mark.slow
 def test_ddp_evaluate_counts_every_image_once_and_equals_one_process(trained, tmp_path):
     single = run_phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "one.json")
     assert single.code == 0, single.err

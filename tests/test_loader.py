@@ -24,6 +24,7 @@ from phalanx_testdata import photo
 MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224),
                                                  (1200, 900, 100)])
 def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, height, size):
@@ -123,10 +124,11 @@ def test_samples_are_held_in_flat_arrays():
 
 def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # any machine: an 8-core one
-    assert loader_workers(RunConfig(), local_processes=1, training_threads=8) == 0  # CPU training: none
-    assert loader_workers(RunConfig(), local_processes=1, training_threads=1) == 7  # one GPU
-    assert loader_workers(RunConfig(), local_processes=4, training_threads=1) == 1  # four GPU workers
-    assert loader_workers(RunConfig(num_workers="3"), local_processes=8, training_threads=1) == 3
+    auto = RunConfig().num_workers
+    assert loader_workers(auto, local_processes=1, training_threads=8) == 0  # CPU training: none
+    assert loader_workers(auto, local_processes=1, training_threads=1) == 7  # one GPU
+    assert loader_workers(auto, local_processes=4, training_threads=1) == 1  # four GPU workers
+    assert loader_workers(RunConfig(num_workers="3").num_workers, local_processes=8, training_threads=1) == 3
 
 
 def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypatch):

@@ -3,6 +3,7 @@ item as a test that failed before its fix."""
 
 from __future__ import annotations
 
+import pytest
 import shutil
 
 from conftest import USER_MODELS, records, run_phalanx, snapshot_tree, write_digit_pngs
@@ -18,6 +19,7 @@ def test_the_validation_images_pane_shows_every_class_of_a_val_folder(tmp_path, 
     assert len(shown) == 16 and set(shown) == {f"digit{d}" for d in range(10)}
 
 
+@pytest.mark.slow
 def test_a_relative_dataroot_is_recorded_absolute_and_a_missing_one_is_named(tmp_path):
     write_digit_pngs(tmp_path / "digits", per_class=10)
     (tmp_path / "work").mkdir()
@@ -43,6 +45,7 @@ def test_export_refuses_an_extension_it_does_not_write(tmp_path, phalanx):
     assert snapshot_tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_trainlaunch_dry_run_checks_the_data_and_the_run_directory(tmp_path):
     (tmp_path / "notrain").mkdir()
     bad = run_phalanx("trainlaunch", "--dataroot", tmp_path / "notrain", "--dry-run", "--checkpoints-dir", tmp_path)
@@ -96,6 +99,7 @@ def test_a_torchvision_classifier_gets_its_reference_learning_rate_for_the_batch
     assert "lr: 0.1\n" in chosen.out and "warmup_epochs: 0.0\n" in chosen.out
 
 
+@pytest.mark.slow
 def test_without_a_terminal_an_epoch_prints_a_progress_line_every_few_seconds(tmp_path):
     result = run_phalanx("train", "--model", "phalanx_testmodels:slow", "--epochs", 1, "--log-interval", 0.5,
                          "--checkpoints-dir", tmp_path, env={**USER_MODELS, "PHALANX_TEST_DELAY": "0.05"})

@@ -25,6 +25,7 @@ def recorded(folder: Path) -> dict[str, list[list[str]]]:
     return recorded_segments(folder)
 
 
+@pytest.mark.slow
 def test_augmentation_is_seeded_per_sample_the_same_on_any_rank_and_new_each_epoch(tmp_path, phalanx, monkeypatch):
     common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
               "--no-progress"]
@@ -52,6 +53,7 @@ def _plain_ids():
     return [sample_id(train[i][0]) for i in range(len(train))]
 
 
+@pytest.mark.slow
 def test_a_mid_epoch_resume_continues_the_same_augmented_stream(tmp_path, phalanx, monkeypatch):
     common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
               "--no-progress", "--log-every", 1, "--mixup-alpha", 0.4, "--random-erasing", 0.5]
@@ -180,6 +182,7 @@ def test_a_head_trained_on_other_classes_of_the_same_number_starts_anew(phalanx,
         in result.out
 
 
+@pytest.mark.slow
 def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx, tmp_path, monkeypatch):
     import torchvision
 

@@ -45,6 +45,7 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert train_records(a) == train_records(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, phalanx, monkeypatch, sig, code):
     common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
@@ -78,6 +79,7 @@ def rank_draws(folder: Path) -> dict[str, list[str]]:
     return draws
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_is_bitwise_the_same(tmp_path):
     # A scheduler may signal one process only: the ranks agree on a stop step, rank 0 saves it.
     common = ["--model", "phalanx_testmodels:recorder", "--epochs", 3, "--checkpoints-dir", tmp_path,
@@ -126,6 +128,7 @@ checkpoint.save([Path(sys.argv[1])], {k: v for k, v in state.items() if k not in
 """
 
 
+@pytest.mark.slow
 def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, phalanx):
     assert phalanx("train", "--epochs", 2, "--checkpoints-dir", tmp_path).code == 0
     latest = tmp_path / "experiment" / "latest.pt"
@@ -167,6 +170,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_disk_full_is_a_clear_error_and_the_previous_files_stay_intact(small_disk):
     result = run_phalanx("train", "--epochs", 20, "--save-epoch-freq", 1, "--checkpoints-dir", small_disk,
                          "--no-progress")
@@ -182,6 +186,7 @@ def test_disk_full_is_a_clear_error_and_the_previous_files_stay_intact(small_dis
     assert history is not None and any(r["kind"] == "val" for r in history.records)
 
 
+@pytest.mark.slow
 def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(tmp_path, monkeypatch):
     import boto3
     from moto.server import ThreadedMotoServer
@@ -269,6 +274,7 @@ for i in range(int(sys.argv[2])):
 """
 
 
+@pytest.mark.slow
 def test_visualize_racing_a_fast_writer_never_reads_a_partial_or_lost_point(tmp_path):
     points = 3000
     writer = subprocess.Popen([sys.executable, "-c", RACING_WRITER, str(tmp_path), str(points)])
@@ -290,6 +296,7 @@ def test_visualize_racing_a_fast_writer_never_reads_a_partial_or_lost_point(tmp_
     assert source.problems == {}
 
 
+@pytest.mark.slow
 def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_path):
     started = time.monotonic()
     result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:hangs_on_rank1", "--dist-timeout", 5,

@@ -40,6 +40,7 @@ def body(client, key):
     return client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
 
 
+@pytest.mark.slow
 def test_ddp_run_uploads_snapshots_and_checkpoints_and_visualize_reads_them(tmp_path, s3, visdom_server):
     _, url, client = s3
     result = run_phalanx("trainlaunch", "--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress",

@@ -62,6 +62,7 @@ def assert_lr_follows_the_schedule(run: Path, epochs: int, base_lr: float = 0.1,
     assert checked > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-workers-then-1", "1-then-2-workers"])
 def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_schedule(tmp_path, before, after):
     def command(world):

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, free_port, wait_until
-from phalanx.config import FIELDS, flag
+from phalanx.config import FIELDS
+from phalanx.fields import flag
 
 # Qualified names that run code or a shell, or unpickle without restriction.
 FORBIDDEN = {"builtins.eval", "builtins.exec", "builtins.compile", "builtins.__import__", "os.system", "os.popen",
@@ -108,6 +109,7 @@ def _visualize_owning_a_server(pickle_dir: Path, *extra: str):
     return proc, port
 
 
+@pytest.mark.slow
 def test_an_owned_visdom_server_listens_on_loopback_only_unless_asked(tmp_path):
     import tempfile
 
@@ -140,6 +142,7 @@ VALUES = st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6).map(str),
                                     "--nproc_per_node 2", "--nnodes 0", "1e309", "é", "\x00"]))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(TRAIN_FLAGS + ["--use-torchrun", "--config"]), VALUES), max_size=4))
 # Found by this test under load: a tiny crop fraction asked for an evaluation resize past any integer.

@@ -21,6 +21,7 @@ def weights(path):
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gather", ["true", "false"])
 def test_simclr_under_ddp_equals_one_process_in_float64_with_the_global_batch(tmp_path, phalanx, gather):
     # No BatchNorm anywhere (smallcnn, --head-norm none): 2 x 16 must be 1 x 32, views and all.
@@ -42,6 +43,7 @@ def test_simclr_under_ddp_equals_one_process_in_float64_with_the_global_batch(tm
         pytest.approx([r["knn_acc"] for r in records(tmp_path / "single", "val")], abs=0 if gather == "true" else 1)
 
 
+@pytest.mark.slow
 def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_path):
     from lightly.loss import NTXentLoss
 
@@ -72,6 +74,7 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
     assert a != b  # the ranks' embeddings differ: a symmetric test would hide a missing all-reduce
 
 
+@pytest.mark.slow
 def test_byol_resumes_mid_epoch_bitwise_with_its_momentum_teacher(tmp_path, phalanx, monkeypatch):
     common = ["--epochs", 2, "--val-fraction", 0.8, "--batch-size", 32, "--log-every", 1, "--checkpoints-dir", tmp_path,
               *SMALL]
@@ -118,6 +121,7 @@ def test_a_label_free_folder_pretrains_and_the_backbone_serves_features_and_a_cl
     assert exported.code == 0, exported.err
 
 
+@pytest.mark.slow
 def test_pretraining_helps_a_linear_probe_with_few_labels(tmp_path, phalanx):
     # 144 labelled digits (10% of the training split) against the same probe on a random backbone.
     assert phalanx("train", "--task", "simclr", "--epochs", 3, "--batch-size", 64, "--checkpoints-dir", tmp_path,
@@ -130,6 +134,7 @@ def test_pretraining_helps_a_linear_probe_with_few_labels(tmp_path, phalanx):
     assert pretrained > random + 0.1, (pretrained, random)
 
 
+@pytest.mark.slow
 def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     # 1,617 validation images in batches of 8: the last holds one. The momentum teacher validates
     # in eval mode, as the networks do (in train mode its BatchNorm cannot take a single image).

@@ -45,6 +45,7 @@ def test_the_example_trains_from_its_own_folder_with_both_optimizers_checkpointe
     assert "epoch 2/2  train_G_GAN" in result.out and "val_L1" in result.out
 
 
+@pytest.mark.slow
 def test_the_example_resumes_mid_epoch_bitwise_with_both_optimizers_and_every_record(tmp_path, phalanx, monkeypatch):
     monkeypatch.chdir(EXAMPLE)
     common = ["--epochs", 2, "--log-every", 5, "--checkpoints-dir", tmp_path, "--no-progress"]
@@ -72,6 +73,7 @@ def test_the_example_resumes_mid_epoch_bitwise_with_both_optimizers_and_every_re
         assert straight == again
 
 
+@pytest.mark.slow
 def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_float64(tmp_path):
     from adversarial_autoencoder import discriminator, generator  # noqa: F401 (examples/tasks via conftest)
 
@@ -100,6 +102,7 @@ def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_flo
         assert all(a[k] == pytest.approx(b[k], rel=1e-9) for k in ("G_GAN", "G_L1", "D_real", "D_fake"))
 
 
+@pytest.mark.slow
 def test_named_losses_are_the_mean_over_both_ranks(tmp_path):
     # Rank 1's data differ from rank 0's: a loss logged from rank 0 alone would not be the mean.
     common = ["--task", "phalanx_testtasks:GatherTask", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
@@ -117,6 +120,7 @@ def test_named_losses_are_the_mean_over_both_ranks(tmp_path):
     assert state(tmp_path / "ddp/latest.pt")["models"]["criterion"] == {"weight": torch.tensor(1.0, dtype=torch.float64)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gather", ["true", "false"])
 def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_path, gather):
     from torch import nn
@@ -155,6 +159,7 @@ def test_task_state_is_checkpointed_and_a_mid_epoch_resume_is_bitwise(tmp_path, 
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+@pytest.mark.slow
 def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimizers_on_schedule(tmp_path):
     common = ["--task", "phalanx_testtasks:RecordingAutoencoder", "--epochs", 2, "--batch-size", 32, "--log-every", 1,
               "--checkpoints-dir", tmp_path, "--name", "run", "--no-progress"]
@@ -227,6 +232,7 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
     assert (tmp_path / "m.pt2").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, option, words", [
     (["--task", "segmentation"], "--task", "unknown task 'segmentation'"),
     (["--task", "json:JSONDecoder"], "--task", "not a subclass of phalanx.tasks.Task"),
@@ -245,6 +251,7 @@ def test_bad_task_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, o
     assert snapshot_tree(tmp_path / "ck") == {}
 
 
+@pytest.mark.slow
 def test_a_task_that_raises_in_its_step_fails_in_one_line_with_its_traceback_in_the_rank_log(tmp_path):
     result = run_phalanx("trainlaunch", "--task", "phalanx_testtasks:RaisesInStep", "--checkpoints-dir", tmp_path,
                          "--no-progress", "--use-torchrun", "--nproc-per-node=2", env=TASKS)

@@ -25,6 +25,7 @@ def _assert_same_weights(a, b, atol=1e-6):
         assert torch.allclose(a[key], b[key], atol=atol, rtol=0), key
 
 
+@pytest.mark.slow
 def test_builtin_digits_reach_95_percent_and_loss_falls(tmp_path):
     # A real process, as a user runs it: the README's main job.
     result = run_phalanx("train", "--checkpoints-dir", tmp_path, "--epochs", 5, "--no-progress")
@@ -41,6 +42,7 @@ def test_builtin_digits_reach_95_percent_and_loss_falls(tmp_path):
     assert saved.epochs == 5 and saved.dataset == "digits"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_val_dir", [False, True], ids=["holdout", "val-dir"])
 def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_val_dir):
     root = write_digit_pngs(tmp_path / "data", val=with_val_dir)
@@ -68,6 +70,7 @@ def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
     assert [r["epoch"] for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"] == [1, 2]
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(phalanx, tmp_path):
     # A schedule that depends only on the epoch (warmup, then x0.1 each epoch) with momentum:
     # optimizer, scheduler and RNG state must all survive the checkpoint for this to hold.
@@ -123,6 +126,7 @@ def test_config_file_supplies_defaults_and_flags_override(phalanx, tmp_path):
     assert (saved["epochs"], saved["lr"], saved["optimizer"], saved["batch_size"]) == (1, 0.03, "adamw", 16)
 
 
+@pytest.mark.slow
 def test_user_model_function_and_torchvision_model(phalanx, tmp_path, monkeypatch):
     pkg = tmp_path / "mymodels"
     pkg.mkdir()
@@ -144,6 +148,7 @@ def test_user_model_function_and_torchvision_model(phalanx, tmp_path, monkeypatc
 
 
 # fp16 on this CPU trains about 50x slower than fp32 (phalanx warns): one epoch only.
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, dtype, epochs, accuracy", [("bf16", "torch.bfloat16", 3, 0.7),
                                                                 ("fp16", "torch.float16", 1, 0.3)])
 def test_autocast_on_cpu_computes_in_the_asked_precision_and_trains(phalanx, tmp_path, monkeypatch, precision, dtype,

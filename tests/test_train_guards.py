@@ -5,6 +5,7 @@ checks are in test_bad_input.py's battery."""
 
 from __future__ import annotations
 
+import pytest
 import os
 
 from conftest import records
@@ -97,6 +98,7 @@ def test_resume_auto_never_starts_over_a_run_whose_checkpoints_do_not_load(phala
     assert (tmp_path / "experiment/metrics.jsonl").read_bytes() == history
 
 
+@pytest.mark.slow
 def test_a_validation_sum_not_declared_in_empty_sums_is_one_line_naming_it(tmp_path):
     from conftest import REPO, run_phalanx
 

@@ -48,6 +48,7 @@ def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_p
     assert abs(acc - val[-1]["acc"]) * len(labels) <= near_ties(run / "latest.pt")
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_path):
     # Started with --overwrite: the restart must resume, not refuse (--overwrite conflicts with
     # --resume) nor delete the checkpoint it resumes from.
@@ -78,6 +79,7 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
     assert torch.load(tmp_path / "killrun/latest.pt")["epoch"] == 4
 
 
+@pytest.mark.slow
 def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
     result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:fails_on_rank1", "--name", "boomrun",
                          "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
@@ -92,6 +94,7 @@ def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
     wait_until(lambda: processes_with("boomrun") == [], 30, "no orphan worker")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_trainlaunch_stops_every_worker(tmp_path, sig, code):
     name = f"termrun-{sig.name}"
@@ -110,6 +113,7 @@ def test_a_signal_to_trainlaunch_stops_every_worker(tmp_path, sig, code):
     wait_until(lambda: processes_with(name) == [], 30, "every worker to exit")
 
 
+@pytest.mark.slow
 def test_a_launcher_killed_with_sigkill_leaves_no_orphan_worker(tmp_path):
     proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 50, "--name", "orphans",
                          "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2")
@@ -125,6 +129,7 @@ def test_a_launcher_killed_with_sigkill_leaves_no_orphan_worker(tmp_path):
         proc.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("torchrun, words", [
     ("--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint nosuchhost.invalid:29400 --rdzv-id x "
      "--rdzv-conf read_timeout=2", "cannot connect to the rendezvous store"),
@@ -154,6 +159,7 @@ def test_dry_run_plans_for_gpus_this_machine_does_not_have(phalanx, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_train_one_run(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [start_phalanx("trainlaunch", "--epochs", 2, "--name", "multinode", "--checkpoints-dir", tmp_path,
@@ -168,6 +174,7 @@ def test_two_nodes_on_one_machine_train_one_run(tmp_path):
     assert sum("val_acc" in out for out, _ in outputs) == 1  # only global rank 0 reports
 
 
+@pytest.mark.slow
 def test_train_joins_a_process_group_set_up_by_an_outside_scheduler(tmp_path):
     # What a Kubernetes pod per rank or SLURM does: set the variables and run `phalanx train`.
     port = str(free_port())
@@ -261,6 +268,7 @@ def test_without_use_torchrun_one_worker_per_gpu_id_or_one_cpu_worker(phalanx, t
     assert plan.torchrun_options == ["--nproc-per-node", "3"] and plan.nproc_per_node == 3
 
 
+@pytest.mark.slow
 def test_a_single_process_checkpoint_resumes_under_ddp(tmp_path, phalanx):
     assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     result = run_phalanx("trainlaunch", "--epochs", 2, "--resume", "auto", "--checkpoints-dir", tmp_path,
@@ -271,6 +279,7 @@ def test_a_single_process_checkpoint_resumes_under_ddp(tmp_path, phalanx):
     assert [(r["epoch"], r["world_size"]) for r in val] == [(1, 1), (2, 2)]
 
 
+@pytest.mark.slow
 def test_the_logged_train_loss_is_the_mean_over_every_ranks_samples(tmp_path):
     # Rank 0's logits are all zero (loss ln 10 for every sample); rank 1 adds 3 to class 0's logit
     # (loss log(e^3 + 9) - 3 for a 0, log(e^3 + 9) otherwise). The model records which samples each
@@ -307,6 +316,7 @@ def test_the_logged_train_loss_is_the_mean_over_every_ranks_samples(tmp_path):
     assert abs(expected_epoch - math.log(10)) > 0.05  # rank 0's loss alone would not pass
 
 
+@pytest.mark.slow
 def test_ranks_made_to_diverge_are_caught_and_reported(tmp_path):
     result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:diverges", "--epochs", 2, "--checkpoints-dir",
                          tmp_path, "--no-progress", "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
@@ -343,6 +353,7 @@ def test_sync_bn_on_two_gpus_equals_one_process_with_the_whole_batch(tmp_path, p
     assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-4) for k in a)
 
 
+@pytest.mark.slow
 def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_once(tmp_path):
     # --nnodes 1:2: when a node is lost, torchrun restarts the group on the nodes that are left,
     # and the run resumes at the new world size as any resume does.

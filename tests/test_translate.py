@@ -32,6 +32,7 @@ def pngs(folder: Path) -> torch.Tensor:
     return torch.tensor(np.array(panels))[:, :, None]
 
 
+@pytest.mark.slow
 def test_float64_ddp_equals_one_process_and_a_hand_written_pix2pix_loop(tmp_path, phalanx):
     from phalanx.tasks.translate_nets import build_discriminator, build_generator
 
@@ -55,6 +56,7 @@ def test_float64_ddp_equals_one_process_and_a_hand_written_pix2pix_loop(tmp_path
         assert a["PSNR"] == pytest.approx(b["PSNR"], rel=1e-9) and a["SSIM"] == pytest.approx(b["SSIM"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_translation_that_can_be_learned_is_learned(tmp_path, phalanx):
     # Blurred, noisy digits -> clean ones. The identity (the input as the output) is the baseline.
     data = translation_pairs(tmp_path / "data", size=32, per_split={"train": 800, "val": 200})
@@ -141,6 +143,7 @@ def test_ssim_and_psnr_equal_a_direct_implementation(tmp_path):
     assert np.allclose(psnr(torch.tensor(x), torch.tensor(y)).numpy(), 10 * np.log10(1 / mse), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_export_writes_the_generator_and_it_runs_without_phalanx(tmp_path, phalanx):
     data = translation_pairs(tmp_path / "data", size=16, per_split={"train": 16, "val": 4})
     assert phalanx("train", *TINY, "--dataroot", data, "--epochs", 1, "--batch-size", 8,
@@ -176,6 +179,7 @@ def _bad_pairs(root: Path) -> dict[str, Path]:
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, words", [("missing", "A/0002.png: has no partner B/0002.png"),
                                          ("sizes", "A/0003.png: is 16x16 but B/0003.png is 20x16"),
                                          ("panels", "0004.png: is 40x16: not square panels"),

@@ -52,6 +52,7 @@ def assert_visdom_equals_history(port: int, env: str, history) -> None:
     assert window_points(viz, "val_acc", env) == {"val accuracy": (epochs, [100 * r["acc"] for r in val])}
 
 
+@pytest.mark.slow
 def test_visdom_holds_every_point_including_those_written_while_visualize_was_down(tmp_path, visdom_server):
     # Training pauses in its 30th step (of 180) until visualize has gone: still running then, on any machine.
     env = {**os.environ, **USER_MODELS, "PHALANX_TEST_DELAY": "0.01", **gate(tmp_path / "gate", 30)}
@@ -176,6 +177,7 @@ PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el
     traces: el.data.map(t => ({name: t.name, type: t.type, points: (t.x || t.z || []).length}))}))"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
 def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_path, visdom_server, phalanx):
@@ -225,6 +227,7 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
     assert all(SEGMENT_NAME.match(p.name) for p in pickle_dir.iterdir())
 
 
+@pytest.mark.slow
 def test_hostile_files_are_refused_within_seconds_in_bounded_memory_and_the_good_points_still_plot(
         tmp_path, visdom_server, phalanx):
     import pickle
@@ -352,6 +355,7 @@ def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_
     assert f"{sys.executable} -m phalanx.visdom_assets" in str(refused.value)  # the interpreter that has phalanx
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
 def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registry(tmp_path, monkeypatch):
     from conftest import free_port
@@ -371,6 +375,7 @@ def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registr
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
                     reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
 def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_visualize(tmp_path, visdom_server):

@@ -165,6 +165,7 @@ def test_a_port_held_by_another_program_is_refused_not_plotted_into(tmp_path, ph
                                  "pick another --port")
 
 
+@pytest.mark.slow
 def test_when_the_shared_servers_owner_stops_the_other_visualize_starts_a_server_and_redraws(tmp_path):
     port = free_port()
     write_run(tmp_path / "pickle", train_records([0.9, 0.8]), run_id="shared", name="exp")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Union
 
 import torch
 from torch import nn
@@ -30,6 +30,15 @@ from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
 from .inference import Inference
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..context import RunContext, StepContext
+
+# What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
+Batch = Union[torch.Tensor, tuple, list, dict]
+# Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
+Plain = Union[None, bool, int, float, str, list, tuple, dict, torch.Tensor]
 
 
 @dataclass
@@ -44,7 +53,7 @@ class TaskData:
     train: Dataset
     val: Dataset
     description: str
-    info: dict[str, Any]
+    info: dict[str, Plain]
     collate: Callable | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 
@@ -55,7 +64,7 @@ class Evaluation:
     of it (a confusion matrix) for its own records."""
 
     metrics: dict[str, float]
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 def full_precision(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,7 +81,7 @@ def fixed_sample(length: int, count: int, seed: int) -> list[int]:
 
 
 def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
-         percent: bool = False) -> dict[str, Any]:
+         percent: bool = False) -> dict[str, Plain]:
     """A line pane of the dashboard (plain data: it travels in the snapshots to ``visualize``).
 
     ``record`` is the kind of record whose ``traces`` keys it plots (``train``: against epochs of
@@ -80,6 +89,12 @@ def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str,
     """
     return {"win": win, "title": title, "ylabel": ylabel, "record": record,
             "traces": [[key, label] for key, label in traces], "percent": percent}
+
+
+class Visuals(Protocol):
+    """What a task's ``visuals`` returns: each epoch, an ``images`` record of the networks' outputs."""
+
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Plain]: ...
 
 
 class Task:
@@ -106,7 +121,7 @@ class Task:
 
     name = ""
     Options: type | None = None
-    defaults: dict[str, Any] = {}
+    defaults: dict[str, Plain] = {}
     reads: tuple[str, ...] = ()
     loss_names: tuple[str, ...] = ("loss",)
     primary_model = "model"
@@ -117,12 +132,12 @@ class Task:
     Inference: type[Inference] = Inference
     metric_labels: dict[str, str] = {}
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.options = self.parse_options(cfg.task_options)
 
     @classmethod
-    def parse_options(cls, given: dict[str, Any]) -> Any:
+    def parse_options(cls, given: Mapping[str, Plain]) -> object:
         """The task's options from plain data (a config's ``task_options``), typed and checked."""
         from . import parse_options
 
@@ -139,7 +154,7 @@ class Task:
         with the networks, never wrapped in DDP."""
         raise NotImplementedError
 
-    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
+    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         """Each optimizer by name -> its parameter groups (``{"params": [...], "lr_mult": 1.0}``).
         Every optimizer follows the run's schedule from the base LR times its group's ``lr_mult``.
         Default: one optimizer, named after the primary model, over every trainable parameter."""
@@ -160,7 +175,7 @@ class Task:
             model.train()
 
     # --- training ------------------------------------------------------------------------------
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         """One micro-batch: the named losses (per-sample, or 0-dim means). Without manual
         optimization the trainer backpropagates ``"loss"``."""
         raise NotImplementedError
@@ -168,11 +183,11 @@ class Task:
     def after_step(self, models: Mapping[str, nn.Module]) -> None:
         """After every optimizer step (a momentum teacher's update, ...)."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Plain]:
         """Task state beyond the networks and optimizers that an exact resume needs."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Plain]) -> None:
         pass
 
     # --- validation ----------------------------------------------------------------------------
@@ -181,7 +196,7 @@ class Task:
         still takes part in the all-reduce)."""
         return {"loss": torch.zeros(()), "samples": torch.zeros(())}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext) -> dict[str, torch.Tensor]:
         """Sums over one validation batch (same keys as ``empty_sums``); the trainer all-reduces them."""
         raise NotImplementedError
 
@@ -189,7 +204,7 @@ class Task:
         return Evaluation({"loss": float(sums["loss"]) / max(float(sums["samples"]), 1.0)})
 
     @torch.no_grad()
-    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
         """Every validation sample once, at any world size: sums per batch, one all-reduce."""
         sums = {k: v.to(ctx.device, torch.float64) for k, v in self.empty_sums().items()}
         for batch in loader:
@@ -205,7 +220,7 @@ class Task:
                 sums[key] += value.detach().to(torch.float64)
         return self.validation_metrics(ctx.all_reduce_sums(sums))
 
-    def epoch_records(self, evaluation: Evaluation, epoch: int) -> list[dict[str, Any]]:
+    def epoch_records(self, evaluation: Evaluation, epoch: int) -> list[dict[str, Plain]]:
         """Records of an epoch's validation beyond its metrics (global rank 0 writes them)."""
         return []
 
@@ -217,7 +232,7 @@ class Task:
         return f"{value:.4g}"
 
     # --- dashboard -----------------------------------------------------------------------------
-    def panes(self) -> list[dict[str, Any]]:
+    def panes(self) -> list[dict[str, Plain]]:
         """Line panes: each named loss and each validation metric on its own axes, labelled with
         ``metric_labels`` (the status pane's words) where it names them."""
         label = self.metric_labels.get
@@ -235,7 +250,7 @@ class Task:
             names = []
         return names or [self.best_metric[0]]
 
-    def visuals(self, data: TaskData) -> Any:
+    def visuals(self, data: TaskData) -> Visuals | None:
         """What global rank 0 shows of each epoch: an object with ``record(models, epoch, ctx)``
         returning an ``images`` record (made with ``images_item``, ``png``, ``strip`` and
         ``denormalize`` from ``phalanx.tasks``), or None. ``record`` gets the bare networks in eval
@@ -243,12 +258,12 @@ class Task:
         return None
 
     # --- using a checkpoint --------------------------------------------------------------------
-    def restore_info(self, info: dict[str, Any]) -> None:
+    def restore_info(self, info: dict[str, Plain]) -> None:
         """What a checkpoint says the data resolved to, before ``build_models`` (inference builds
         no training data: ``build_models`` reads ``data.info`` only)."""
 
 
-def check_step_losses(task: Task, losses: Any, loss_names: tuple[str, ...], manual: bool) -> None:
+def check_step_losses(task: Task, losses: object, loss_names: tuple[str, ...], manual: bool) -> None:
     """The losses a step returns are those its task declares (``loss_names``): said at the first
     step in one line, not as a KeyError in a log."""
     wanted = set(loss_names) | ({"loss"} if not manual else set())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -18,7 +18,7 @@ from ..errors import PhalanxError
 if TYPE_CHECKING:
     from ..config import RunConfig
     from ..inference.options import PredictOptions
-    from .base import Evaluation, Task
+    from .base import Evaluation, Plain, Task
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Trained:
     config: RunConfig
     task: Task
     models: dict[str, nn.Module]  # bare networks, in eval mode, on the CPU
-    info: dict[str, Any]  # what the data resolved to (classes, image size, normalisation)
+    info: dict[str, Plain]  # what the data resolved to (classes, image size, normalisation)
 
     def inference(self) -> Inference:
         return self.task.Inference(self)
@@ -92,11 +92,11 @@ class Inference:
         and what it is; None: read DIR as ``build_data`` does and take its validation split."""
         return None
 
-    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+    def results(self, evaluation: Evaluation) -> dict[str, Plain]:
         """``evaluate``'s results beyond the metrics (JSON-able)."""
         return {"samples": evaluation.extra.get("samples")}
 
-    def results_table(self, results: dict[str, Any]) -> str:
+    def results_table(self, results: dict[str, Plain]) -> str:
         """``evaluate``'s table."""
         return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
 
@@ -119,6 +119,6 @@ class Inference:
         """``export``: the networks to write (by name) with an example input each."""
         raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
 
-    def export_metadata(self) -> dict[str, Any]:
+    def export_metadata(self) -> dict[str, Plain]:
         """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
         return {}
