@@ -200,7 +200,7 @@ MUTANTS = [
     # --- input pipeline
     Mutant("visualize's stop signal an Exception a health check swallows", "phalanx/visualize/__init__.py",
            "class _Signalled(BaseException):", "class _Signalled(Exception):",
-           ("tests/test_security.py -k health_check",)),
+           ("tests/test_security.py -k health_check", "tests/test_visualize_robust.py -k stop_signal_while")),
     Mutant("generated images not bounded by memory", "phalanx/data/sources.py", "    if nbytes > limit:",
            "    if False:", ("tests/test_cli.py -k dry_run_allocates",)),
     Mutant("the evaluation resize rounds instead of timm's floor", "phalanx/data/transforms.py",

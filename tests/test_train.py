@@ -227,3 +227,5 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_in_one_line(phalanx,
     assert not (tmp_path / "experiment/latest.pt").exists()  # nothing saved from the broken weights
     train = [r for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "train"]
     assert train[-1]["epoch"] == 1 and not math.isfinite(train[-1]["loss"])  # the record that shows it
+    # It stopped at that log step, the first with a non-finite loss, not at the epoch's end.
+    assert [math.isfinite(r["loss"]) for r in train].count(False) == 1 and "the train loss became" in result.err

@@ -194,3 +194,20 @@ def test_a_remote_server_that_goes_away_is_one_line_and_an_exit():
 
     with pytest.raises(RunFailed, match=r"the visdom server at http://visdom-host:8097 stopped answering"):
         _after_losing_the_server(VisualizeOptions(pickle_dir=("x",), server="http://visdom-host"))
+
+
+def test_a_stop_signal_while_a_run_is_plotted_stops_visualize_and_is_not_that_runs_failure():
+    # Each run is plotted inside an `except Exception` (one run's failure is its own): SIGTERM and
+    # Ctrl-C are BaseExceptions, so a signal that comes while a run is drawn still stops visualize.
+    from phalanx.visualize import _Signalled
+    from phalanx.visualize.follow import Follower
+
+    follower = Follower.__new__(Follower)
+    follower.failures_said, follower.plots, follower.compare, follower.check_url = {}, {}, None, "http://x"
+
+    def signalled_while_plotting():
+        raise _Signalled(signal.SIGTERM)
+
+    with pytest.raises(_Signalled):
+        follower._isolated("run", signalled_while_plotting)
+    assert follower.failures_said == {}
