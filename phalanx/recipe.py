@@ -21,15 +21,21 @@ class ModelEma:
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
         self.decay = decay
 
-    @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        pairs = list(zip(self.module.state_dict().values(), model.state_dict().values()))
-        floats = [(e, m) for e, m in pairs if e.is_floating_point()]
-        if floats:
-            torch._foreach_lerp_([e for e, _ in floats], [m for _, m in floats], 1.0 - self.decay)
-        for e, m in pairs:
-            if not e.is_floating_point():
-                e.copy_(m)
+        ema_update(self.module, model, self.decay)
+
+
+@torch.no_grad()
+def ema_update(average: nn.Module, model: nn.Module, decay: float) -> None:
+    """``average = decay * average + (1 - decay) * model``, weights and floating buffers alike (other
+    buffers copied): the one moving average of phalanx, for ``--ema-decay`` and a momentum teacher."""
+    pairs = list(zip(average.state_dict().values(), model.state_dict().values()))
+    floats = [(e, m) for e, m in pairs if e.is_floating_point()]
+    if floats:
+        torch._foreach_lerp_([e for e, _ in floats], [m for _, m in floats], 1.0 - decay)
+    for e, m in pairs:
+        if not e.is_floating_point():
+            e.copy_(m)
 
 
 def prepare(model: nn.Module, channels_last: bool, compile: bool) -> nn.Module:

@@ -17,6 +17,13 @@ from .tasks.base import Task
 from .train_losses import TrainLosses
 
 
+def saved_network(state: dict[str, Any], name: str) -> dict[str, torch.Tensor] | None:
+    """A network's weights in a checkpoint: under ``models``, or (checkpoints before BYOL's teacher
+    became a network, format 3) in the task's own state under the network's name."""
+    found = state["models"].get(name)
+    return found if found is not None else (state.get("task_state") or {}).get(name)
+
+
 class RunState:
     def __init__(self, bare_models: Callable[[], dict[str, nn.Module]], optimizers: dict[str, torch.optim.Optimizer],
                  scalers: dict[str, torch.amp.GradScaler], ema: dict[str, ModelEma], task: Task, best: Best,
@@ -33,7 +40,7 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, model in self.bare_models().items():
-            model.load_state_dict(state["models"][name])
+            model.load_state_dict(saved_network(state, name))
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
         for name, scaler in self.scalers.items():
@@ -41,7 +48,7 @@ class RunState:
                 scaler.load_state_dict(state["scalers"][name])
         saved_ema = state.get("ema") or {}
         for name, ema in self.ema.items():  # a checkpoint from before --ema-decay starts the average at its weights
-            ema.module.load_state_dict(saved_ema.get(name) or state["models"][name])
+            ema.module.load_state_dict(saved_ema.get(name) or saved_network(state, name))
         self.task.load_state_dict(state.get("task_state") or {})
         self.best.restore(state.get("best") or {})
         self.losses.restore(state["epoch_sums"])

@@ -86,7 +86,7 @@ def test_byol_resumes_mid_epoch_bitwise_with_its_momentum_teacher(tmp_path, phal
     assert phalanx("train", "--task", "phalanx_testtasks:StoppingBYOL", "--name", "cut", "--resume", "auto",
                    *common).code == 0
     a, b = weights(tmp_path / "straight/latest.pt"), weights(tmp_path / "cut/latest.pt")
-    teacher_a, teacher_b = a["task_state"]["teacher"], b["task_state"]["teacher"]
+    teacher_a, teacher_b = a["models"]["teacher"], b["models"]["teacher"]  # a network without gradients
     assert all(torch.equal(teacher_a[k], teacher_b[k]) for k in teacher_a)
     assert not all(torch.equal(teacher_a[k], a["models"]["backbone"].get(k.removeprefix("0."), teacher_a[k]))
                    for k in teacher_a if k.startswith("0."))  # a moving average, not a copy of the student
@@ -151,3 +151,11 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
     assert metrics["knn_acc"] == pytest.approx(recorded["knn_acc"], abs=1e-9)
     assert metrics["view_loss"] == pytest.approx(recorded["view_loss"], rel=1e-5)
+    # A checkpoint laid out as before the teacher became a network (format 3: the task's own state)
+    # still evaluates to the same.
+    saved = torch.load(tmp_path / "experiment/latest.pt", weights_only=True)
+    saved["task_state"] = {"teacher": saved["models"].pop("teacher")}
+    torch.save(saved, tmp_path / "before.pt")
+    assert phalanx("evaluate", "--checkpoint", tmp_path / "before.pt", "--batch-size", 8,
+                   "--output", tmp_path / "before.json").code == 0
+    assert json.loads((tmp_path / "before.json").read_text())["metrics"] == metrics

@@ -39,7 +39,7 @@ def config_changes(opts: EvaluateOptions) -> dict[str, Any]:
 def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
     if opts.output:  # before any work: a missing folder or a file not ours is refused now, not after
         check_file(Path(opts.output), opts.checkpoint, opts.overwrite, evaluate_results, "a results JSON")
-    # The trained task (its networks and its own state: BYOL's teacher) with this command's data,
+    # The trained task (its networks and its own state) with this command's data,
     # batch and devices.
     trained = load_trained(opts.checkpoint, opts.ema, config_changes(opts))
     cfg, task = trained.config, trained.task

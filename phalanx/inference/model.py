@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import checkpoint
+from ..run_state import saved_network
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
 from ..tasks import task_class
@@ -40,7 +41,7 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
     if ema and not averaged:
         raise PhalanxError(f"{path} has no moving average of the weights (trained without --ema-decay)", "--ema")
     for name, model in models.items():
-        weights = averaged.get(name) if ema and name in averaged else state["models"].get(name)
+        weights = averaged.get(name) if ema and name in averaged else saved_network(state, name)
         if weights is None:
             raise PhalanxError(f"{path} holds no weights for the network {name!r}", OPTION)
         try:

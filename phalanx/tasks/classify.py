@@ -199,12 +199,8 @@ class ValidationSample:
 
     @torch.no_grad()
     def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
-        model = models["model"]
-        was_training = model.training
-        model.eval()
-        with ctx.autocast():
-            predicted = model(ctx.to_device(self.images)).argmax(1).tolist() if self.pngs else []
-        model.train(was_training)
+        with ctx.autocast():  # the networks are in eval mode here (the trainer's)
+            predicted = models["model"](ctx.to_device(self.images)).argmax(1).tolist() if self.pngs else []
         return {"kind": "images", "epoch": epoch, "title": "validation images (true → predicted)", "items": [
             {**records.images_item(image, f"{label} → {self.classes[p]}", label == self.classes[p]),
              "label": label, "predicted": self.classes[p]}

@@ -236,11 +236,8 @@ class DetectionSample:
 
         from torchvision.utils import draw_bounding_boxes
 
-        model = models["detector"]
-        was_training = model.training
-        model.eval()
+        model = models["detector"]  # in eval mode here (the trainer's): detections, not losses
         found = self.task.detections(model, [image for image, _ in self.samples], ctx) if self.samples else []
-        model.train(was_training)
         items = []
         for (image, target), detected in zip(self.samples, found):
             pixels = (image.as_subclass(torch.Tensor).clamp(0, 1) * 255).byte()

@@ -189,14 +189,11 @@ class SegmentationSample:
     def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
         if not self.samples:
             return {"kind": "images", "epoch": epoch, "items": []}
-        model = models["segmenter"]
-        was_training = model.training
-        model.eval()
+        model = models["segmenter"]  # in eval mode here (the trainer's)
         images = torch.stack([image.as_subclass(torch.Tensor) for image, _ in self.samples])
         with ctx.autocast():
             out = model(ctx.to_device(images))
         predicted = full_precision(out["out"] if isinstance(out, dict) else out).argmax(1).cpu()
-        model.train(was_training)
         items = []
         for i, (image, mask) in enumerate(self.samples):
             shown = denormalize(image.as_subclass(torch.Tensor), self.task.mean, self.task.std)

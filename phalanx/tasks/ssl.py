@@ -4,8 +4,8 @@ each method is a module of its own (``simclr.py``, ``byol.py``).
 A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each
 image, no labels needed. SimCLR's NT-Xent takes its negatives from the global batch: embeddings
 are all-gathered with gradients (``ctx.all_gather``), so 2 workers x B train what one process x
-2B does. BYOL predicts a momentum teacher's embedding of the other view; the teacher is task
-state, checkpointed and resumed exactly. Each epoch, the backbone is monitored as Lightly
+2B does. BYOL predicts a momentum teacher's embedding of the other view; the teacher is a network
+without gradients, checkpointed and resumed exactly. Each epoch, the backbone is monitored as Lightly
 benchmarks it: kNN accuracy (k=200, temperature 0.1, cosine similarity) of the validation images
 against the labelled training images' features, gathered from every rank.
 """
@@ -103,10 +103,6 @@ class SelfSupervisedTask(Task):
         from ..finetune import load_weights
 
         return [load_weights(models["backbone"], spec, self.classes)]
-
-    def train_mode(self, models: Mapping[str, nn.Module]) -> None:
-        for model in models.values():
-            model.train()
 
     def embed(self, models: Mapping[str, nn.Module], views: torch.Tensor) -> torch.Tensor:
         return models["projector"](models["backbone"](views))

@@ -234,14 +234,9 @@ class TranslationSample:
         if not self.samples:
             return {"kind": "images", "epoch": epoch, "items": []}
         inputs = torch.stack([a for a, _ in self.samples])
-        generators = [models[self.task.net("generator", t)] for t in range(self.task.targets)]
-        states = [g.training for g in generators]
-        for g in generators:
-            g.eval()
+        generators = [models[self.task.net("generator", t)] for t in range(self.task.targets)]  # in eval mode
         with ctx.autocast():
             outputs = [g(ctx.to_device(inputs)).float().cpu() for g in generators]
-        for g, state in zip(generators, states):
-            g.train(state)
         items = []
         for i, (a, b) in enumerate(self.samples):
             panels = [a] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
