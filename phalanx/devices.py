@@ -133,6 +133,19 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
                    effective_lr(cfg, sharing))
 
 
+
+def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> list[str]:
+    """The batch and learning-rate lines of ``--dry-run``, from the plan a process makes: one report
+    for ``train --dry-run`` and for each worker of ``trainlaunch --dry-run``."""
+    from .sampling import steps_per_epoch
+
+    steps = "" if train_samples is None else \
+        f"; {steps_per_epoch(train_samples, cfg.batch_size, plan.world_size, cfg.grad_accum)} optimizer steps per epoch"
+    return [f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
+            f"accumulation x{plan.world_size} processes){steps}",
+            f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
+            f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup"]
+
 def peak_memory(strategy: Strategy) -> dict[str, Any]:
     """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
     if strategy.device.type != "cuda":

@@ -24,10 +24,10 @@ if _QUIET_CPP_LOG:
 
 from . import rundir  # noqa: E402  (imports torch)
 from .config import RunConfig  # noqa: E402
+from .devices import plan_report, plan_run  # noqa: E402
 from .errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError,  # noqa: E402
                      RunFailed)
 from .failures import cause_line, innermost, summarize  # noqa: E402
-from .optim import effective_lr  # noqa: E402
 
 OPTION = "--use-torchrun"
 WORKER_MODULE = "phalanx.worker"
@@ -106,22 +106,21 @@ def _check_counts(nproc: int, nnodes: tuple[int, int]) -> None:
         raise PhalanxError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX (got {low}:{high})", OPTION)
 
 
-def describe(cfg: RunConfig, plan: LaunchPlan) -> list[str]:
-    """The ``--dry-run`` report."""
-    devices = ["cpu" if cfg.uses_cpu else f"cuda:{cfg.gpu_ids[r]}" for r in range(plan.nproc_per_node)]
-    world = plan.nnodes[1] * plan.nproc_per_node
-    backend = cfg.backend or ("gloo" if cfg.uses_cpu else "nccl")
-    from .cluster import launcher_name
+def describe(cfg: RunConfig, plan: LaunchPlan, train_samples: int | None = None) -> list[str]:
+    """The ``--dry-run`` report: the plan each local worker will make (``devices.plan_run``), its
+    batch and learning-rate lines those of ``train --dry-run``."""
+    from .cluster import Placement, launcher_name
 
+    world = plan.nnodes[1] * plan.nproc_per_node
+    workers = [plan_run(cfg, Placement("torchrun", r, r, world, plan.nproc_per_node, "", 0))
+               for r in range(plan.nproc_per_node)]
+    nodes = f"{plan.nnodes[0]}{'' if plan.nnodes[0] == plan.nnodes[1] else '..' + str(plan.nnodes[1])}"
     lines = [f"torchrun {shlex.join(plan.torchrun_argv)}",
-             f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {plan.nnodes[0]}"
-             f"{'' if plan.nnodes[0] == plan.nnodes[1] else '..' + str(plan.nnodes[1])}), backend {backend}"]
-    lines += [f"local rank {r}: {d}" for r, d in enumerate(devices)]
-    lines += [f"batch size: {cfg.batch_size} per process, {cfg.batch_size * cfg.grad_accum * world} effective "
-              f"(x{cfg.grad_accum} accumulation x{world} processes)",
-              f"learning rate: {effective_lr(cfg, world):g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr})",
-              f"this node's launcher: {launcher_name(os.environ)}; its workers get torchrun's variables"]
-    return lines
+             f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {nodes}), backend "
+             f"{workers[0].backend}"]
+    lines += [f"local rank {r}: {worker.device}" for r, worker in enumerate(workers)]
+    return lines + plan_report(cfg, workers[0], train_samples) + \
+        [f"this node's launcher: {launcher_name(os.environ)}; its workers get torchrun's variables"]
 
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
@@ -132,8 +131,8 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
         from .run import describe_checks
 
-        _, checked = describe_checks(cfg)  # data, networks and run directory, as train --dry-run checks them
-        print("\n".join(describe(cfg, plan) + checked))
+        data, checked = describe_checks(cfg)  # data, networks and run directory, as train --dry-run checks them
+        print("\n".join(describe(cfg, plan, len(data.train)) + checked))
         missing = missing_gpus(cfg.gpu_ids)
         if missing:
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)

@@ -19,10 +19,9 @@ from .config import RunConfig
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
-from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_run
+from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run
 from .parallel import Strategy, strategy_for
 from .preempt import Preempted, StopRequest
-from .sampling import steps_per_epoch
 from . import tasks
 from .tasks import task_class
 from .tasks.base import Task, TaskData
@@ -114,16 +113,11 @@ def describe_run(cfg: RunConfig) -> list[str]:
     login node, before the job reaches its GPUs."""
     env = placement()
     plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
-    world = plan.world_size
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
              f"devices: {plan.describe()}"]
     data, checked = describe_checks(cfg)
-    lines += [f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
-              f"accumulation x{world} processes); {steps_per_epoch(len(data.train), cfg.batch_size, world, cfg.grad_accum)} "
-              "optimizer steps per epoch",
-              f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
-              f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup", *checked]
+    lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.gpu_ids)
     if missing:
         lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
