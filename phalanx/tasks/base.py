@@ -132,6 +132,17 @@ class Task:
     Inference: type[Inference] = Inference
     metric_labels: dict[str, str] = {}
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A built-in task (its ``name`` in the registry) takes its ``defaults`` and ``reads`` from
+        there, once for ``--help`` and the class alike; a subclass (your own task built on it)
+        inherits them."""
+        super().__init_subclass__(**kwargs)
+        from . import BUILTIN
+
+        info = BUILTIN.get(cls.__dict__.get("name", ""))
+        if info is not None:
+            cls.defaults, cls.reads = info.defaults, info.reads
+
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.options = self.parse_options(cfg.task_options)

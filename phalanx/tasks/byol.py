@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from ..recipe import ema_update
-from . import BUILTIN
 from .base import Batch, TaskData
 from .options import BYOLOptions
 from .ssl import SelfSupervisedTask, mlp
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
 
 class BYOLTask(SelfSupervisedTask):
     name = "byol"
-    defaults = BUILTIN["byol"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["byol"].reads
     Options = BYOLOptions
     loss_label = "BYOL loss (2 - 2 cos)"
     options: BYOLOptions

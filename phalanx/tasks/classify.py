@@ -18,7 +18,6 @@ from ..errors import PhalanxError
 from ..finetune import Backbone, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
-from . import BUILTIN
 from .base import Evaluation, Task, TaskData, full_precision
 from .classify_inference import ClassifyInference
 from .options import ClassifyOptions
@@ -29,8 +28,6 @@ SAMPLE = 16  # validation images shown each epoch
 
 class ClassifyTask(Task):
     name = "classify"
-    defaults = BUILTIN["classify"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["classify"].reads
     Inference = ClassifyInference
     Options = ClassifyOptions
     loss_names = ("loss",)

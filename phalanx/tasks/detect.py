@@ -23,7 +23,6 @@ from ..data import SeededView
 from ..data.coco import CocoImages, collate, load_split
 from ..errors import PhalanxError
 from ..pictures import png
-from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, pane
 from .detect_inference import DetectInference
 from .options import DetectOptions
@@ -60,8 +59,6 @@ def loss_names_of(model: nn.Module) -> tuple[str, ...]:
 
 class DetectTask(Task):
     name = "detect"
-    defaults = BUILTIN["detect"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["detect"].reads
     Inference = DetectInference
     Options = DetectOptions
     primary_model = "detector"

@@ -20,7 +20,6 @@ from ..data.masks import MaskPairs, find_masks
 from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation
 from ..errors import PhalanxError
 from ..pictures import denormalize, png, strip
-from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .segment_inference import SegmentInference, overlay
 from .options import SegmentOptions
@@ -32,8 +31,6 @@ SHOWN = 4
 
 class SegmentTask(Task):
     name = "segment"
-    defaults = BUILTIN["segment"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["segment"].reads
     Inference = SegmentInference
     Options = SegmentOptions
     primary_model = "segmenter"

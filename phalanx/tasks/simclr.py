@@ -9,7 +9,6 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from . import BUILTIN
 from .base import TaskData
 from .options import SimCLROptions
 from .ssl import SelfSupervisedTask, mlp
@@ -17,8 +16,6 @@ from .ssl import SelfSupervisedTask, mlp
 
 class SimCLRTask(SelfSupervisedTask):
     name = "simclr"
-    defaults = BUILTIN["simclr"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["simclr"].reads
     Options = SimCLROptions
     loss_label = "NT-Xent loss"
     options: SimCLROptions

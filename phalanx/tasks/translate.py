@@ -23,7 +23,6 @@ from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..errors import PhalanxError
 from ..pictures import png, strip
-from . import BUILTIN
 from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
 from .translate_inference import TranslateInference
@@ -34,8 +33,6 @@ SHOWN = 4  # validation samples drawn each epoch
 
 class TranslateTask(Task):
     name = "translate"
-    defaults = BUILTIN["translate"].defaults  # also a subclass's (your own task built on it)
-    reads = BUILTIN["translate"].reads
     Inference = TranslateInference
     Options = TranslateOptions
     manual_optimization = True
