@@ -87,7 +87,7 @@ if name.startswith("phalanx"):
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
     augment = name.split(" ", 1)[1] if " " in name else "none"
-    data = build_datasets(RunConfig(dataroot=root, image_size=size, augment=augment, normalize="imagenet",
+    data = build_datasets(RunConfig.flat(dataroot=root, image_size=size, augment=augment, normalize="imagenet",
                                     val_fraction=0.01, fast_decode=True), 3)
     dataset = data.train
     keyed = augment != "none"

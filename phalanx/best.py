@@ -7,22 +7,22 @@ import math
 from typing import Any
 
 from .errors import PhalanxError
-from .tasks.base import Task
+from .tasks.base import Declaration
 
 
 class Best:
     """The validation metric that picks ``best.pt``, its direction, and the best value so far."""
 
-    def __init__(self, task: Task, asked: str | None):
-        name, mode = task.best_metric
+    def __init__(self, declared: Declaration, asked: str | None):
+        name, mode = declared.best_metric
         if asked:
             name, _, given_mode = asked.partition(":")
-            known = task.metric_names()
+            known = list(declared.metrics)
             known += [f"ema_{k}" for k in known]
             if name not in known:
                 raise PhalanxError(f"this task's validation metrics are {', '.join(known)} (got {name!r})",
                                    "--best-metric")
-            mode = given_mode or (task.best_metric[1] if name.removeprefix("ema_") == task.best_metric[0]
+            mode = given_mode or (declared.best_metric[1] if name.removeprefix("ema_") == declared.best_metric[0]
                                   else "min" if any(w in name.lower() for w in ("loss", "l1", "l2", "error"))
                                   else "max")
             if mode not in ("max", "min"):
@@ -42,12 +42,12 @@ class Best:
     def state(self) -> dict[str, Any]:
         return {"metric": self.name, "mode": self.mode, "value": self.value}
 
-    def spec(self, task: Task) -> dict[str, Any]:
+    def spec(self, declared: Declaration, panes: list[dict[str, Any]]) -> dict[str, Any]:
         """How the dashboard names and shows it (the ``panes`` record's ``best``)."""
         bare = self.name.removeprefix("ema_")
-        percent = any(pane.get("percent") for pane in task.panes()
+        percent = any(pane.get("percent") for pane in panes
                       if pane["record"] == "val" and any(key == bare for key, _ in pane["traces"]))
-        label = task.metric_labels.get(bare, bare)
+        label = declared.label(bare)
         return {"metric": self.name, "mode": self.mode, "percent": percent,
                 "label": f"EMA {label}" if self.name.startswith("ema_") else label}
 

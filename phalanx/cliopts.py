@@ -168,8 +168,7 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
             assert name not in FIELDS, f"task option {name} shadows a general option"
             func = field_option(f, default_value, f.metadata["help"], heading)(func)
         for f in reversed([f for f in FIELDS.values() if f.metadata["cli"]]):
-            default = RunConfig.__dataclass_fields__[f.name]
-            default_value = default.default_factory() if callable(default.default_factory) else default.default
+            default_value = f.default_factory() if callable(f.default_factory) else f.default
             text = f.metadata["launch_help"] if command == "trainlaunch" else f.metadata["help"]
             func = field_option(f, default_value, text, section_of(f.name))(func)
         return click.option("--config", "config_file", metavar="FILE", type=click.STRING, cls=Option,

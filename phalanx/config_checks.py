@@ -24,38 +24,38 @@ def check_config(cfg: RunConfig) -> None:
     check_fields(cfg)
     tasks.check_name(cfg.task)
     object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
-    if not (cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25):
-        raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.val_crop_pct})")
-    if cfg.num_workers != "auto" and not cfg.num_workers.isdigit():
-        raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.num_workers!r})")
-    if len(cfg.mean) != len(cfg.std):
-        raise bad("mean" if cfg.mean else "std", f"--mean has {len(cfg.mean)} values, --std {len(cfg.std)}; give both, "
+    if not (cfg.data.val_crop_pct == 0 or 0.5 <= cfg.data.val_crop_pct <= 1.25):
+        raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.data.val_crop_pct})")
+    if cfg.data.num_workers != "auto" and not cfg.data.num_workers.isdigit():
+        raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.data.num_workers!r})")
+    if len(cfg.data.mean) != len(cfg.data.std):
+        raise bad("mean" if cfg.data.mean else "std", f"--mean has {len(cfg.data.mean)} values, --std {len(cfg.data.std)}; give both, "
                   "one per channel")
-    if any(s <= 0 for s in cfg.std):
-        raise bad("std", f"must be positive (got {cfg.std})")
-    if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
-        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.betas))})")
+    if any(s <= 0 for s in cfg.data.std):
+        raise bad("std", f"must be positive (got {cfg.data.std})")
+    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
+        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.optim.betas))})")
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
-    if cfg.dataset not in ("digits", "synthetic") and not cfg.dataroot:
-        raise bad("dataroot", f"is required with --dataset {cfg.dataset}")
+    if cfg.data.dataset not in ("digits", "synthetic") and not cfg.data.dataroot:
+        raise bad("dataroot", f"is required with --dataset {cfg.data.dataset}")
     if cfg.resume is not None and cfg.overwrite:
         raise bad("overwrite", "conflicts with --resume; pick one")
-    if cfg.remote_transfer is not None:
+    if cfg.storage.remote_transfer is not None:
         from .remote import parse_s3_url  # stdlib only at import
 
-        parse_s3_url(cfg.remote_transfer, "--remote-transfer")
-    if cfg.sync_bn and cfg.uses_cpu:
+        parse_s3_url(cfg.storage.remote_transfer, "--remote-transfer")
+    if cfg.devices.sync_bn and cfg.devices.uses_cpu:
         raise bad("sync_bn", "torch's SyncBatchNorm runs on GPUs only; give --gpu-ids, or train without it")
-    if cfg.backend == "nccl" and cfg.uses_cpu:
+    if cfg.devices.backend == "nccl" and cfg.devices.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
-    ids = cfg.gpu_ids
+    ids = cfg.devices.gpu_ids
     if len(set(ids)) != len(ids):
         raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")
     if -1 in ids and len(ids) > 1:
         raise bad("gpu_ids", "-1 (CPU) cannot be mixed with GPU ids")
     if any(i < -1 for i in ids):
         raise bad("gpu_ids", f"ids are >= 0, or -1 for CPU (got {min(ids)})")
-    if len(ids) > 1 and cfg.batch_size < len(ids):
-        raise bad("batch_size", f"{cfg.batch_size} is smaller than the {len(ids)} DataParallel devices; "
+    if len(ids) > 1 and cfg.optim.batch_size < len(ids):
+        raise bad("batch_size", f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; "
                   f"use at least {len(ids)}")

@@ -13,6 +13,7 @@ import torch
 
 from .cluster import Placement, placement_from
 from .config import RunConfig
+from .config_sections import DeviceOptions, means_cpu
 from .errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def tune_cpu_allocator() -> None:
 
 def missing_gpus(gpu_ids: tuple[int, ...]) -> str | None:
     """What is wrong with ids that name no real device here, or None."""
-    if not gpu_ids or gpu_ids == (-1,):
+    if means_cpu(gpu_ids):
         return None
     if not torch.cuda.is_available():
         return (f"GPU {gpu_ids[0]} asked for, but CUDA is not available here; use --gpu-ids -1 (or no "
@@ -77,19 +78,27 @@ def check_gpu_ids(gpu_ids: tuple[int, ...]) -> None:
         raise PhalanxError(missing, "--gpu-ids")
 
 
-def local_rank_device(cfg: RunConfig, local_rank: int, local_world_size: int) -> torch.device:
-    """Local rank r trains on ``cuda:gpu_ids[r]`` (CUDA_VISIBLE_DEVICES is left alone), or the CPU."""
-    if cfg.uses_cpu:
+def inference_device(gpu_ids: tuple[int, ...]) -> torch.device:
+    """``evaluate``/``predict``/``export``: the first id's GPU, checked, or the CPU."""
+    if means_cpu(gpu_ids):
         return torch.device("cpu")
-    if local_rank >= len(cfg.gpu_ids):
-        raise PhalanxError(f"local rank {local_rank} has no GPU id: {len(cfg.gpu_ids)} id(s) for "
+    check_gpu_ids(gpu_ids[:1])
+    return torch.device("cuda", gpu_ids[0])
+
+
+def local_rank_device(devices: DeviceOptions, local_rank: int, local_world_size: int) -> torch.device:
+    """Local rank r trains on ``cuda:gpu_ids[r]`` (CUDA_VISIBLE_DEVICES is left alone), or the CPU."""
+    if devices.uses_cpu:
+        return torch.device("cpu")
+    if local_rank >= len(devices.gpu_ids):
+        raise PhalanxError(f"local rank {local_rank} has no GPU id: {len(devices.gpu_ids)} id(s) for "
                            f"{local_world_size} workers on this node; give one --gpu-ids per worker",
                            "--gpu-ids")
-    return torch.device("cuda", cfg.gpu_ids[local_rank])
+    return torch.device("cuda", devices.gpu_ids[local_rank])
 
 
-def worker_device(cfg: RunConfig, env: Placement) -> torch.device:
-    return local_rank_device(cfg, env.local_rank, env.local_world_size)
+def worker_device(devices: DeviceOptions, env: Placement) -> torch.device:
+    return local_rank_device(devices, env.local_rank, env.local_world_size)
 
 
 @dataclass(frozen=True)
@@ -120,17 +129,17 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     from .optim import effective_lr
 
     if env is not None:
-        device = worker_device(cfg, env)
-        backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
+        device = worker_device(cfg.devices, env)
+        backend = cfg.devices.backend or ("nccl" if device.type == "cuda" else "gloo")
         mode, devices, world, sharing = "ddp", (device,), env.world_size, env.world_size
-    elif cfg.uses_cpu or len(cfg.gpu_ids) == 1:
-        device = torch.device("cpu") if cfg.uses_cpu else torch.device("cuda", cfg.gpu_ids[0])
+    elif cfg.devices.uses_cpu or len(cfg.devices.gpu_ids) == 1:
+        device = torch.device("cpu") if cfg.devices.uses_cpu else torch.device("cuda", cfg.devices.gpu_ids[0])
         mode, devices, world, sharing, backend = "single", (device,), 1, 1, None
     else:
-        devices = tuple(torch.device("cuda", i) for i in cfg.gpu_ids)
+        devices = tuple(torch.device("cuda", i) for i in cfg.devices.gpu_ids)
         mode, device, world, sharing, backend = "dataparallel", devices[0], 1, len(devices), None
-    return RunPlan(mode, device, devices, backend, world, sharing, cfg.batch_size * cfg.grad_accum * world,
-                   effective_lr(cfg, sharing))
+    return RunPlan(mode, device, devices, backend, world, sharing, cfg.optim.batch_size * cfg.optim.grad_accum * world,
+                   effective_lr(cfg.optim.lr, cfg.schedule, sharing))
 
 
 
@@ -140,11 +149,11 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
     from .sampling import steps_per_epoch
 
     steps = "" if train_samples is None else \
-        f"; {steps_per_epoch(train_samples, cfg.batch_size, plan.world_size, cfg.grad_accum)} optimizer steps per epoch"
-    return [f"batch size: {cfg.batch_size} per process, {plan.effective_batch} effective (x{cfg.grad_accum} "
+        f"; {steps_per_epoch(train_samples, cfg.optim.batch_size, plan.world_size, cfg.optim.grad_accum)} optimizer steps per epoch"
+    return [f"batch size: {cfg.optim.batch_size} per process, {plan.effective_batch} effective (x{cfg.optim.grad_accum} "
             f"accumulation x{plan.world_size} processes){steps}",
-            f"learning rate: {plan.lr:g} (--lr {cfg.lr:g}, --scale-lr {cfg.scale_lr}), {cfg.lr_schedule} schedule "
-            f"over {cfg.epochs} epochs, {cfg.warmup_epochs:g} warmup"]
+            f"learning rate: {plan.lr:g} (--lr {cfg.optim.lr:g}, --scale-lr {cfg.schedule.scale_lr}), {cfg.schedule.lr_schedule} schedule "
+            f"over {cfg.schedule.epochs} epochs, {cfg.schedule.warmup_epochs:g} warmup"]
 
 def peak_memory(strategy: Strategy) -> dict[str, Any]:
     """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""

@@ -63,7 +63,7 @@ def _torchrun_parser() -> argparse.ArgumentParser:
 
 def default_torchrun_options(cfg: RunConfig) -> list[str]:
     """Without ``--use-torchrun``: one node, one worker per GPU id, or one CPU worker."""
-    return ["--nproc-per-node", str(1 if cfg.uses_cpu else len(cfg.gpu_ids))]
+    return ["--nproc-per-node", str(1 if cfg.devices.uses_cpu else len(cfg.devices.gpu_ids))]
 
 
 def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
@@ -90,8 +90,8 @@ def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
     except ValueError as exc:
         raise PhalanxError(f"torchrun says: {exc}", OPTION) from None
     _check_counts(nproc, nnodes)
-    if not cfg.uses_cpu and nproc > len(cfg.gpu_ids):
-        raise PhalanxError(f"{nproc} workers per node but only {len(cfg.gpu_ids)} --gpu-ids; give one "
+    if not cfg.devices.uses_cpu and nproc > len(cfg.devices.gpu_ids):
+        raise PhalanxError(f"{nproc} workers per node but only {len(cfg.devices.gpu_ids)} --gpu-ids; give one "
                            "--gpu-ids per worker, or lower --nproc-per-node", OPTION)
     return LaunchPlan(argv, options, nproc, nnodes, args)
 
@@ -133,11 +133,11 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
         data, checked = describe_checks(cfg)  # data, networks and run directory, as train --dry-run checks them
         print("\n".join(describe(cfg, plan, len(data.train)) + checked))
-        missing = missing_gpus(cfg.gpu_ids)
+        missing = missing_gpus(cfg.devices.gpu_ids)
         if missing:
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)
         return 0
-    check_gpu_ids(cfg.gpu_ids)
+    check_gpu_ids(cfg.devices.gpu_ids)
     from .run import check_batch_memory
 
     check_batch_memory(cfg)  # before a worker starts, as train checks it
@@ -152,7 +152,7 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
     # torchrun logs each worker failure at length; phalanx reports it in one line below.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    if cfg.uses_cpu and "OMP_NUM_THREADS" not in os.environ:
+    if cfg.devices.uses_cpu and "OMP_NUM_THREADS" not in os.environ:
         # Workers inherit it: cores / local workers from their first instruction (torchrun
         # would pick 1 and warn about it).
         os.environ["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(plan.nproc_per_node))

@@ -94,11 +94,11 @@ def timm_preferences(spec: str) -> dict | None:
     _timm()
     from timm.models import get_pretrained_cfg
 
-    cfg = get_pretrained_cfg(spec[len(TIMM):])
-    if cfg is None:
+    pretrained = get_pretrained_cfg(spec[len(TIMM):])
+    if pretrained is None:
         return None
-    return {"mean": list(cfg.mean), "std": list(cfg.std), "size": int(cfg.input_size[-1]), "crop_pct": cfg.crop_pct,
-            "hf_hub_id": cfg.hf_hub_id}
+    return {"mean": list(pretrained.mean), "std": list(pretrained.std), "size": int(pretrained.input_size[-1]),
+            "crop_pct": pretrained.crop_pct, "hf_hub_id": pretrained.hf_hub_id}
 
 
 def _user_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:

@@ -13,38 +13,38 @@ from typing import Iterable
 
 import torch
 
-from .config import RunConfig
+from .config_sections import OptimOptions, ScheduleOptions
 
 
-def effective_lr(cfg: RunConfig, num_devices: int) -> float:
+def effective_lr(lr: float, schedule: ScheduleOptions, num_devices: int) -> float:
     """``--scale-lr linear``: the LR grows with the devices that share a step (Goyal et al., 2017)."""
-    return cfg.lr * num_devices if cfg.scale_lr == "linear" else cfg.lr
+    return lr * num_devices if schedule.scale_lr == "linear" else lr
 
 
-def build_optimizer(cfg: RunConfig, params: Iterable, lr: float) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.optim.Optimizer:
+    if optim.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    if optim.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
 
 
-def lr_factor(cfg: RunConfig, start: float, end: float) -> float:
+def lr_factor(schedule: ScheduleOptions, start: float, end: float) -> float:
     """Multiplier of the base LR for an optimizer step that trains from progress ``start`` to
     ``end`` (in epochs): linear warmup up to ``end``, then the schedule at ``start``."""
-    warmup = cfg.warmup_epochs
+    warmup = schedule.warmup_epochs
     if warmup > 0 and start < warmup:
         return min(1.0, end / warmup)
-    if cfg.lr_schedule == "cosine":
-        span = cfg.epochs - warmup
+    if schedule.lr_schedule == "cosine":
+        span = schedule.epochs - warmup
         fraction = min(1.0, (start - warmup) / span) if span > 0 else 1.0
         return 0.5 * (1.0 + math.cos(math.pi * fraction))
-    if cfg.lr_schedule == "linear":  # pix2pix: constant, then linearly to zero over the last decay epochs
-        decay = cfg.lr_decay_epochs or cfg.epochs / 2
-        return max(0.0, min(1.0, (cfg.epochs - start) / decay))
-    if cfg.lr_schedule == "step":
+    if schedule.lr_schedule == "linear":  # pix2pix: constant, then linearly to zero over the last decay epochs
+        decay = schedule.lr_decay_epochs or schedule.epochs / 2
+        return max(0.0, min(1.0, (schedule.epochs - start) / decay))
+    if schedule.lr_schedule == "step":
         # A small epsilon: progress is a sum of fractions, and epoch 3 must not read as 2.9999999.
-        return 0.1 ** (int(start + 1e-9) // cfg.lr_step_epochs)
+        return 0.1 ** (int(start + 1e-9) // schedule.lr_step_epochs)
     return 1.0
 
 

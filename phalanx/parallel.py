@@ -120,7 +120,7 @@ class DDPStrategy(Strategy):
         self.rank, self.local_rank, self.world_size = env.rank, env.local_rank, env.world_size
         self.local_world_size = env.local_world_size
         self.is_main = env.rank == 0
-        self.sync_bn = cfg.sync_bn
+        self.sync_bn = cfg.devices.sync_bn
         device = plan.device
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads_per_worker(env.local_world_size))
@@ -131,7 +131,7 @@ class DDPStrategy(Strategy):
         import torch.distributed as dist
         from torch.distributed.rendezvous import rendezvous
 
-        timeout = timedelta(seconds=cfg.dist_timeout)
+        timeout = timedelta(seconds=cfg.devices.dist_timeout)
         if env.launcher in ("slurm", "mpi"):  # torch's env:// rendezvous reads these
             os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                               LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
@@ -249,9 +249,9 @@ class _GatherRows(torch.autograd.Function):
 
 
 def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
-    check_gpu_ids(cfg.gpu_ids)
+    check_gpu_ids(cfg.devices.gpu_ids)
     plan = plan_run(cfg, env)
-    if cfg.uses_cpu:
+    if cfg.devices.uses_cpu:
         tune_cpu_allocator()
     if plan.mode == "ddp":
         strategy: Strategy = DDPStrategy(cfg, env, plan)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .windows import RECORDS
+
 SCHEMA = 3
 READABLE_SCHEMAS = (1, 2, 3)
 NUMBER = (int, float)
@@ -23,8 +25,7 @@ FIELDS: dict[str, dict[str, Any]] = {
     "train": {"epoch": int, "step": int, "epoch_progress": NUMBER, "lr": NUMBER},
     "val": {"epoch": int},
     "status": {"state": str, "time": NUMBER},
-    "confusion": {"epoch": int, "matrix": list, "classes": list},
-    "images": {"epoch": int, "items": list},
+    **{name: kind.fields for name, kind in RECORDS.items()},  # what the dashboard's windows draw
     "panes": {"panes": list},
     "first_step": {"time": NUMBER},
     "end": {},
@@ -62,24 +63,21 @@ def check(index: int, record: Any) -> None:
         for key, value in record.items():
             if key not in RESERVED and (not isinstance(value, NUMBER) or isinstance(value, bool)):
                 raise ValueError(f"record {index} ({kind}) has {key!r} that is not a number")
-    if kind == "confusion":
-        classes, matrix = record["classes"], record["matrix"]
-        if len(matrix) != len(classes) or not all(isinstance(row, list) and len(row) == len(classes) and
-                                                   all(type(v) is int for v in row) for row in matrix):
-            raise ValueError(f"record {index} (confusion) is not a square matrix of counts")
-    elif kind == "images":
-        for item in record["items"]:
-            if not (isinstance(item, dict) and isinstance(item.get("png"), bytes) and
-                    (isinstance(item.get("caption"), str) or
-                     isinstance(item.get("label"), str) and isinstance(item.get("predicted"), str))):
-                raise ValueError(f"record {index} (images) has an item without png bytes and a caption")
+    if kind in RECORDS:
+        RECORDS[kind].check(index, record)
     elif kind == "panes":
         for pane in record["panes"]:
-            if not (isinstance(pane, dict) and isinstance(pane.get("win"), str) and
-                    pane.get("record") in ("train", "val") and isinstance(pane.get("traces"), list) and
-                    all(isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t)
-                        for t in pane["traces"])):
+            if not (isinstance(pane, dict) and isinstance(pane.get("win"), str) and _pane_ok(pane)):
                 raise ValueError(f"record {index} (panes) has a pane without a window, a record kind and traces")
+
+
+def _pane_ok(pane: dict[str, Any]) -> bool:
+    """A line pane plots keys of train or val records; a pane of another kind names it and its record
+    (a kind this phalanx does not know is left undrawn, not refused: a newer run's snapshot)."""
+    if pane.get("kind", "lines") != "lines":
+        return isinstance(pane.get("kind"), str) and isinstance(pane.get("record"), str)
+    return pane.get("record") in ("train", "val") and isinstance(pane.get("traces"), list) and \
+        all(isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t) for t in pane["traces"])
 
 
 def panes_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from torch import nn
 from . import checkpoint, rundir
 from .cluster import launcher_name
 from .config import RunConfig
+from .config_sections import means_cpu
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
@@ -24,7 +25,7 @@ from .parallel import Strategy, strategy_for
 from .preempt import Preempted, StopRequest
 from . import tasks
 from .tasks import task_class
-from .tasks.base import Task, TaskData
+from .tasks.base import Declaration, Task, TaskData
 from .best import Best
 from .trainer import Trainer
 
@@ -52,7 +53,7 @@ def one_line_failures(cfg: RunConfig, env: Placement | None) -> Iterator[None]:
         rank = env.rank if env else 0
         log = write_traceback(cfg.run_dir / "logs" / f"rank{rank}.log", exc, f"rank {rank}")
         where = f"; traceback in {log}" if log else ""
-        raise RunFailed(summarize(exc, cfg.backend or _backend(cfg)) + where,
+        raise RunFailed(summarize(exc, cfg.devices.backend or _backend(cfg)) + where,
                         f"rank {rank}" if env else None) from exc
 
 
@@ -85,14 +86,14 @@ def check_batch_memory(cfg: RunConfig) -> None:
     one-channel float32 images at that size (the least any task holds) must fit in this machine's
     memory. A folder at --image-size 100000 asked for 39 GB for its first image, after the run
     directory had been made."""
-    if not cfg.image_size:  # the data's own size: the data source bounds what it holds
+    if not cfg.data.image_size:  # the data's own size: the data source bounds what it holds
         return
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    per_image = cfg.image_size ** 2 * 4
-    if cfg.batch_size * per_image > memory:
-        largest = int((memory / (cfg.batch_size * 4)) ** 0.5)
-        raise PhalanxError(f"a batch of {cfg.batch_size} image(s) at {cfg.image_size} px would take at least "
-                           f"{cfg.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
+    per_image = cfg.data.image_size ** 2 * 4
+    if cfg.optim.batch_size * per_image > memory:
+        largest = int((memory / (cfg.optim.batch_size * 4)) ** 0.5)
+        raise PhalanxError(f"a batch of {cfg.optim.batch_size} image(s) at {cfg.data.image_size} px would take at least "
+                           f"{cfg.optim.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
                            f"{memory / 2 ** 30:.0f} GiB of memory; give at most {largest} px, or a smaller "
                            "--batch-size", "--image-size")
 
@@ -100,7 +101,7 @@ def check_batch_memory(cfg: RunConfig) -> None:
 def remote_notes(cfg: RunConfig) -> list[str]:
     """DeepLIIF's guide has DDP users pass --remote True so that rank 0 pickles what visdom would
     show: phalanx always does. Alone, it copies nothing anywhere: say so, and what would."""
-    if not cfg.remote or cfg.remote_transfer or cfg.remote_transfer_cmd:
+    if not cfg.storage.remote or cfg.storage.remote_transfer or cfg.storage.remote_transfer_cmd:
         return []
     return [f"phalanx: --remote True: snapshots go to {cfg.snapshot_dir} (watch them with `phalanx visualize "
             "--pickle_dir` there); to also copy them and the checkpoints elsewhere, add --remote-transfer-cmd "
@@ -118,7 +119,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
              f"devices: {plan.describe()}"]
     data, checked = describe_checks(cfg)
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
-    missing = missing_gpus(cfg.gpu_ids)
+    missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
         lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
     return lines
@@ -156,7 +157,7 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
 
 
 def _backend(cfg: RunConfig) -> str:
-    return "gloo" if cfg.uses_cpu else "nccl"
+    return "gloo" if cfg.devices.uses_cpu else "nccl"
 
 
 def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
@@ -169,9 +170,10 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     resume = rundir.plan(cfg)
     task = build_task(cfg)
     data, models = build_networks(cfg, task)
-    notes = task.load_weights(models, cfg.weights, data) if cfg.weights and resume is None else []
+    notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
-    best = Best(task, cfg.best_metric)  # checks --best-metric
+    declared = task.declare(data, models)
+    best = Best(declared, cfg.output.best_metric)  # checks --best-metric
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
     strategy.barrier()
@@ -182,12 +184,13 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         rundir.create(cfg, resume)
     with rundir.claimed(cfg.run_dir, strategy.is_main):  # a live run is never replaced as a failed one
         try:
-            outputs.start(run_id, task.panes(), best.spec(task))
+            panes = task.panes(declared)
+            outputs.start(run_id, panes, best.spec(declared, panes))
             if cfg.resume == "auto" and resume is None:
                 say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
             for line in notes:
                 say(line)
-            return _fit(cfg, strategy, task, data, models, outputs, run_id, resume, say)
+            return _fit(cfg, strategy, task, declared, data, models, outputs, run_id, resume, say)
         except Preempted:
             outputs.status("preempted")
             raise
@@ -198,16 +201,16 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
             outputs.close()  # the last snapshot, and every upload sent or reported
 
 
-def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models: dict[str, nn.Module],
-         outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
+def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
+         models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
-        trainer = Trainer(cfg, strategy, task, data, models, outputs, run_id, say, stop)
+        trainer = Trainer(cfg, strategy, task, declared, data, models, outputs, run_id, say, stop)
         task_part = f"task {cfg.task}; " if cfg.task != tasks.DEFAULT else ""
         workers = f"{trainer.num_workers} loader worker{'s' if trainer.num_workers != 1 else ''}"
-        networks = cfg.model if list(models) == ["model"] else ", ".join(models)  # one whole model: --model's name
+        networks = cfg.network.model if list(models) == ["model"] else ", ".join(models)  # one whole model: --model's name
         say(f"phalanx: {task_part}{data.description}; model {networks}; "
             f"{strategy.describe()}; {workers}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
-        if cfg.precision == "fp16" and strategy.device.type == "cpu":
+        if cfg.optim.precision == "fp16" and strategy.device.type == "cpu":
             say("phalanx: warning: --precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's "
                 "measurements; bf16 is the CPU's fast half precision")
         if resume is not None:
@@ -216,7 +219,7 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models:
                 say(line)
         outputs.status("restarted" if elastic_restart_count() else "running", epoch=trainer.epoch,
                        step=trainer.step, world_size=strategy.world_size, devices=strategy.describe(),
-                       samples_per_epoch=trainer.num_train, epochs=cfg.epochs)
+                       samples_per_epoch=trainer.num_train, epochs=cfg.schedule.epochs)
         summary = trainer.fit()
     if "metrics" in summary:
         best = summary["best"]
@@ -225,7 +228,7 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models:
         say(f"phalanx: done: val_{best['metric']} {task.format_metric(best['metric'], last)} (best "
             f"{task.format_metric(best['metric'], best['value'])}); checkpoints in {cfg.run_dir}{left_out}")
     else:
-        say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.epochs} epochs")
+        say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.schedule.epochs} epochs")
     return summary
 
 
@@ -240,21 +243,21 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
     if old_batch is not None and old_batch != trainer.strategy.plan.effective_batch:
         lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
                      f"batch {old_batch} -> {trainer.strategy.plan.effective_batch}, learning rate {trainer.base_lr:g} "
-                     f"(--scale-lr {cfg.scale_lr}); the sample order and the schedule continue where they were")
+                     f"(--scale-lr {cfg.schedule.scale_lr}); the sample order and the schedule continue where they were")
     old_ids = tuple(state.get("config", {}).get("gpu_ids") or ())
-    if _devices(old_ids) != _devices(cfg.gpu_ids):
+    if _devices(old_ids) != _devices(cfg.devices.gpu_ids):
         lines.append(f"phalanx: the checkpoint was trained on {_devices(old_ids)}; this run continues on "
-                     f"{_devices(cfg.gpu_ids)}")
+                     f"{_devices(cfg.devices.gpu_ids)}")
     old_epochs = state.get("config", {}).get("epochs")
-    if old_epochs is not None and old_epochs != cfg.epochs and cfg.lr_schedule in ("cosine", "linear") \
-            and trainer.epoch < cfg.epochs:
-        lines.append(f"phalanx: --epochs changed ({old_epochs} -> {cfg.epochs}): the {cfg.lr_schedule} schedule now "
-                     f"ends at epoch {cfg.epochs} and continues from this point of it")
+    if old_epochs is not None and old_epochs != cfg.schedule.epochs and cfg.schedule.lr_schedule in ("cosine", "linear") \
+            and trainer.epoch < cfg.schedule.epochs:
+        lines.append(f"phalanx: --epochs changed ({old_epochs} -> {cfg.schedule.epochs}): the {cfg.schedule.lr_schedule} schedule now "
+                     f"ends at epoch {cfg.schedule.epochs} and continues from this point of it")
     return lines
 
 
 def _devices(gpu_ids: tuple[int, ...]) -> str:
     """--gpu-ids in words: "the CPU", "GPU 0", "GPUs 0, 1"."""
-    if not gpu_ids or tuple(gpu_ids) == (-1,):
+    if means_cpu(gpu_ids):
         return "the CPU"
     return f"GPU{'s' if len(gpu_ids) > 1 else ''} {', '.join(map(str, gpu_ids))}"

@@ -24,6 +24,37 @@ def saved_network(state: dict[str, Any], name: str) -> dict[str, torch.Tensor] |
     return found if found is not None else (state.get("task_state") or {}).get(name)
 
 
+def network_weights(state: dict[str, Any], name: str, ema: bool = False) -> dict[str, torch.Tensor] | None:
+    """The weights ``evaluate``/``predict``/``export`` load into a network: its moving average with
+    ``ema`` where the checkpoint has one, else the trained weights."""
+    averaged = state.get("ema") or {}
+    return averaged[name] if ema and name in averaged else saved_network(state, name)
+
+
+class NetworkMismatch(Exception):
+    """A checkpoint's weights for ``name`` that do not fit the network built (``error``: torch's)."""
+
+    def __init__(self, name: str, error: RuntimeError):
+        super().__init__(name, error)
+        self.name, self.error = name, error
+
+
+def load_for_inference(state: dict[str, Any], models: dict[str, nn.Module], task: Task, ema: bool) -> None:
+    """The parts inference needs, from the same checkpoint entries a resume reads: each network
+    (``KeyError`` naming one the checkpoint lacks; ``NetworkMismatch`` where one does not fit) and the
+    task's own state. Optimizers, scalers, best and the loss sums are training's alone."""
+    for name, model in models.items():
+        weights = network_weights(state, name, ema)
+        if weights is None:
+            raise KeyError(name)
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as exc:
+            raise NetworkMismatch(name, exc) from None
+        model.eval()
+    task.load_state_dict(state.get("task_state") or {})
+
+
 class RunState:
     def __init__(self, bare_models: Callable[[], dict[str, nn.Module]], optimizers: dict[str, torch.optim.Optimizer],
                  scalers: dict[str, torch.amp.GradScaler], ema: dict[str, ModelEma], task: Task, best: Best,

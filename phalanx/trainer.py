@@ -37,49 +37,49 @@ from .progress import ProgressLog
 from .recipe import ModelEma, prepare
 from .run_state import RunState
 from .sampling import EpochBatches, MicroBatch, ShardSampler, derive_seed, epoch_order, plan_epoch, seed_streams
-from .tasks.base import Evaluation, Task, TaskData, check_step_losses
+from .tasks.base import Declaration, Evaluation, Task, TaskData, check_step_losses
 from .train_losses import TrainLosses
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, data: TaskData, models: dict[str, nn.Module],
-                 outputs: RunOutputs, run_id: str, say: Callable[[str], None], stop: StopRequest | None = None):
-        self.cfg, self.strategy, self.task, self.outputs, self.say = cfg, strategy, task, outputs, say
+    def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
+                 models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
+                 stop: StopRequest | None = None):
+        self.cfg, self.strategy, self.task, self.declared, self.outputs, self.say = cfg, strategy, task, declared, outputs, say
         self.run_id = run_id
         self.stop = stop or StopRequest()
         self.device = strategy.device
         self.world_size, self.rank = strategy.world_size, strategy.rank
-        if cfg.precision == "fp64":
+        if cfg.optim.precision == "fp64":
             models = {name: model.double() for name, model in models.items()}
         groups = task.param_groups(models)  # before compilation renames the parameters' owner
-        averaged = task.ema_models if task.ema_models is not None else (task.primary_model,)
-        self.ema = {name: ModelEma(models[name], cfg.ema_decay) for name in averaged if name in models} \
-            if cfg.ema_decay else {}
+        self.ema = {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models} \
+            if cfg.optim.ema_decay else {}
         self.bare = models
-        self.models = {name: strategy.wrap(prepare(model, cfg.channels_last, cfg.compile), task.find_unused_parameters)
+        self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile), declared.find_unused_parameters)
                        for name, model in models.items()}
         for ema in self.ema.values():
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
-        self.num_workers = loader_workers(cfg.num_workers, strategy.local_world_size, strategy.training_threads)
+        self.num_workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
         workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0,
                    "collate_fn": data.collate}
         self.num_train = len(data.train)
         self.data_info = data.info
         self.batches = EpochBatches()
         self.train_loader = DataLoader(by_epoch(data.train), batch_sampler=self.batches, **workers)
-        self.val_loader = DataLoader(data.val, batch_size=cfg.batch_size, **workers,
+        self.val_loader = DataLoader(data.val, batch_size=cfg.optim.batch_size, **workers,
                                      sampler=ShardSampler(len(data.val), self.rank, self.world_size))
         self.base_lr = strategy.plan.lr
-        self.optimizers = {name: build_optimizer(cfg, param_groups, self.base_lr) for name, param_groups in groups.items()}
-        self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16" and pin)
+        self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
+        self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
                         for name in self.optimizers}
-        self.ctx = StepContext(strategy, cfg.precision, cfg.channels_last, self.models, self.optimizers, self.scalers)
-        self.eval_ctx = RunContext(strategy, cfg.precision, cfg.channels_last)
+        self.ctx = StepContext(strategy, cfg.optim.precision, cfg.network.channels_last, self.models, self.optimizers, self.scalers)
+        self.eval_ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         # Rank 0 shows what the task draws of each epoch (validation images with predictions, ...).
         self.visuals = task.visuals(data) if strategy.is_main else None
-        self.loss_names = tuple(task.loss_names)
-        self.best = Best(task, cfg.best_metric)
+        self.loss_names = declared.loss_names
+        self.best = Best(declared, cfg.output.best_metric)
         self.epoch = 0  # completed epochs
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
@@ -96,7 +96,7 @@ class Trainer:
         parts = self.parts.state_dict()
         return {**parts, "task": self.cfg.task, "epoch": self.epoch, "position": self.position, "step": self.step,
                 "world_size": self.world_size, "effective_batch": self.strategy.plan.effective_batch,
-                "run_id": self.run_id, "model": parts["models"][self.task.primary_model],
+                "run_id": self.run_id, "model": parts["models"][self.declared.primary_model],
                 "config": self.cfg.to_dict(), "data": self.data_info}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -108,7 +108,7 @@ class Trainer:
         paths = [run_dir / checkpoint.LATEST]
         if self.best.improves(metrics):
             paths.append(run_dir / checkpoint.BEST)
-        if self.cfg.save_epoch_freq and self.epoch % self.cfg.save_epoch_freq == 0:
+        if self.cfg.output.save_epoch_freq and self.epoch % self.cfg.output.save_epoch_freq == 0:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
         if self.strategy.is_main:
             checkpoint.save(paths, self.state_dict())
@@ -117,7 +117,7 @@ class Trainer:
     # --- the loop
     def fit(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"epochs": self.epoch}
-        for epoch in range(self.epoch + 1, self.cfg.epochs + 1):
+        for epoch in range(self.epoch + 1, self.cfg.schedule.epochs + 1):
             started = time.perf_counter()
             train_losses, rate = self._train_epoch(epoch)
             self._stop_if_diverged(epoch)  # before the weights are evaluated or saved
@@ -138,10 +138,10 @@ class Trainer:
             self._save(metrics)
             shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
             speed = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
-            self.say(f"epoch {epoch}/{self.cfg.epochs}  {shown}  {self.task.summary(metrics)}  lr {first_lr(self.optimizers):.4g}  "
+            self.say(f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {self.task.summary(metrics)}  lr {first_lr(self.optimizers):.4g}  "
                      f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
             summary = {"epochs": epoch, **train, "metrics": metrics}
-            if epoch < self.cfg.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
+            if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
         summary["best"] = self.best.state()
         summary["max_rank_divergence"] = max(
@@ -178,15 +178,15 @@ class Trainer:
         (all ranks, the whole epoch) and the samples/s of all ranks together."""
         self.task.train_mode(self.models)
         total = self.num_train
-        plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.batch_size,
-                          self.world_size, self.rank, self.cfg.grad_accum)
+        plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.optim.batch_size,
+                          self.world_size, self.rank, self.cfg.optim.grad_accum)
         self.batches.set(epoch, plan)
         trained = 0
-        progress = ProgressLog(len(plan), f"epoch {epoch}/{self.cfg.epochs}",
-                               self.cfg.progress and self.strategy.is_main, self.cfg.log_interval)
+        progress = ProgressLog(len(plan), f"epoch {epoch}/{self.cfg.schedule.epochs}",
+                               self.cfg.output.progress and self.strategy.is_main, self.cfg.output.log_interval)
         started = time.perf_counter()
         self.losses.start_epoch(self.step)
-        manual = self.task.manual_optimization
+        manual = self.declared.manual_optimization
         steps_left = sum(micro.ends_step for micro in plan)
         for micro, batch in zip(plan, self.train_loader):
             losses = self._forward_backward(epoch, micro, batch, manual)
@@ -206,7 +206,7 @@ class Trainer:
             stop_now = self.stop.signum != 0 and self.world_size == 1
             # No window of less than half --log-every steps at an epoch's end (a spike of a few
             # samples on the dashboard): the last log step before it waits for the epoch's end.
-            log_step = self.step % self.cfg.log_every == 0 and steps_left >= self.cfg.log_every / 2
+            log_step = self.step % self.cfg.output.log_every == 0 and steps_left >= self.cfg.output.log_every / 2
             if log_step or micro.end == total or stop_now:
                 if self._log_train(epoch) and micro.end < total:
                     progress.close()
@@ -220,9 +220,9 @@ class Trainer:
         total = self.num_train
         # Dropout, batch mixing and the like draw from a stream that is a function of the position alone.
         seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start), self.device)
-        self.ctx.begin(micro, epoch, epoch - 1 + micro.end / total, self.cfg.epochs)
+        self.ctx.begin(micro, epoch, epoch - 1 + micro.end / total, self.cfg.schedule.epochs)
         # Every optimizer gets the learning rate of the optimizer step this micro-batch belongs to.
-        factor = lr_factor(self.cfg, epoch - 1 + micro.step_start / total,
+        factor = lr_factor(self.cfg.schedule, epoch - 1 + micro.step_start / total,
                            epoch - 1 + (micro.step_start + micro.step_samples) / total)
         for optimizer in self.optimizers.values():
             set_lr(optimizer, self.base_lr, factor)
@@ -230,7 +230,7 @@ class Trainer:
             with self.ctx.autocast():
                 losses = self.task.training_step(self.ctx.to_device(batch), self.ctx)
             if self.first_step_pending:
-                check_step_losses(self.task, losses, self.loss_names, manual)
+                check_step_losses(self.task, losses, self.declared)
             if not manual:
                 self.ctx.backward(losses["loss"])
         return losses

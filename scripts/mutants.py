@@ -140,7 +140,7 @@ MUTANTS = [
            ("tests/test_resume.py -k 2-workers-then-1",)),
     Mutant("write in place, no rename", "phalanx/atomic.py", "    tmp = path.with_name(f\".{path.name}.tmp-{os.getpid()}\")",
            "    tmp = path", (f"{RELIABILITY} -k sigkill_while_saving",)),
-    Mutant("the schedule ignores --epochs changes", "phalanx/optim.py", "        span = cfg.epochs - warmup",
+    Mutant("the schedule ignores --epochs changes", "phalanx/optim.py", "        span = schedule.epochs - warmup",
            "        span = 2 - warmup", ("tests/test_resume.py -k longer_cosine",)),
     # --- snapshots
     Mutant("segments never sealed", "phalanx/snapshots.py", '"sealed": len(chunk) == SEGMENT_RECORDS,',
@@ -210,7 +210,7 @@ MUTANTS = [
     Mutant("a crop above the resized image is not padded", "phalanx/data/transforms.py",
            "if self.crop > min(h, w):", "if False:", ("tests/test_recipes.py -k torchvisions_resize",)),
     Mutant("the evaluation crop fraction unbounded below", "phalanx/config_checks.py",
-           "cfg.val_crop_pct == 0 or 0.5 <= cfg.val_crop_pct <= 1.25", "0 <= cfg.val_crop_pct <= 1.25",
+           "cfg.data.val_crop_pct == 0 or 0.5 <= cfg.data.val_crop_pct <= 1.25", "0 <= cfg.data.val_crop_pct <= 1.25",
            ("tests/test_recipes.py -k crop_fraction_outside",)),
     Mutant("grayscale folders read as RGB", "phalanx/data/sources.py",
            'channels is None and _grayscale(root / "train")', "False",

@@ -36,7 +36,7 @@ def test_each_commands_help_is_grouped_and_says_what_the_option_means_there(phal
 def test_gpu_ids_take_a_comma_list_as_well_as_repeated_flags():
     from phalanx.cli import main
 
-    assert RunConfig(gpu_ids="0,1").gpu_ids == (0, 1) == RunConfig(gpu_ids=[0, 1]).gpu_ids
+    assert RunConfig.flat(gpu_ids="0,1").devices.gpu_ids == (0, 1) == RunConfig.flat(gpu_ids=[0, 1]).devices.gpu_ids
     for args in (["--gpu-ids", "0,1"], ["--gpu-ids", "0", "--gpu-ids", "1"], ["--gpu-ids", "0,1", "--gpu-ids", "2"]):
         assert main(["trainlaunch", "--dry-run", *args]) == 0
     assert main(["trainlaunch", "--dry-run", "--gpu-ids", "0,x"]) == 2
@@ -79,7 +79,7 @@ def test_print_config_writes_yaml_that_config_reads_back(phalanx, tmp_path, comm
     assert again.out == printed.out
     import yaml
 
-    assert RunConfig(**yaml.safe_load(printed.out)) == RunConfig(lr=0.03, gpu_ids=(0, 1), optimizer="adamw",
+    assert RunConfig.flat(**yaml.safe_load(printed.out)) == RunConfig.flat(lr=0.03, gpu_ids=(0, 1), optimizer="adamw",
                                                                  name="x y", pickle_dir="p")
 
 

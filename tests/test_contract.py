@@ -99,3 +99,93 @@ def test_every_hook_of_the_task_contract_is_typed_and_none_with_any():
             assert all(p.annotation is not inspect.Parameter.empty for p in parameters), (cls.__name__, name)
             assert not any("Any" in str(p.annotation) for p in parameters), (cls.__name__, name)
     assert "Any" not in (PACKAGE / "tasks" / "base.py").read_text()
+
+
+DECLARED = ("loss_names", "metrics", "primary_model", "best_metric", "ema_models", "metric_labels",
+            "manual_optimization", "find_unused_parameters")
+
+
+def assignments_to_declarations(text: str) -> list[str]:
+    """``self.<declaration> = ...`` anywhere in ``text``: a declaration changed on the instance."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        found += [f"{node.lineno}: self.{t.attr}" for t in targets if isinstance(t, ast.Attribute)
+                  and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in DECLARED]
+    return found
+
+
+def test_declarations_are_made_once_and_never_changed_on_the_instance():
+    # translate set loss_names/primary_model/ema_models in build_data, ssl best_metric, detect
+    # loss_names in build_models: what the trainer read depended on the order of the calls.
+    paths = [*sorted((PACKAGE / "tasks").glob("*.py")), *sorted((REPO / "examples").rglob("*.py")),
+             REPO / "tests" / "support" / "phalanx_testtasks.py"]
+    changed = [f"{path.name}:{line}" for path in paths for line in assignments_to_declarations(path.read_text())]
+    assert not changed, changed
+    assert assignments_to_declarations("class T:\n    def build_data(self):\n        self.loss_names = ('a',)\n")
+
+
+def test_a_declaration_follows_the_data_and_is_frozen(tmp_path):
+    import dataclasses
+
+    import pytest
+    import torch
+
+    from phalanx.config import from_mapping
+    from phalanx.tasks import task_class
+    from phalanx.tasks.base import Declaration
+
+    root = tmp_path / "pairs" / "train"
+    root.mkdir(parents=True)
+    from PIL import Image
+
+    for i in range(4):  # input | target 1 | target 2, side by side
+        Image.fromarray((torch.rand(8, 24, 3) * 255).to(torch.uint8).numpy()).save(root / f"{i}.png")
+    task = task_class("translate")(from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"),
+                                                 "image_size": 8, "generator": "unet_8"}, "test"))
+    class_view = (task.primary_model, task.loss_names)
+    declared = task.declare(task.build_data(), {})
+    assert declared.primary_model == "generator1" and declared.ema_models == ("generator1", "generator2")
+    assert declared.loss_names[:4] == ("G_GAN_1", "G_L1_1", "D_real_1", "D_fake_1") and len(declared.loss_names) == 8
+    assert {"L1_2", "PSNR_2"} <= set(declared.metrics)
+    assert (task.primary_model, task.loss_names) == class_view  # the class's declarations as they were
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        declared.loss_names = ()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        declared.metric_labels["L1"] = "x"  # type: ignore[index]
+    assert isinstance(declared, Declaration)
+
+
+def test_the_config_is_frozen_sections_that_read_and_write_flat_as_before():
+    import dataclasses
+
+    import pytest
+    import torch
+
+    from phalanx import devices, optim
+    from phalanx.config import FIELDS, RunConfig, from_mapping
+    from phalanx.data import sources, transforms
+    from phalanx.errors import PhalanxError
+
+    # The flat configuration of a format-2 checkpoint (before tasks and sections): read into
+    # sections, written back flat, every key as it was.
+    old = torch.load(REPO / "tests" / "fixtures" / "v2" / "latest.pt", weights_only=True)["config"]
+    cfg = from_mapping(old, "test")
+    assert cfg.optim.lr == old["lr"] and cfg.schedule.epochs == old["epochs"] == 1 and cfg.optim.batch_size == 64
+    general = {k: list(v) if isinstance(v, tuple) else v for k, v in old.items()
+               if k in FIELDS and k not in ("dataroot", "task_options")}
+    assert cfg.to_dict().keys() == FIELDS.keys() and {k: cfg.to_dict()[k] for k in general} == general
+    assert cfg.task_options["label_smoothing"] == old["label_smoothing"] == 0.1  # a task's option, then flat
+    assert RunConfig.flat(**cfg.to_dict()) == cfg == RunConfig.from_json(cfg.to_json())
+    assert cfg.replace(lr=0.5, epochs=2).optim.lr == 0.5 and cfg.replace(epochs=2).schedule.epochs == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.optim.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(PhalanxError, match="--weight-decay: expected a finite number"):
+        cfg.replace(weight_decay=float("inf"))  # a section checks its own fields when it is made
+    # Helpers take the section they read, not the whole run.
+    for helper, section in ((optim.lr_factor, "ScheduleOptions"), (optim.build_optimizer, "OptimOptions"),
+                            (transforms.resolve, "DataOptions"), (transforms.normalisation, "DataOptions"),
+                            (transforms.build, "DataOptions"), (sources.load, "DataOptions"),
+                            (devices.local_rank_device, "DeviceOptions")):
+        annotations = [str(a) for a in helper.__annotations__.values()]
+        assert section in annotations and "RunConfig" not in " ".join(annotations), helper.__name__

@@ -37,7 +37,7 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
 
-    data = build_datasets(RunConfig(seed=seed), None)
+    data = build_datasets(RunConfig.flat(seed=seed), None)
     torch.manual_seed(seed)  # phalanx's documented initialisation: the seed, then the model
     model = model_factory(num_classes=10, in_channels=1)
     train = data.train

@@ -110,8 +110,8 @@ def test_a_broken_file_among_thousands_is_named_or_skipped_and_counted(tmp_path,
     root = make_folder(tmp_path / "data", files_per_class=1000)  # checked in parallel processes
     (root / "train/class2/00500.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     with pytest.raises(PhalanxError, match=r"class2/00500.png \(\w+Error\); --skip-broken"):
-        build_datasets(RunConfig(dataroot=str(root)), None)
-    data = build_datasets(RunConfig(dataroot=str(root), skip_broken=True), None)
+        build_datasets(RunConfig.flat(dataroot=str(root)), None)
+    data = build_datasets(RunConfig.flat(dataroot=str(root), skip_broken=True), None)
     assert len(data.train) + len(data.val) == 2999 and "1 unreadable image(s) left out" in data.description
     assert list(data.skipped) == [str(root / "train/class2/00500.png")]
 
@@ -124,11 +124,11 @@ def test_samples_are_held_in_flat_arrays():
 
 def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # any machine: an 8-core one
-    auto = RunConfig().num_workers
+    auto = RunConfig().data.num_workers
     assert loader_workers(auto, local_processes=1, training_threads=8) == 0  # CPU training: none
     assert loader_workers(auto, local_processes=1, training_threads=1) == 7  # one GPU
     assert loader_workers(auto, local_processes=4, training_threads=1) == 1  # four GPU workers
-    assert loader_workers(RunConfig(num_workers="3").num_workers, local_processes=8, training_threads=1) == 3
+    assert loader_workers(RunConfig.flat(num_workers="3").data.num_workers, local_processes=8, training_threads=1) == 3
 
 
 def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypatch):

@@ -49,7 +49,7 @@ def test_augmentation_is_seeded_per_sample_the_same_on_any_rank_and_new_each_epo
 def _plain_ids():
     from phalanx_testmodels import sample_id
 
-    train = build_datasets(RunConfig(image_size=16, augment="none"), None).train
+    train = build_datasets(RunConfig.flat(image_size=16, augment="none"), None).train
     return [sample_id(train[i][0]) for i in range(len(train))]
 
 
@@ -88,7 +88,7 @@ def test_dataset_normalisation_is_computed_once_saved_and_correct(phalanx, tmp_p
     saved = torch.load(tmp_path / "experiment/latest.pt")["data"]  # what training resolved, for inference
     assert saved["mean"] == pytest.approx([train.mean().item()], abs=1e-5)
     assert saved["std"] == pytest.approx([train.std(unbiased=False).item()], abs=1e-5)
-    plain = build_datasets(RunConfig(normalize="dataset"), None).train
+    plain = build_datasets(RunConfig.flat(normalize="dataset"), None).train
     stacked = torch.stack([plain[i][0] for i in range(len(plain))])
     assert abs(stacked.mean().item()) < 1e-4 and abs(stacked.std().item() - 1) < 1e-3
     resumed = phalanx("train", "--normalize", "dataset", "--epochs", 2, "--resume", "auto", "--checkpoints-dir",
@@ -110,7 +110,7 @@ def test_evaluation_crops_the_centre_and_never_squashes(tmp_path):
         image.save(folder / f"{i}.png")
     (tmp_path / "data/train/other").mkdir()
     Image.new("RGB", (20, 20)).save(tmp_path / "data/train/other/0.png")
-    data = build_datasets(RunConfig(dataroot=str(tmp_path / "data"), image_size=16, normalize="none",
+    data = build_datasets(RunConfig.flat(dataroot=str(tmp_path / "data"), image_size=16, normalize="none",
                                     val_fraction=0.4), None)
     image = data.train[0][0] if data.train[0][1] == 0 else data.train[1][0]
     assert image.shape == (3, 16, 16)
@@ -213,7 +213,7 @@ def test_mixing_and_erasing_change_the_images_the_model_sees(phalanx, tmp_path, 
         return [line[2:] for path in (tmp_path / f"record-{name}").iterdir() for line in path.read_text().splitlines()
                 if line.startswith("T ")]
 
-    train = build_datasets(RunConfig(image_size=16, augment="none", val_fraction=0.9), None).train
+    train = build_datasets(RunConfig.flat(image_size=16, augment="none", val_fraction=0.9), None).train
     images = {sample_id(train[i][0]) for i in range(len(train))}
     plain = seen("plain")
     assert len(plain) == len(train) and set(plain) <= images  # the check sees plain images...

@@ -50,7 +50,7 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
     from phalanx.config import RunConfig
     from phalanx.tasks.simclr import SimCLRTask
 
-    task = SimCLRTask(RunConfig(task="simclr", task_options={"temperature": 0.2}))
+    task = SimCLRTask(RunConfig.flat(task="simclr", task_options={"temperature": 0.2}))
     generator = torch.Generator().manual_seed(0)
     z1, z2 = torch.randn(6, 8, generator=generator), torch.randn(6, 8, generator=generator)
     ours = task.nt_xent(z1, z2, z1, z2, 0).mean()

@@ -39,7 +39,7 @@ def test_builtin_digits_reach_95_percent_and_loss_falls(tmp_path):
     assert train[-1]["loss"] < 0.5 * train[0]["loss"]
     assert val[-1]["loss"] < val[0]["loss"]
     saved = RunConfig.from_json((tmp_path / "experiment" / "config.json").read_text())
-    assert saved.epochs == 5 and saved.dataset == "digits"
+    assert saved.schedule.epochs == 5 and saved.data.dataset == "digits"
 
 
 @pytest.mark.slow

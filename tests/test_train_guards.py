@@ -71,7 +71,7 @@ def test_deepliif_remote_true_is_accepted_and_says_what_copies_the_files(phalanx
     off = phalanx("train", "--remote", "False", "--print-config")
     assert off.code == 0 and "remote: false" in off.out
     # With a transfer (test_remote.py: snapshots and checkpoints reach it) there is nothing to add.
-    assert remote_notes(RunConfig(remote=True, remote_transfer_cmd="json.dumps")) == []
+    assert remote_notes(RunConfig.flat(remote=True, remote_transfer_cmd="json.dumps")) == []
 
 
 # --- issue 36, "what a user writing their own task hit": a checkpoint that could not load back ---------
@@ -132,8 +132,8 @@ def test_metric_labels_label_a_tasks_axes_too():
 
     cls = task_class("adversarial_autoencoder:AdversarialAutoencoder")
     labelled = type("Labelled", (cls,), {"metric_labels": {"L1": "L1 error", "G_GAN": "generator GAN loss"}})
-    panes = {p["win"]: p for p in labelled(from_mapping({"task": "adversarial_autoencoder:AdversarialAutoencoder"},
-                                                        "test")).panes()}
+    task = labelled(from_mapping({"task": "adversarial_autoencoder:AdversarialAutoencoder"}, "test"))
+    panes = {p["win"]: p for p in task.panes(task.declare(task.build_data(), {}))}
     assert panes["val_L1"]["ylabel"] == "L1 error" and panes["val_L1"]["title"] == "validation L1 error"
     assert panes["train_G_GAN"]["ylabel"] == "generator GAN loss" and panes["train_D_real"]["ylabel"] == "D_real"
 
@@ -161,16 +161,17 @@ def test_a_declared_loss_the_step_does_not_return_is_one_line_at_the_first_step(
 
 
 def test_every_validation_metric_gets_a_pane_and_can_pick_best_pt(phalanx, tmp_path):
-    # metric_names() once defaulted to the best metric alone: PSNR_1 was logged with no pane, and
-    # --best-metric PSNR_1 was refused.
+    # The metrics with panes once defaulted to the best metric alone: PSNR_1 was logged with no pane,
+    # and --best-metric PSNR_1 was refused.
     from phalanx.config import from_mapping
     from phalanx.tasks import task_class
     from phalanx.best import Best
 
     task = task_class("phalanx_testtasks:PerTargetMetric")(from_mapping({"task": "phalanx_testtasks:PerTargetMetric"},
                                                                         "test"))
-    assert {"val_L1", "val_PSNR_1"} <= {p["win"] for p in task.panes()}
-    assert Best(task, "PSNR_1").name == "PSNR_1"
+    declared = task.declare(task.build_data(), {})
+    assert {"val_L1", "val_PSNR_1"} <= {p["win"] for p in task.panes(declared)}
+    assert Best(declared, "PSNR_1").name == "PSNR_1"
 
 
 def float_options() -> list[tuple[str, str]]:

@@ -206,8 +206,8 @@ def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
 
 def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
     # Pure mapping, no CUDA needed: --gpu-ids 2 --gpu-ids 3 puts local rank 0 on GPU 2, rank 1 on 3.
-    cfg = RunConfig(gpu_ids=(2, 3))
-    assert [worker_device(cfg, Placement("torchrun", r, r, 2, 2, "127.0.0.1", 29500)) for r in (0, 1)] == [torch.device("cuda", 2),
+    cfg = RunConfig.flat(gpu_ids=(2, 3))
+    assert [worker_device(cfg.devices, Placement("torchrun", r, r, 2, 2, "127.0.0.1", 29500)) for r in (0, 1)] == [torch.device("cuda", 2),
                                                                         torch.device("cuda", 3)]
     plan = plan_launch(cfg, "--nproc_per_node 2")
     report = describe(cfg, plan)
@@ -217,7 +217,7 @@ def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
 
 
 def test_config_reaches_the_workers_as_one_argv_element():
-    cfg = RunConfig(name="it's \"quoted\" $(touch pwned) `id`", epochs=3)
+    cfg = RunConfig.flat(name="it's \"quoted\" $(touch pwned) `id`", epochs=3)
     plan = plan_launch(cfg, "--nproc-per-node=2")
     assert plan.torchrun_argv[:3] == ["--nproc-per-node=2", "-m", "phalanx.worker"]
     assert RunConfig.from_json(plan.torchrun_argv[3]) == cfg
@@ -242,7 +242,7 @@ def test_more_workers_than_gpu_ids_is_refused():
     from phalanx.errors import PhalanxError
 
     with pytest.raises(PhalanxError, match="3 workers per node but only 2 --gpu-ids"):
-        plan_launch(RunConfig(gpu_ids=(0, 1)), "--nproc_per_node 3")
+        plan_launch(RunConfig.flat(gpu_ids=(0, 1)), "--nproc_per_node 3")
 
 
 def test_nccl_on_cpu_conflicts(phalanx, tmp_path):
@@ -264,7 +264,7 @@ def test_train_and_trainlaunch_accept_the_same_training_options():
 def test_without_use_torchrun_one_worker_per_gpu_id_or_one_cpu_worker(phalanx, tmp_path):
     result = phalanx("trainlaunch", "--dry-run", "--checkpoints-dir", tmp_path)
     assert result.code == 0 and result.out.startswith("torchrun --nproc-per-node 1 -m phalanx.worker")
-    plan = plan_launch(RunConfig(gpu_ids=(0, 1, 2)), None)
+    plan = plan_launch(RunConfig.flat(gpu_ids=(0, 1, 2)), None)
     assert plan.torchrun_options == ["--nproc-per-node", "3"] and plan.nproc_per_node == 3
 
 

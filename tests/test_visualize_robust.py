@@ -211,3 +211,42 @@ def test_a_stop_signal_while_a_run_is_plotted_stops_visualize_and_is_not_that_ru
     with pytest.raises(_Signalled):
         follower._isolated("run", signalled_while_plotting)
     assert follower.failures_said == {}
+
+
+def test_a_pane_names_its_window_kind_and_visualize_draws_it_from_the_kinds_table(tmp_path, visdom_server, phalanx):
+    # Windows by kind: a task's panes name a kind (text, table, matrix, ...) and the record it draws;
+    # the kinds are declared once (phalanx/windows.py), for the loader's checks and for visualize.
+    from phalanx.windows import KINDS, window
+
+    panes = [window("notes", "text", "notes"), window("scores", "table", "scores"),
+             window("mistakes", "matrix", "mistakes between classes")]
+    write_run(tmp_path / "kinds" / "pickle", [
+        *train_records([0.5]), {"kind": "panes", "panes": panes},
+        {"kind": "text", "epoch": 1, "text": "<b>not html</b>\nsecond line"},
+        {"kind": "table", "epoch": 1, "rows": [["dice", 0.5], ["cells", 12]]},
+        confusion(["a", "b"])], run_id="kinds", name="kinds")
+    shown = phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
+    assert shown.code == 0, shown.err
+    env = "phalanx-kinds-kinds"
+    text = json.loads(client(visdom_server).get_window_data(win="notes", env=env))["content"]
+    assert "&lt;b&gt;not html&lt;/b&gt;\nsecond line" in text  # escaped, its line break kept
+    table = json.loads(client(visdom_server).get_window_data(win="scores", env=env))["content"]
+    assert "<th style='text-align:left;padding-right:12px'>dice</th><td>0.5</td>" in table
+    mistakes = json.loads(client(visdom_server).get_window_data(win="mistakes", env=env))
+    assert mistakes["content"]["data"][0]["type"] == "heatmap"
+    # The pane named the confusion record's window: the default confusion window is not drawn too.
+    assert "confusion" not in client(visdom_server).get_window_data(env=env)
+    with pytest.raises(ValueError, match="window kinds are"):
+        window("x", "pie", "no such kind")
+    assert set(KINDS) == {"lines", "matrix", "row_shares", "images", "table", "text"}
+
+
+def test_a_record_a_window_draws_is_checked_by_its_kind_when_a_snapshot_loads():
+    from phalanx import records
+
+    records.check(0, {"kind": "text", "epoch": 1, "text": "fine"})
+    for bad in ({"kind": "text", "epoch": 1, "text": 3}, {"kind": "table", "epoch": 1, "rows": [["one"]]},
+                {"kind": "confusion", "epoch": 1, "classes": ["a"], "matrix": [[1, 2]]},
+                {"kind": "panes", "panes": [{"win": "w", "kind": "text"}]}):
+        with pytest.raises(ValueError):
+            records.check(0, bad)

@@ -76,7 +76,7 @@ class AdversarialAutoencoder(Task):
     def build_data(self) -> TaskData:
         images, _ = load_digits()  # the labels are not used: the task learns from images alone
         images = images * 2 - 1  # [0, 1] -> [-1, 1], the generator's output range
-        train, val = holdout_indices(len(images), self.cfg.val_fraction, self.cfg.seed)
+        train, val = holdout_indices(len(images), self.cfg.data.val_fraction, self.cfg.seed)
         return TaskData(SeededView(images[train]), images[val],
                         f"built-in digits as images ({len(train)} train / {len(val)} val, 8x8)",
                         info={"channels": 1, "size": 8, "mean": [0.5], "std": [0.5]})

@@ -122,22 +122,22 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
     """``channels``: what the model insists on (3 for torchvision models), or None for any;
     ``random_erasing``: the probability of erasing a rectangle of a training image; ``model``: the
     model's own preferences for what the options leave to auto (timm: size, crop_pct, mean, std)."""
-    source = load(cfg, channels)
-    size, augment, crop_pct = transforms.resolve(cfg, source.native_size, source.channels, cfg.dataset, model)
-    stats = transforms.normalisation(cfg, source.channels, model)
+    source = load(cfg.data, cfg.seed, channels)
+    size, augment, crop_pct = transforms.resolve(cfg.data, source.native_size, source.channels, cfg.data.dataset, model)
+    stats = transforms.normalisation(cfg.data, cfg.network.weights, source.channels, model)
     if stats is None:  # --normalize dataset: the training split's own, resized but not augmented
         bare = Pipeline(size, "none", 1.0, (0.0,) * source.channels, (1.0,) * source.channels)
-        resized = transforms.build(bare, cfg, train=False)
+        resized = transforms.build(bare, cfg.data, train=False)
         stats = transforms.dataset_statistics(lambda i: resized(source.train[i][0]), len(source.train), cfg.seed)
     pipeline = Pipeline(size, augment, crop_pct, *stats)
     for split in (source.train, source.val):
         files = image_files(split)
         if files is not None:
-            files.min_side = pipeline.min_decoded_side(cfg.crop_scale)
-    plain = transforms.build(Pipeline(size, "none", 1.0, pipeline.mean, pipeline.std), cfg, train=False)
-    evaluate = transforms.build(pipeline, cfg, train=False)
+            files.min_side = pipeline.min_decoded_side(cfg.data.crop_scale)
+    plain = transforms.build(Pipeline(size, "none", 1.0, pipeline.mean, pipeline.std), cfg.data, train=False)
+    evaluate = transforms.build(pipeline, cfg.data, train=False)
     randomised = pipeline.random or random_erasing > 0
-    augmented = transforms.build(pipeline, cfg, train=True, random_erasing=random_erasing) if randomised else None
+    augmented = transforms.build(pipeline, cfg.data, train=True, random_erasing=random_erasing) if randomised else None
     if source.in_memory is not None:  # deterministic transforms on whole tensors, once
         train_images, val_images = source.in_memory
         from .sources import Tensors
@@ -149,7 +149,7 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
     train = TrainView(plain_train, source.train, augmented, cfg.seed)
     description = source.description.replace(f"{source.native_size}x{source.native_size}", f"{size}x{size}")
     if pipeline.random:
-        flip = " + horizontal flip (--no-hflip where a flip changes the label: digits, text)" if cfg.hflip else ""
+        flip = " + horizontal flip (--no-hflip where a flip changes the label: digits, text)" if cfg.data.hflip else ""
         description += f", augment {augment}: random crop{flip}"
     return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
 

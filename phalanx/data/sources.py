@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ..config import RunConfig
+from ..config_sections import DataOptions
 from ..errors import PhalanxError
 from . import manifest
 from .images import ImageFiles, PathTable
@@ -39,16 +39,16 @@ class Source:
     val_from: str = ""
 
 
-def load(cfg: RunConfig, channels: int | None, unlabelled: bool = False) -> Source:
+def load(data: DataOptions, seed: int, channels: int | None, unlabelled: bool = False) -> Source:
     """``channels``: what the model insists on (3 for torchvision models), or None for any;
     ``unlabelled``: a folder of images without class folders is valid (labels -1, no classes)."""
-    if cfg.dataset == "digits":
-        return _digits(cfg, channels)
-    if cfg.dataset == "folder":
-        return _image_folder(cfg, channels, unlabelled)
-    if cfg.dataset == "synthetic":
-        return _synthetic(cfg, channels)
-    return _torchvision_dataset(cfg, channels)
+    if data.dataset == "digits":
+        return _digits(data, seed, channels)
+    if data.dataset == "folder":
+        return _image_folder(data, seed, channels, unlabelled)
+    if data.dataset == "synthetic":
+        return _synthetic(data, seed, channels)
+    return _torchvision_dataset(data, seed, channels)
 
 
 def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
@@ -76,8 +76,8 @@ class Tensors(Dataset):
         return self.images[index], int(self.labels[index])
 
 
-def _in_memory(images: torch.Tensor, labels: torch.Tensor, cfg: RunConfig, classes: list[str], what: str) -> Source:
-    train_idx, val_idx = holdout_indices(len(labels), cfg.val_fraction, cfg.seed)
+def _in_memory(images: torch.Tensor, labels: torch.Tensor, data: DataOptions, seed: int, classes: list[str], what: str) -> Source:
+    train_idx, val_idx = holdout_indices(len(labels), data.val_fraction, seed)
     train, val = images[train_idx], images[val_idx]
     size = images.shape[-1]
     return Source(Tensors(train, labels[train_idx]), Tensors(val, labels[val_idx]), classes, images.shape[1], size,
@@ -95,35 +95,35 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     return images, table[:, 64].long()
 
 
-def _digits(cfg: RunConfig, channels: int | None) -> Source:
+def _digits(data: DataOptions, seed: int, channels: int | None) -> Source:
     images, labels = load_digits()
     # The digits are held upscaled in memory: a size that would take more than 2 GiB is refused
     # before it is allocated (an --image-size of 3000 would ask for 60 GiB).
     per_pixel = len(images) * (channels or 1) * 4
-    _refuse_beyond(per_pixel * cfg.image_size ** 2, 2 ** 31, f"the built-in digits at {cfg.image_size} px",
+    _refuse_beyond(per_pixel * data.image_size ** 2, 2 ** 31, f"the built-in digits at {data.image_size} px",
                    f"give at most {int((2 ** 31 / per_pixel) ** 0.5)} px, or a folder of your own images",
                    "--image-size")
-    if cfg.image_size and cfg.image_size != 8:
-        images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear",
+    if data.image_size and data.image_size != 8:
+        images = torch.nn.functional.interpolate(images, size=data.image_size, mode="bilinear",
                                                  align_corners=False).clamp(0, 1)
     if channels and channels != 1:
         images = images.expand(-1, channels, -1, -1).contiguous()
-    return _in_memory(images, labels, cfg, [str(d) for d in range(10)], "built-in digits")
+    return _in_memory(images, labels, data, seed, [str(d) for d in range(10)], "built-in digits")
 
 
-def _synthetic(cfg: RunConfig, channels: int | None) -> Source:
+def _synthetic(data: DataOptions, seed: int, channels: int | None) -> Source:
     """Seeded random images and labels, already in memory: benchmarks measure training, not I/O."""
-    size, chans = cfg.image_size or 32, channels or 3
+    size, chans = data.image_size or 32, channels or 3
     # Every process holds its own copy: more than a quarter of the machine's memory is refused
     # before it is allocated (a fuzzed dry run took 23 GB and was killed for memory).
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    _refuse_beyond(cfg.synthetic_samples * chans * size * size * 4, limit,
-                   f"synthetic data ({cfg.synthetic_samples} images at {size} px)",
+    _refuse_beyond(data.synthetic_samples * chans * size * size * 4, limit,
+                   f"synthetic data ({data.synthetic_samples} images at {size} px)",
                    "give fewer --synthetic-samples or a smaller --image-size", "--synthetic-samples")
-    generator = torch.Generator().manual_seed(cfg.seed)
-    images = torch.rand(cfg.synthetic_samples, chans, size, size, generator=generator)
-    labels = torch.randint(0, 10, (cfg.synthetic_samples,), generator=generator)
-    return _in_memory(images, labels, cfg, [str(i) for i in range(10)], "synthetic")
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.rand(data.synthetic_samples, chans, size, size, generator=generator)
+    labels = torch.randint(0, 10, (data.synthetic_samples,), generator=generator)
+    return _in_memory(images, labels, data, seed, [str(i) for i in range(10)], "synthetic")
 
 
 def _refuse_beyond(nbytes: int, limit: int, what: str, advice: str, option: str) -> None:
@@ -135,10 +135,10 @@ def _refuse_beyond(nbytes: int, limit: int, what: str, advice: str, option: str)
 
 # --- ImageFolder trees ------------------------------------------------------------------------
 
-def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig,
+def _files(split_dir: Path, classes: list[str] | None, mode: str, data: DataOptions,
            unlabelled: bool = False) -> tuple[list[str], ImageFiles, dict]:
     found = manifest.checked(split_dir, classes, unlabelled)
-    if found.broken and not cfg.skip_broken:
+    if found.broken and not data.skip_broken:
         path, why = next(iter(found.broken.items()))
         more = f" (and {len(found.broken) - 1} more)" if len(found.broken) > 1 else ""
         raise PhalanxError(f"cannot read image {split_dir / path} ({why}){more}; --skip-broken leaves "
@@ -146,12 +146,12 @@ def _files(split_dir: Path, classes: list[str] | None, mode: str, cfg: RunConfig
     if not found.paths:
         raise PhalanxError(f"no readable image in {split_dir}", "--dataroot")
     files = ImageFiles(split_dir, PathTable(found.paths), np.asarray(found.labels, dtype=np.int64), mode,
-                       fast=cfg.fast_decode)
+                       fast=data.fast_decode)
     return found.classes, files, {str(split_dir / p): why for p, why in found.broken.items()}
 
 
-def _image_folder(cfg: RunConfig, channels: int | None, unlabelled: bool = False) -> Source:
-    root = Path(cfg.dataroot)
+def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled: bool = False) -> Source:
+    root = Path(data.dataroot)
     if not root.is_dir():
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
     if not (root / "train").is_dir():
@@ -160,19 +160,19 @@ def _image_folder(cfg: RunConfig, channels: int | None, unlabelled: bool = False
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
     mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
-    classes, train, skipped = _files(root / "train", None, mode, cfg, unlabelled)
+    classes, train, skipped = _files(root / "train", None, mode, data, unlabelled)
     labels = f"{len(classes)} classes" if classes else "no labels"
     if (root / "val").is_dir():
-        val_classes, val, val_skipped = _files(root / "val", classes or None, mode, cfg, unlabelled)
+        val_classes, val, val_skipped = _files(root / "val", classes or None, mode, data, unlabelled)
         if not classes and val_classes:  # label-free train/: val/'s classes, for monitoring only
             classes, labels = val_classes, f"{len(val_classes)} classes in val/ (train/ has no labels)"
         skipped.update(val_skipped)
         how: str = "val/"
         train_set, val_set = train, val
     else:
-        train_set, val_set = holdout_split(train, cfg.val_fraction, cfg.seed)
-        how = f"{cfg.val_fraction:g} hold-out"
-    size = cfg.image_size or FOLDER_SIZE
+        train_set, val_set = holdout_split(train, data.val_fraction, seed)
+        how = f"{data.val_fraction:g} hold-out"
+    size = data.image_size or FOLDER_SIZE
     gone = f"; {len(skipped)} unreadable image(s) left out" if skipped else ""
     return Source(train_set, val_set, classes, 1 if mode == "L" else 3, size,
                   f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, "
@@ -234,21 +234,21 @@ class Channels(Dataset):
         return image, int(label)
 
 
-def _torchvision_dataset(cfg: RunConfig, channels: int | None) -> Source:
+def _torchvision_dataset(data: DataOptions, seed: int, channels: int | None) -> Source:
     import torchvision.datasets as tvd
 
     spec = {"mnist": (tvd.MNIST, 1, 28), "fashionmnist": (tvd.FashionMNIST, 1, 28),
             "cifar10": (tvd.CIFAR10, 3, 32)}
-    cls, native_channels, native_size = spec[cfg.dataset]
+    cls, native_channels, native_size = spec[data.dataset]
     out_channels = channels or native_channels
     try:
-        train = cls(cfg.dataroot, train=True, download=cfg.download)
-        val = cls(cfg.dataroot, train=False, download=cfg.download)
+        train = cls(data.dataroot, train=True, download=data.download)
+        val = cls(data.dataroot, train=False, download=data.download)
     except RuntimeError as exc:  # torchvision: "Dataset not found. You can use download=True ..."
-        raise PhalanxError(f"no {cls.__name__} files under {cfg.dataroot} ({str(exc).splitlines()[0]}); "
+        raise PhalanxError(f"no {cls.__name__} files under {data.dataroot} ({str(exc).splitlines()[0]}); "
                            "add --download where there is internet", "--dataroot") from None
     except OSError as exc:
-        raise PhalanxError(f"cannot read {cls.__name__} under {cfg.dataroot} ({exc})", "--dataroot") from None
-    size = cfg.image_size or native_size
+        raise PhalanxError(f"cannot read {cls.__name__} under {data.dataroot} ({exc})", "--dataroot") from None
+    size = data.image_size or native_size
     return Source(Channels(train, out_channels), Channels(val, out_channels), list(train.classes), out_channels,
                   native_size, f"{cls.__name__} ({len(train)} train / {len(val)} val, {size}x{size})")

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..config import RunConfig
+from ..config_sections import DataOptions
 
 SMALL = 64  # up to this size, "basic" pads and crops (CIFAR's recipe); above, a random resized crop
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -51,37 +51,37 @@ class Pipeline:
         return math.ceil(self.size / min(self.crop_pct, 1.0))
 
 
-def resolve(cfg: RunConfig, native_size: int, channels: int, dataset: str,
+def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
             model: dict | None = None) -> tuple[int, str, float]:
     """(image size, augmentation, evaluation crop fraction) for this run; ``model``: what the model
     prefers where the options say auto (timm's pretrained config: ``size``, ``crop_pct``)."""
     model = model or {}
-    size = cfg.image_size or (model.get("size") if dataset == "folder" else None) or native_size
-    augment = cfg.augment
+    size = data.image_size or (model.get("size") if dataset == "folder" else None) or native_size
+    augment = data.augment
     if augment == "auto":
         augment = "basic" if dataset in ("folder", "cifar10") else "none"
-    crop_pct = cfg.val_crop_pct or model.get("crop_pct") or (1.0 if size <= SMALL else 0.875)
+    crop_pct = data.val_crop_pct or model.get("crop_pct") or (1.0 if size <= SMALL else 0.875)
     return size, augment, crop_pct
 
 
-def normalisation(cfg: RunConfig, channels: int,
+def normalisation(data: DataOptions, weights: str | None, channels: int,
                   model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
     a model's own statistics (timm's pretrained config), taken by auto."""
-    if cfg.mean:
-        if len(cfg.mean) != channels:
+    if data.mean:
+        if len(data.mean) != channels:
             from ..errors import PhalanxError
 
-            raise PhalanxError(f"has {len(cfg.mean)} values for {channels}-channel images", "--mean")
-        return cfg.mean, cfg.std
-    kind = cfg.normalize
+            raise PhalanxError(f"has {len(data.mean)} values for {channels}-channel images", "--mean")
+        return data.mean, data.std
+    kind = data.normalize
     if kind == "auto" and model and model.get("mean"):
         mean, std = tuple(model["mean"]), tuple(model["std"])
         if channels == 1:  # one channel: the mean of the colour statistics, as timm does
             return (sum(mean) / 3,), (sum(std) / 3,)
         return mean, std
     if kind == "auto":
-        kind = "imagenet" if cfg.weights else "half"
+        kind = "imagenet" if weights else "half"
     if kind == "imagenet":
         return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD)
     if kind == "none":
@@ -159,7 +159,7 @@ class PadCropFlip:
         return self.prepare.scale(out.flip(-1) if flipped else out)
 
 
-def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
+def _geometry(pipeline: Pipeline, data: DataOptions) -> list:
     from torchvision.transforms import v2
 
     size = pipeline.size
@@ -167,8 +167,8 @@ def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
         steps = [v2.Resize(size, antialias=True), v2.CenterCrop(size),
                  v2.RandomCrop(size, padding=max(1, size // 8))]
     else:
-        steps = [v2.RandomResizedCrop(size, scale=(cfg.crop_scale, 1.0), antialias=True)]
-    if cfg.hflip:
+        steps = [v2.RandomResizedCrop(size, scale=(data.crop_scale, 1.0), antialias=True)]
+    if data.hflip:
         steps.append(v2.RandomHorizontalFlip())
     policy = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment,
               "autoaugment": v2.AutoAugment}.get(pipeline.augment)
@@ -177,7 +177,7 @@ def _geometry(pipeline: Pipeline, cfg: RunConfig) -> list:
     return steps
 
 
-def build(pipeline: Pipeline, cfg: RunConfig, train: bool,
+def build(pipeline: Pipeline, data: DataOptions, train: bool,
           random_erasing: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
     """The transform of one image: uint8 or [0, 1] float in, normalised float32 out. Random erasing
     applies with or without the other augmentation (--augment none --random-erasing 0.25 erases)."""
@@ -187,10 +187,10 @@ def build(pipeline: Pipeline, cfg: RunConfig, train: bool,
         return Prepare(resize, pipeline.size, pipeline.mean, pipeline.std)
     size = pipeline.size
     if pipeline.augment == "basic" and size <= SMALL and not erasing:  # the common small-image recipe, fast
-        return PadCropFlip(Prepare(size, size, pipeline.mean, pipeline.std), max(1, size // 8), cfg.hflip)
+        return PadCropFlip(Prepare(size, size, pipeline.mean, pipeline.std), max(1, size // 8), data.hflip)
     from torchvision.transforms import v2
 
-    steps = _geometry(pipeline, cfg) if pipeline.random else [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+    steps = _geometry(pipeline, data) if pipeline.random else [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(pipeline.mean), list(pipeline.std))]
     if random_erasing > 0:
         steps.append(v2.RandomErasing(p=random_erasing))

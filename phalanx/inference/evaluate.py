@@ -43,7 +43,7 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
     # batch and devices.
     trained = load_trained(opts.checkpoint, opts.ema, config_changes(opts))
     cfg, task = trained.config, trained.task
-    recorded = cfg.dataroot
+    recorded = cfg.data.dataroot
     if not opts.dataroot and recorded and not Path(recorded).exists():
         raise PhalanxError(f"the run's data, recorded in the checkpoint as {recorded}, is not there; pass --dataroot "
                            "DIR to evaluate on data elsewhere", "--dataroot")
@@ -51,12 +51,12 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         inference = trained.inference()
         dataset, what = inference.evaluation_data(opts.dataroot, opts.dataset)
         models = {name: model.to(strategy.device) for name, model in trained.models.items()}
-        if cfg.channels_last:
+        if cfg.network.channels_last:
             models = {name: model.to(memory_format=torch.channels_last) for name, model in models.items()}
-        workers = loader_workers(cfg.num_workers, strategy.local_world_size, strategy.training_threads)
-        loader = DataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
+        workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
+        loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
-        evaluation = task.evaluate(models, loader, RunContext(strategy, cfg.precision, cfg.channels_last))
+        evaluation = task.evaluate(models, loader, RunContext(strategy, cfg.optim.precision, cfg.network.channels_last))
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         results = {"checkpoint": str(trained.path), "data": what, "task": cfg.task, "world_size": strategy.world_size,

@@ -51,7 +51,7 @@ def export(opts: ExportOptions) -> list[Path]:
     written = []
     for name, (module, example) in modules.items():
         path = paths[name]
-        _write(path, module.cpu().eval(), example, opts.format, trained.config.model if name == "model" else name,
+        _write(path, module.cpu().eval(), example, opts.format, trained.config.network.model if name == "model" else name,
                scripted)
         meta = {**inference.export_metadata(), "network": name, "task": trained.config.task,
                 "format": opts.format, "checkpoint": str(trained.path), "input_shape": list(example.shape[1:])}

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import checkpoint
-from ..run_state import saved_network
+from ..run_state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
 from ..tasks import task_class
@@ -35,23 +35,19 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
     task.restore_info(info)
     torch.manual_seed(cfg.seed)
     models = task.build_models(TaskData(None, None, "", info))
-    if cfg.precision == "fp64":
+    if cfg.optim.precision == "fp64":
         models = {name: model.double() for name, model in models.items()}
-    averaged = state.get("ema") or {}
-    if ema and not averaged:
+    if ema and not state.get("ema"):
         raise PhalanxError(f"{path} has no moving average of the weights (trained without --ema-decay)", "--ema")
-    for name, model in models.items():
-        weights = averaged.get(name) if ema and name in averaged else saved_network(state, name)
-        if weights is None:
-            raise PhalanxError(f"{path} holds no weights for the network {name!r}", OPTION)
-        try:
-            model.load_state_dict(weights)
-        except RuntimeError as exc:  # missing keys, unexpected keys, shapes
-            first = str(exc).strip().splitlines()[0]
-            what = cfg.model if name == "model" else f"{cfg.task}'s {name}"  # one whole model: --model's name
-            raise PhalanxError(f"{path} does not fit model {what!r} ({first[:200]})", OPTION) from None
-        model.eval()
-    task.load_state_dict(state.get("task_state") or {})
+    try:
+        load_for_inference(state, models, task, ema)
+    except KeyError as exc:
+        raise PhalanxError(f"{path} holds no weights for the network {exc.args[0]!r}", OPTION) from None
+    except NetworkMismatch as exc:  # missing keys, unexpected keys, shapes
+        name = exc.name
+        first = str(exc.error).strip().splitlines()[0]
+        what = cfg.network.model if name == "model" else f"{cfg.task}'s {name}"  # one whole model: --model's name
+        raise PhalanxError(f"{path} does not fit model {what!r} ({first[:200]})", OPTION) from None
     return Trained(Path(path), cfg, task, models, info)
 
 
@@ -59,15 +55,6 @@ def _infer_data(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> dict[str, A
     """phalanx 0.1 checkpoints predate the "data" entry: rebuild it as 0.1 trained ([-1, 1] inputs)."""
     outputs = [v for k, v in weights.items() if k.endswith("weight") and v.dim() == 2][-1].shape[0]
     channels = next(v for v in weights.values() if v.dim() == 4).shape[1]
-    size = cfg.image_size or (8 if cfg.dataset == "digits" else 32)
+    size = cfg.data.image_size or (8 if cfg.data.dataset == "digits" else 32)
     return {"classes": [str(i) for i in range(outputs)], "channels": channels, "size": size, "crop_pct": 1.0,
             "mean": [0.5] * channels, "std": [0.5] * channels}
-
-
-def device_for(gpu_ids: tuple[int, ...]) -> torch.device:
-    if not gpu_ids or gpu_ids == (-1,):
-        return torch.device("cpu")
-    from ..devices import check_gpu_ids
-
-    check_gpu_ids(gpu_ids[:1])
-    return torch.device("cuda", gpu_ids[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import tasks
-from ..config import DATASETS
+from ..config_sections import DATASETS
 from ..errors import PhalanxError
 from ..fields import option
 

@@ -16,7 +16,8 @@ from ..errors import EXIT_FAILED, PhalanxError
 from ..progress import ProgressBar
 from ..tasks.features import FeaturesPredictor, check_features_output
 from ..tasks.inference import Inference, Predictor
-from .model import device_for, load_trained
+from ..devices import inference_device
+from .model import load_trained
 from .options import PredictOptions
 from .outputs import check_predict_files, check_predict_place
 
@@ -34,7 +35,7 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
         inference.check_predict_output(opts.output)
     check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
     paths = image_paths(paths_given)
-    device = device_for(opts.gpu_ids)
+    device = inference_device(opts.gpu_ids)
     if opts.features:
         predictor: Predictor = FeaturesPredictor(*inference.feature_inputs(paths), paths, opts, device)
     else:

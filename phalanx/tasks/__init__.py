@@ -229,10 +229,10 @@ def task_class(name: str) -> type:
 
 
 def __getattr__(name: str) -> Any:
-    """``from phalanx.tasks import Task, TaskData, Inference, pane, images_item, png, strip,
-    denormalize``: the API, imported (with torch) on first use. The last four make a ``visuals``
-    record's pictures."""
-    if name in ("Task", "TaskData", "Evaluation", "pane"):
+    """``from phalanx.tasks import Task, TaskData, Inference, pane, window, images_item, png, strip,
+    denormalize``: the API, imported (with torch) on first use. ``window`` is a pane of another kind
+    than lines (``phalanx.windows.KINDS``); the last four make a ``visuals`` record's pictures."""
+    if name in ("Task", "TaskData", "Evaluation", "Declaration", "pane"):
         from . import base
 
         return getattr(base, name)
@@ -248,4 +248,8 @@ def __getattr__(name: str) -> Any:
         from ..records import images_item
 
         return images_item
+    if name == "window":
+        from ..windows import window
+
+        return window
     raise AttributeError(name)

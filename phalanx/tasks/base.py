@@ -21,50 +21,22 @@ any world size) or a 0-dim mean over the micro-batch's samples (weighted by them
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Union
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
+from .contract import Batch, Declaration, Evaluation, Plain, TaskData, Visuals, pane
+
+__all__ = ["Batch", "Declaration", "Evaluation", "Plain", "Task", "TaskData", "Visuals", "check_step_losses",
+           "fixed_sample", "full_precision", "pane"]
 from .inference import Inference
 
 if TYPE_CHECKING:
     from ..config import RunConfig
     from ..context import RunContext, StepContext
-
-# What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
-Batch = Union[torch.Tensor, tuple, list, dict]
-# Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
-Plain = Union[None, bool, int, float, str, list, tuple, dict, torch.Tensor]
-
-
-@dataclass
-class TaskData:
-    """What a task trains and validates on.
-
-    ``train[(epoch, index)]`` is a training sample as training sees it (seeded augmentation: see
-    ``data.SeededView``), ``train[index]`` the same sample without augmentation. ``info`` is
-    what inference needs (classes, image size, normalisation, ...): saved in every checkpoint.
-    """
-
-    train: Dataset
-    val: Dataset
-    description: str
-    info: dict[str, Plain]
-    collate: Callable | None = None
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Evaluation:
-    """A validation pass over every sample once: metrics by name, and what else the task keeps
-    of it (a confusion matrix) for its own records."""
-
-    metrics: dict[str, float]
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def full_precision(tensor: torch.Tensor) -> torch.Tensor:
@@ -80,23 +52,6 @@ def fixed_sample(length: int, count: int, seed: int) -> list[int]:
     return sorted(order[:count])
 
 
-def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
-         percent: bool = False) -> dict[str, Plain]:
-    """A line pane of the dashboard (plain data: it travels in the snapshots to ``visualize``).
-
-    ``record`` is the kind of record whose ``traces`` keys it plots (``train``: against epochs of
-    progress; ``val``: against epochs); ``percent`` plots 100 x the value on a 0-100 axis.
-    """
-    return {"win": win, "title": title, "ylabel": ylabel, "record": record,
-            "traces": [[key, label] for key, label in traces], "percent": percent}
-
-
-class Visuals(Protocol):
-    """What a task's ``visuals`` returns: each epoch, an ``images`` record of the networks' outputs."""
-
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Plain]: ...
-
-
 class Task:
     """Subclass this for your own task (``--task package.module:Class``); the built-in tasks do.
 
@@ -106,9 +61,12 @@ class Task:
       ``--config``; the instance gets them as ``self.options``;
     - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
     - ``reads``: the general data and model options (``tasks.DATA_OPTIONS``: ``dataroot``,
-      ``image_size``, ``augment``, ``model``, ...) that the task reads from ``self.cfg``; any other
-      of them given on the command line is refused, never silently ignored;
+      ``image_size``, ``augment``, ``model``, ...) that the task reads from ``self.cfg.data`` and
+      ``self.cfg.network``; any other of them given on the command line is refused, never silently
+      ignored;
     - ``loss_names``: the named losses ``training_step`` returns, logged (averaged over ranks);
+    - ``metrics``: the validation metrics that get panes and that ``--best-metric`` accepts
+      (default: every metric ``validation_metrics`` makes of ``empty_sums()``);
     - ``primary_model``: the network ``predict``/``export`` use by default, and ``--weights``;
     - ``best_metric``: ``(validation metric, "max" | "min")`` that picks ``best.pt``;
     - ``manual_optimization``: the step calls ``ctx.backward``/``ctx.step`` itself;
@@ -117,6 +75,8 @@ class Task:
     - ``Inference``: what ``evaluate``, ``predict`` and ``export`` do with the trained task
       (``tasks.inference.Inference``: the base evaluates on the validation split and has no
       predict or export).
+    The framework reads these through ``declare()`` once; a task whose names depend on its data
+    (one generator per target) overrides ``declare`` instead of changing them on the instance.
     """
 
     name = ""
@@ -129,6 +89,7 @@ class Task:
     manual_optimization = False
     find_unused_parameters = False
     ema_models: tuple[str, ...] | None = None
+    metrics: tuple[str, ...] | None = None
     Inference: type[Inference] = Inference
     metric_labels: dict[str, str] = {}
 
@@ -164,6 +125,15 @@ class Task:
         parameters (DeepLIIF's ``GANLoss``) belongs here too: moved to the device and checkpointed
         with the networks, never wrapped in DDP."""
         raise NotImplementedError
+
+    def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
+        """The task's declarations, once its data and networks exist (default: the class's)."""
+        return Declaration(loss_names=tuple(self.loss_names), metrics=tuple(self.metrics or metrics_of(self)),
+                           primary_model=self.primary_model, best_metric=tuple(self.best_metric),
+                           ema_models=tuple(self.ema_models or (self.primary_model,)),
+                           metric_labels=MappingProxyType(dict(self.metric_labels)),
+                           manual_optimization=self.manual_optimization,
+                           find_unused_parameters=self.find_unused_parameters)
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         """Each optimizer by name -> its parameter groups (``{"params": [...], "lr_mult": 1.0}``).
@@ -243,23 +213,14 @@ class Task:
         return f"{value:.4g}"
 
     # --- dashboard -----------------------------------------------------------------------------
-    def panes(self) -> list[dict[str, Plain]]:
+    def panes(self, declared: Declaration) -> list[dict[str, Plain]]:
         """Line panes: each named loss and each validation metric on its own axes, labelled with
         ``metric_labels`` (the status pane's words) where it names them."""
-        label = self.metric_labels.get
-        panes = [pane(f"train_{name}", f"train {label(name, name)} (mean over ranks)", label(name, name), "train",
-                      [(name, label(name, name))]) for name in self.loss_names]
-        return panes + [pane(f"val_{name}", f"validation {label(name, name)}", label(name, name), "val",
-                             [(name, label(name, name))]) for name in self.metric_names()]
-
-    def metric_names(self) -> list[str]:
-        """The validation metrics that get dashboard panes and that ``--best-metric`` accepts; by
-        default every metric ``validation_metrics`` makes of ``empty_sums()``."""
-        try:  # names only: a task whose metrics need real sums says them by overriding this
-            names = list(self.validation_metrics(self.empty_sums()).metrics)
-        except Exception:
-            names = []
-        return names or [self.best_metric[0]]
+        label = declared.label
+        panes = [pane(f"train_{name}", f"train {label(name)} (mean over ranks)", label(name), "train",
+                      [(name, label(name))]) for name in declared.loss_names]
+        return panes + [pane(f"val_{name}", f"validation {label(name)}", label(name), "val",
+                             [(name, label(name))]) for name in declared.metrics]
 
     def visuals(self, data: TaskData) -> Visuals | None:
         """What global rank 0 shows of each epoch: an object with ``record(models, epoch, ctx)``
@@ -274,9 +235,10 @@ class Task:
         no training data: ``build_models`` reads ``data.info`` only)."""
 
 
-def check_step_losses(task: Task, losses: object, loss_names: tuple[str, ...], manual: bool) -> None:
+def check_step_losses(task: Task, losses: object, declared: Declaration) -> None:
     """The losses a step returns are those its task declares (``loss_names``): said at the first
     step in one line, not as a KeyError in a log."""
+    loss_names, manual = declared.loss_names, declared.manual_optimization
     wanted = set(loss_names) | ({"loss"} if not manual else set())
     got = set(losses) if isinstance(losses, dict) else set()
     if not isinstance(losses, dict) or not wanted <= got:
@@ -286,3 +248,12 @@ def check_step_losses(task: Task, losses: object, loss_names: tuple[str, ...], m
                            f" without {missing}: it returns a dict with every name of {name}.loss_names "
                            f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"),
                            exit_code=1)
+
+
+def metrics_of(task: Task) -> list[str]:
+    """The metrics ``validation_metrics`` makes of ``empty_sums()``: a task's default ``metrics``."""
+    try:  # names only: a task whose metrics need real sums declares ``metrics``
+        names = list(task.validation_metrics(task.empty_sums()).metrics)
+    except Exception:
+        names = []
+    return names or [task.best_metric[0]]

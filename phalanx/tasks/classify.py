@@ -13,12 +13,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .. import records
+from ..windows import window
 from ..data import DataBundle, build_datasets, dataset_labels
 from ..errors import PhalanxError
 from ..finetune import Backbone, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
-from .base import Evaluation, Task, TaskData, full_precision
+from .base import Declaration, Evaluation, Task, TaskData, full_precision
 from .classify_inference import ClassifyInference
 from .options import ClassifyOptions
 
@@ -33,6 +34,7 @@ class ClassifyTask(Task):
     loss_names = ("loss",)
     primary_model = "model"
     best_metric = ("acc", "max")
+    metrics = ("loss", "acc", "top5")
     metric_labels = {"acc": "accuracy", "top5": "top-5 accuracy", "loss": "loss"}
     options: ClassifyOptions
 
@@ -46,10 +48,10 @@ class ClassifyTask(Task):
 
     # --- data and models
     def build_data(self) -> TaskData:
-        data = build_datasets(self.cfg, required_channels(self.cfg.model), self.options.random_erasing,
-                              timm_preferences(self.cfg.model))
+        data = build_datasets(self.cfg, required_channels(self.cfg.network.model), self.options.random_erasing,
+                              timm_preferences(self.cfg.network.model))
         self.classes = data.classes
-        self.flips = data.pipeline.random and self.cfg.hflip
+        self.flips = data.pipeline.random and self.cfg.data.hflip
         num = self.num_classes(data)
         self.mix = _mixer(self.options, num)
         description = data.description + (f", {num} outputs" if num != data.num_classes else "")
@@ -67,13 +69,13 @@ class ClassifyTask(Task):
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         outputs = self.options.num_classes or len(data.info["classes"])
-        model = build_model(self.cfg.model, outputs, data.info["channels"])
+        model = build_model(self.cfg.network.model, outputs, data.info["channels"])
         if self.options.freeze_backbone:
             self.backbone = Backbone(model)
         return {"model": model}
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
-        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.model)]
+        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.network.model)]
 
     def notes(self) -> list[str]:
         notes = [f"phalanx: {self.backbone.description}"] if self.backbone is not None else []
@@ -129,9 +131,6 @@ class ClassifyTask(Task):
         return [{"kind": "confusion", "epoch": epoch, "classes": self.classes,
                  "matrix": evaluation.extra["confusion"].tolist()}]
 
-    def metric_names(self) -> list[str]:
-        return ["loss", "acc", "top5"]
-
     def summary(self, metrics: dict[str, float]) -> str:
         text = f"val_loss {metrics['loss']:.4f}  val_acc {100 * metrics['acc']:.2f}%"
         if "ema_acc" in metrics:
@@ -142,8 +141,9 @@ class ClassifyTask(Task):
         return f"{100 * value:.2f}%" if name.endswith(("acc", "top5")) else f"{value:.4f}"
 
     # --- dashboard
-    def panes(self) -> list[dict[str, Any]]:
-        return records.SCHEMA_2_PANES
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
+        return [*records.SCHEMA_2_PANES, window("confusion", "matrix", "confusion matrix"),
+                window("per_class", "row_shares", "accuracy per class")]
 
     def visuals(self, data: TaskData) -> "ValidationSample":
         return ValidationSample(data.val, self.classes, data.info["mean"], data.info["std"], self.cfg.seed)

@@ -52,8 +52,8 @@ class ClassifyInference(Inference):
         labels = np.asarray([self.task.classes.index(found.classes[label]) for label in found.labels], dtype=np.int64)
         files = ImageFiles(split, PathTable(found.paths), labels, "L" if self.info["channels"] == 1 else "RGB")
         pipeline = pipeline_of(self.info)
-        files.min_side = pipeline.min_decoded_side(self.cfg.crop_scale)
-        prepare = transforms.build(pipeline, self.cfg, train=False)
+        files.min_side = pipeline.min_decoded_side(self.cfg.data.crop_scale)
+        prepare = transforms.build(pipeline, self.cfg.data, train=False)
         return Mapped(files, prepare), f"{split} ({len(files)} images, {len(found.classes)} classes)"
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class ClassifyInference(Inference):
         """The classifier without its last Linear layer, on images prepared as validation prepares them."""
         pipeline = pipeline_of(self.info)
         images = InputImages(paths, "L" if self.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
+                             transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
         return backbone_of(self.models[self.task.primary_model])[0], images
 
     def check_predict_output(self, output: str) -> None:
@@ -99,7 +99,7 @@ class ClassifyInference(Inference):
         """The most likely classes of each image, to a CSV or JSONL table."""
         pipeline = pipeline_of(self.info)
         inputs = InputImages(paths, "L" if self.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg, train=False), pipeline.min_decoded_side(1.0))
+                             transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
         return ClassPredictor(inputs, paths, device, self.models[self.task.primary_model], self.task.classes, opts)
 
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:

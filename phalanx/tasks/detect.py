@@ -13,6 +13,7 @@ import contextlib
 import copy
 import io
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -23,7 +24,7 @@ from ..data import SeededView
 from ..data.coco import CocoImages, collate, load_split
 from ..errors import PhalanxError
 from ..pictures import png
-from .base import Evaluation, Task, TaskData, fixed_sample, pane
+from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
 from .detect_inference import DetectInference
 from .options import DetectOptions
 
@@ -63,12 +64,13 @@ class DetectTask(Task):
     Options = DetectOptions
     primary_model = "detector"
     best_metric = ("mAP", "max")
+    metrics = ("mAP", "mAP50", "mAP75")
     metric_labels = {"mAP": "COCO mAP@[.5:.95]", "mAP50": "mAP@.5", "mAP75": "mAP@.75"}
     options: DetectOptions
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        if len(cfg.gpu_ids) > 1 and not cfg.uses_cpu:
+        if len(cfg.devices.gpu_ids) > 1 and not cfg.devices.uses_cpu:
             raise PhalanxError("--task detect cannot train under DataParallel: torchvision's detectors take lists of "
                                "images, which DataParallel does not split; use trainlaunch (DDP), one GPU a worker",
                                "--gpu-ids")
@@ -79,22 +81,22 @@ class DetectTask(Task):
         from torchvision.transforms import v2
 
         cfg = self.cfg
-        if not cfg.dataroot:
+        if not cfg.data.dataroot:
             raise PhalanxError("--task detect reads COCO data: give --dataroot DIR (DIR/train/images/ with "
                                "DIR/train/annotations.json, DIR/val/ likewise)", "--dataroot")
-        root = Path(cfg.dataroot)
+        root = Path(cfg.data.dataroot)
         if not (root / "train").is_dir():
             raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/images/ and "
                                f"{root}/train/annotations.json", "--dataroot")
         annotations = Path(self.options.annotations) if self.options.annotations else None
-        train = load_split(root / "train", annotations, cfg.skip_broken)
+        train = load_split(root / "train", annotations, cfg.data.skip_broken)
         if not (root / "val").is_dir():
             raise PhalanxError(f"{root} has no val/ folder: COCO scores a split of its own (val/images/ and "
                                "val/annotations.json)", "--dataroot")
         val = load_split(root / "val", Path(self.options.val_annotations) if self.options.val_annotations else None,
-                         cfg.skip_broken, train.categories)
+                         cfg.data.skip_broken, train.categories)
         self.categories, self.val_split = train.categories, val
-        flip = cfg.hflip and cfg.augment != "none"
+        flip = cfg.data.hflip and cfg.data.augment != "none"
         augment = v2.RandomHorizontalFlip(0.5) if flip else None
         base = CocoImages(train)
         boxes = sum(len(b) for b in train.boxes.values())
@@ -102,7 +104,7 @@ class DetectTask(Task):
         gone = f"; {len(skipped)} image(s) left out" if skipped else ""
         description = (f"{root} ({len(train)} train images with {boxes} boxes / {len(val)} val, "
                        f"{len(self.categories)} categories{', horizontal flips' if flip else ''}{gone})")
-        info = {"categories": self.categories, "image_size": cfg.image_size}
+        info = {"categories": self.categories, "image_size": cfg.data.image_size}
         return TaskData(SeededView(base, (lambda sample: augment(*sample)) if augment else None, cfg.seed),
                         CocoImages(val), description, info, collate=collate, skipped=skipped)
 
@@ -111,7 +113,7 @@ class DetectTask(Task):
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         classes = len(data.info["categories"]) + 1  # and the background
-        spec = self.cfg.model
+        spec = self.cfg.network.model
         if ":" in spec:
             from ..models import build_model
 
@@ -126,8 +128,11 @@ class DetectTask(Task):
             sized = {"min_size": size, "max_size": size} if size and not spec.startswith("ssd") else {}
             # weights=None: nothing is downloaded; --weights loads a checkpoint from the hub cache.
             model = get_model(spec, weights=None, weights_backbone=None, num_classes=classes, **sized)
-        self.loss_names = ("loss", *loss_names_of(model))
         return {"detector": model}
+
+    def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
+        """The losses of the detector's kind, beside their sum."""
+        return replace(super().declare(data, models), loss_names=("loss", *loss_names_of(models["detector"])))
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
         from ..finetune import load_weights
@@ -138,13 +143,9 @@ class DetectTask(Task):
     def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         images, targets = batch
         found = ctx.models["detector"](images, [{"boxes": t["boxes"], "labels": t["labels"]} for t in targets])
-        losses = {name: found[name] for name in self.loss_names[1:]}
-        return {"loss": sum(losses.values()), **losses}
+        return {"loss": sum(found.values()), **found}
 
     # --- validation: COCO mAP of every validation image's detections, gathered from all ranks
-    def metric_names(self) -> list[str]:
-        return ["mAP", "mAP50", "mAP75"]
-
     @torch.no_grad()
     def detections(self, model: nn.Module, images: list[torch.Tensor], ctx: Any) -> list[dict[str, torch.Tensor]]:
         with ctx.autocast():
@@ -177,9 +178,9 @@ class DetectTask(Task):
         return f"{value:.4f}"
 
     # --- dashboard
-    def panes(self) -> list[dict[str, Any]]:
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
         panes = [pane(f"train_{name}", f"train {name} (mean over ranks)", name, "train", [(name, name)])
-                 for name in self.loss_names]
+                 for name in declared.loss_names]
         return panes + [pane("val_mAP", "validation COCO mAP", "average precision", "val",
                              [("mAP", "mAP@[.5:.95]"), ("mAP50", "mAP@.5"), ("ema_mAP", "EMA mAP@[.5:.95]")])]
 

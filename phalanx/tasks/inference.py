@@ -18,7 +18,8 @@ from ..errors import PhalanxError
 if TYPE_CHECKING:
     from ..config import RunConfig
     from ..inference.options import PredictOptions
-    from .base import Evaluation, Plain, Task
+    from .base import Task
+    from .contract import Evaluation, Plain
 
 
 @dataclass

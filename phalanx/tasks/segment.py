@@ -20,7 +20,7 @@ from ..data.masks import MaskPairs, find_masks
 from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation
 from ..errors import PhalanxError
 from ..pictures import denormalize, png, strip
-from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .segment_inference import SegmentInference, overlay
 from .options import SegmentOptions
 
@@ -35,6 +35,7 @@ class SegmentTask(Task):
     Options = SegmentOptions
     primary_model = "segmenter"
     best_metric = ("mIoU", "max")
+    metrics = ("mIoU", "pixel_acc", "loss")
     metric_labels = {"mIoU": "mean IoU", "pixel_acc": "pixel accuracy", "loss": "loss"}
     options: SegmentOptions
 
@@ -49,7 +50,7 @@ class SegmentTask(Task):
 
         steps = [v2.RandomResizedCrop(size, scale=(0.25, 1.0), antialias=True)] if train else \
             [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
-        if train and self.cfg.hflip:
+        if train and self.cfg.data.hflip:
             steps.append(v2.RandomHorizontalFlip())
         steps += [v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
                   v2.Normalize(list(self.mean), list(self.std))]
@@ -57,23 +58,23 @@ class SegmentTask(Task):
 
     def build_data(self) -> TaskData:
         cfg, o = self.cfg, self.options
-        if not cfg.dataroot:
+        if not cfg.data.dataroot:
             raise PhalanxError("--task segment reads image and mask pairs: give --dataroot DIR (DIR/train/images/ "
                                "and DIR/train/masks/)", "--dataroot")
-        root = Path(cfg.dataroot)
+        root = Path(cfg.data.dataroot)
         if not (root / "train").is_dir() or not (root / "val").is_dir():
             raise PhalanxError(f"{root} needs train/ and val/, each with images/ and masks/", "--dataroot")
-        train = find_masks(root / "train", o.num_classes, o.ignore_index, cfg.skip_broken)
+        train = find_masks(root / "train", o.num_classes, o.ignore_index, cfg.data.skip_broken)
         self.classes = o.num_classes or train.largest + 1
-        val = find_masks(root / "val", self.classes, o.ignore_index, cfg.skip_broken)
+        val = find_masks(root / "val", self.classes, o.ignore_index, cfg.data.skip_broken)
         if self.classes < 2:
             raise PhalanxError(f"the masks of {root / 'train'} hold the background alone; give --num-classes",
                                "--num-classes")
-        stats = normalisation(cfg, 3)
-        self.mean, self.std = stats if stats is not None and cfg.normalize != "auto" or cfg.mean else \
+        stats = normalisation(cfg.data, cfg.network.weights, 3)
+        self.mean, self.std = stats if stats is not None and cfg.data.normalize != "auto" or cfg.data.mean else \
             (IMAGENET_MEAN, IMAGENET_STD)
-        size = cfg.image_size
-        augment = cfg.augment != "none"
+        size = cfg.data.image_size
+        augment = cfg.data.augment != "none"
         prepare = self.transforms(size, train=False)
         base = MaskPairs(train)
         training = SeededView(base, (lambda s, t=self.transforms(size, True): t(*s)) if augment else
@@ -90,7 +91,7 @@ class SegmentTask(Task):
         self.classes, self.mean, self.std = info["classes"], tuple(info["mean"]), tuple(info["std"])
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
-        classes, spec = data.info["classes"], self.cfg.model
+        classes, spec = data.info["classes"], self.cfg.network.model
         if ":" in spec:
             from ..models import build_model
 
@@ -128,9 +129,6 @@ class SegmentTask(Task):
         return {"loss": loss}
 
     # --- validation: an all-reduced confusion matrix
-    def metric_names(self) -> list[str]:
-        return ["mIoU", "pixel_acc", "loss"]
-
     def empty_sums(self) -> dict[str, torch.Tensor]:
         return {"loss": torch.zeros(()), "samples": torch.zeros(()), "confusion": torch.zeros(self.classes ** 2)}
 
@@ -164,7 +162,7 @@ class SegmentTask(Task):
         return f"{100 * value:.2f}%" if name.endswith("acc") else f"{value:.4f}"
 
     # --- dashboard
-    def panes(self) -> list[dict[str, Any]]:
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
         return [pane("train_loss", "train loss (mean over ranks)", "cross-entropy per pixel", "train", [("loss", "loss")]),
                 pane("val_loss", "validation loss", "cross-entropy per pixel", "val",
                      [("loss", "val loss"), ("ema_loss", "EMA val loss")]),

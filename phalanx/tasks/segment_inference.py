@@ -37,7 +37,7 @@ class SegmentInference(Inference):
     def scored_at(self) -> str:
         # Validation's pixels, not predict's: predict writes each mask at its image's own size, so a
         # mIoU of predict's masks against full-size truth can differ from this one.
-        size = self.cfg.image_size
+        size = self.cfg.data.image_size
         return (f"masks resized (shorter side) to {size} px and centre-cropped to {size}x{size}, as validation "
                 "prepares them; predict writes masks at each image's own size")
 

@@ -13,6 +13,7 @@ against the labelled training images' features, gathered from every rank.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
@@ -25,7 +26,7 @@ from ..errors import PhalanxError
 from ..finetune import backbone_of
 from ..models import build_model, required_channels
 from ..sampling import ShardSampler
-from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .ssl_inference import SelfSupervisedInference
 from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 
@@ -57,34 +58,33 @@ class SelfSupervisedTask(Task):
     primary_model = "backbone"
     Inference = SelfSupervisedInference
     best_metric = ("knn_acc", "max")
+    metrics = ("knn_acc", "view_loss")
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
 
     # --- data and networks
     def build_data(self) -> TaskData:
         cfg = self.cfg
-        channels = required_channels(cfg.model)
-        source = load(cfg, channels, unlabelled=True)
-        size = cfg.image_size or source.native_size
-        stats = transforms.normalisation(cfg, source.channels)
+        channels = required_channels(cfg.network.model)
+        source = load(cfg.data, cfg.seed, channels, unlabelled=True)
+        size = cfg.data.image_size or source.native_size
+        stats = transforms.normalisation(cfg.data, cfg.network.weights, source.channels)
         if stats is None:
             raise PhalanxError("self-supervised tasks take imagenet, none, auto or --mean/--std", "--normalize")
         mean, std = stats
         blur = self.options.blur if self.options.blur >= 0 else (0.5 if size > transforms.SMALL else 0.0)
-        self.views = Views(size, source.channels, cfg.crop_scale, cfg.hflip, blur, mean, std)
+        self.views = Views(size, source.channels, cfg.data.crop_scale, cfg.data.hflip, blur, mean, std)
         prepare = transforms.Prepare(size, size, mean, std)
         labels = dataset_labels(source.train)
         val_labels = dataset_labels(source.val)
         self.classes = list(source.classes)
         self.bank_source = "train" if labels is not None and min(labels, default=-1) >= 0 else \
             "val" if val_labels is not None and min(val_labels, default=-1) >= 0 else None
-        if self.bank_source is None:
-            self.best_metric = ("view_loss", "min")
         train = SeededView(source.train, TwoViews(self.views), cfg.seed, plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
-        description = f"{source.description}; two views per image (crop scale {cfg.crop_scale:g}, blur {blur:g}); {monitor}"
+        description = f"{source.description}; two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g}); {monitor}"
         info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
                 "classes": self.classes, "features": None}
         return TaskData(train, val, description, info, skipped=source.skipped)
@@ -93,11 +93,13 @@ class SelfSupervisedTask(Task):
         self.classes = list(info.get("classes") or [])
 
     def backbone(self, info: dict[str, Any]) -> tuple[nn.Module, int]:
-        model = build_model(self.cfg.model, max(2, len(info.get("classes") or [])), info["channels"])
+        model = build_model(self.cfg.network.model, max(2, len(info.get("classes") or [])), info["channels"])
         return backbone_of(model)
 
-    def metric_names(self) -> list[str]:
-        return ["knn_acc", "view_loss"]
+    def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
+        """Without labels there is no kNN accuracy: the loss on validation views picks best.pt."""
+        declared = super().declare(data, models)
+        return declared if self.bank_source else replace(declared, best_metric=("view_loss", "min"))
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
         from ..finetune import load_weights
@@ -165,7 +167,7 @@ class SelfSupervisedTask(Task):
         return all_features[order], all_labels[order, 0].long(), all_index[order, 0].long()
 
     def bank_features(self, backbone: nn.Module, ctx: Any, feature_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        loader = DataLoader(self.bank, batch_size=self.cfg.batch_size, num_workers=0,
+        loader = DataLoader(self.bank, batch_size=self.cfg.optim.batch_size, num_workers=0,
                             sampler=ShardSampler(len(self.bank), ctx.rank, ctx.world_size))
         features, labels, indices = [], [], []
         for image, label, index in loader:
@@ -189,7 +191,7 @@ class SelfSupervisedTask(Task):
         return f"{100 * value:.2f}%" if "acc" in name else f"{value:.4f}"
 
     # --- dashboard
-    def panes(self) -> list[dict[str, Any]]:
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
         return [pane("train_loss", f"{self.name} loss (mean over ranks)", self.loss_label, "train", [("loss", "loss")]),
                 pane("val_knn_acc", "kNN accuracy of the backbone (k=%d)" % self.options.knn_k, "accuracy (%)", "val",
                      [("knn_acc", "kNN accuracy"), ("ema_knn_acc", "EMA kNN accuracy")], percent=True),

@@ -10,6 +10,7 @@ Validation: per target, L1, PSNR and SSIM over every validation image once, at a
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,7 +24,7 @@ from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..errors import PhalanxError
 from ..pictures import png, strip
-from .base import Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
 from .translate_inference import TranslateInference
 from .translate_nets import build_discriminator, build_generator, check_generator
@@ -36,20 +37,20 @@ class TranslateTask(Task):
     Inference = TranslateInference
     Options = TranslateOptions
     manual_optimization = True
+    primary_model = "generator"  # one target's name; several: generator1, ... (declare)
     best_metric = ("L1", "min")
     metric_labels = {"L1": "L1 error", "PSNR": "PSNR", "SSIM": "SSIM"}
     options: TranslateOptions
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        if cfg.normalize != "auto" or cfg.mean:
+        if cfg.data.normalize != "auto" or cfg.data.mean:
             raise PhalanxError("--task translate works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
-                               "--mean/--std out", "--normalize" if cfg.normalize != "auto" else "--mean")
-        if cfg.augment not in ("auto", "basic", "none"):
+                               "--mean/--std out", "--normalize" if cfg.data.normalize != "auto" else "--mean")
+        if cfg.data.augment not in ("auto", "basic", "none"):
             raise PhalanxError(f"--task translate augments with random crops and flips (basic) or not at all (none); "
-                               f"got {cfg.augment}", "--augment")
+                               f"got {cfg.data.augment}", "--augment")
         self.targets = self.options.targets or 1
-        self.primary_model = "generator"
 
     # --- names: one target keeps pix2pix's, several get DeepLIIF's _1, _2, ...
     def suffix(self, t: int) -> str:
@@ -58,46 +59,45 @@ class TranslateTask(Task):
     def net(self, kind: str, t: int) -> str:
         return kind if self.targets == 1 else f"{kind}{t + 1}"
 
-    def _named(self) -> None:
-        self.primary_model = self.net("generator", 0)
-        self.ema_models = tuple(self.net("generator", t) for t in range(self.targets))
-        self.loss_names = tuple(f"{loss}{self.suffix(t)}" for t in range(self.targets)
-                                for loss in ("G_GAN", "G_L1", "D_real", "D_fake"))
+    def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
+        """One generator per target (known once the data is read): the names follow the count."""
+        losses = tuple(f"{loss}{self.suffix(t)}" for t in range(self.targets) for loss in ("G_GAN", "G_L1", "D_real", "D_fake"))
+        return replace(super().declare(data, models), loss_names=losses, primary_model=self.net("generator", 0),
+                       ema_models=tuple(self.net("generator", t) for t in range(self.targets)))
 
     # --- data and networks
     def build_data(self) -> TaskData:
         cfg = self.cfg
-        if not cfg.dataroot:
+        if not cfg.data.dataroot:
             raise PhalanxError("--task translate reads paired images: give --dataroot DIR (DIR/train/*.png of input "
                                "and target panels side by side, or DIR/train/A/ and DIR/train/B/)", "--dataroot")
-        root = Path(cfg.dataroot)
+        root = Path(cfg.data.dataroot)
         if not root.is_dir():
             raise PhalanxError(f"{root} is not a directory", "--dataroot")
         if not (root / "train").is_dir():
             raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
                                f"{root}/train/A/ and {root}/train/B/", "--dataroot")
-        train_pairs = find_pairs(root / "train", self.options.targets, cfg.skip_broken)
+        train_pairs = find_pairs(root / "train", self.options.targets, cfg.data.skip_broken)
         self.targets = train_pairs.targets
         skipped = dict(train_pairs.skipped)
-        size = cfg.image_size
+        size = cfg.data.image_size
         check_generator(self.options.generator, size)
-        flip = cfg.hflip
-        augment = cfg.augment != "none"
+        flip = cfg.data.hflip
+        augment = cfg.data.augment != "none"
         train_files = PairFiles(train_pairs)
         if (root / "val").is_dir():
-            val_pairs = find_pairs(root / "val", self.targets, cfg.skip_broken)
+            val_pairs = find_pairs(root / "val", self.targets, cfg.data.skip_broken)
             skipped.update(val_pairs.skipped)
             val_files: Dataset = PairFiles(val_pairs)
             how = "val/"
         else:
-            train_index, val_index = holdout_indices(len(train_files), cfg.val_fraction, cfg.seed)
+            train_index, val_index = holdout_indices(len(train_files), cfg.data.val_fraction, cfg.seed)
             train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)
-            how = f"{cfg.val_fraction:g} hold-out"
+            how = f"{cfg.data.val_fraction:g} hold-out"
         prepare = PairTransform(size, train=False, flip=False)
         train = SeededView(train_files, PairTransform(size, train=True, flip=flip) if augment else prepare, cfg.seed,
                            plain=Transformed(train_files, prepare))
         channels = 1 if train_pairs.mode == "L" else 3
-        self._named()
         gone = f"; {len(skipped)} sample(s) left out" if skipped else ""
         description = (f"{root} ({len(train)} train / {len(val_files)} val pairs from {how}, {train_pairs.layout} "
                        f"layout, {self.targets} target(s), {size}x{size}"
@@ -109,7 +109,6 @@ class TranslateTask(Task):
 
     def restore_info(self, info: dict[str, Any]) -> None:
         self.targets = info["targets"]
-        self._named()
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         o, channels = self.options, data.info["channels"]
@@ -160,10 +159,6 @@ class TranslateTask(Task):
         return losses
 
     # --- validation
-    def metric_names(self) -> list[str]:
-        per_target = [f"{m}{self.suffix(t)}" for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")]
-        return ["L1", "PSNR", "SSIM"] + (per_target if self.targets > 1 else [])
-
     def empty_sums(self) -> dict[str, torch.Tensor]:
         sums = {f"{m}_{t}": torch.zeros(()) for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
         return {**sums, "samples": torch.zeros(())}
@@ -198,7 +193,7 @@ class TranslateTask(Task):
         return f"{value:.2f} dB" if "PSNR" in name else f"{value:.4f}"
 
     # --- dashboard
-    def panes(self) -> list[dict[str, Any]]:
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
         def per_target(prefix: str) -> list[tuple[str, str]]:
             return [(f"{prefix}{self.suffix(t)}", f"{prefix}{self.suffix(t)}") for t in range(self.targets)]
 

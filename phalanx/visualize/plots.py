@@ -10,25 +10,28 @@ resume or restart) redraws them. The other windows show the latest epoch and are
 
 from __future__ import annotations
 
-import base64
-import html
 import time
 from typing import Any
 
 from .. import records as record_kinds
 from ..snapshots import History
+from ..windows import HEIGHT, KINDS, WIDTH, drawn_windows
 
-#: The windows every run's page may have besides its task's line panes (``records.panes_of``).
-FIXED_WINDOWS = ("status", "lr", "throughput", "memory", "confusion", "per_class", "images")
+#: The windows every run's page may have besides its task's panes (``records.panes_of``).
+FIXED_WINDOWS = ("status", "lr", "throughput", "memory")
 KEY_OPTIONS = ("task", "model", "dataset", "dataroot", "epochs", "batch_size", "lr", "optimizer", "lr_schedule",
                "precision", "augment", "gpu_ids", "weights", "ema_decay")
-# Every window has the same size, so visdom's grid packs them without overlap at any page width.
-WIDTH, HEIGHT = 440, 330
+
+
+def line_panes(history: History) -> list[dict[str, Any]]:
+    return [p for p in record_kinds.panes_of(history.records) if p.get("kind", "lines") == "lines"]
 
 
 def windows(history: History) -> list[str]:
-    """Every window of a run's page: its task's panes, then the fixed ones."""
-    return [pane["win"] for pane in record_kinds.panes_of(history.records)] + list(FIXED_WINDOWS)
+    """Every window of a run's page: its task's line panes, the fixed ones, then its other windows."""
+    present = {r.get("kind", "") for r in history.records}
+    others = drawn_windows(record_kinds.panes_of(history.records), present)
+    return [p["win"] for p in line_panes(history)] + list(FIXED_WINDOWS) + [p["win"] for p in others]
 
 
 def learning_rates(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -69,16 +72,15 @@ class RunPlots:
         new = {"train": train[self.drawn["train"]:], "val": val[self.drawn["val"]:]}
         fresh = {kind: self.drawn[kind] == 0 for kind in new}
         x = {"train": [r["epoch_progress"] for r in new["train"]], "val": [r["epoch"] for r in new["val"]]}
-        for pane in record_kinds.panes_of(history.records):
+        for pane in line_panes(history):
             kind = pane["record"]
             rows = new[kind]
             scale = 100.0 if pane.get("percent") else 1.0
             traces = {label: [scale * r[key] for r in rows] for key, label in pane["traces"]
                       if rows and all(isinstance(r.get(key), (int, float)) for r in rows)}
             if traces:
-                axes = {"ytickmin": 0, "ytickmax": 100} if pane.get("percent") else {}
                 self._line(pane["win"], x[kind], traces, fresh[kind], pane.get("title", pane["win"]),
-                           pane.get("ylabel", ""), **axes)
+                           pane.get("ylabel", ""), bool(pane.get("percent")))
         if new["train"]:
             rows = new["train"]
             self._line("lr", x["train"], learning_rates(rows), fresh["train"], "learning rate", "learning rate")
@@ -89,19 +91,13 @@ class RunPlots:
             per_rank = {f"rank {i}": [r["memory_gib"][i] for r in rows] for i in range(len(rows[0]["memory_gib"]))}
             self._line("memory", x["val"], per_rank, fresh["val"], "peak GPU memory per rank", "GiB")
         self.drawn = {"train": len(train), "val": len(val)}
-        self._confusion(of_kind(history, "confusion"))
-        self._images(of_kind(history, "images"))
+        self._windows(history)
         return len(new["train"]) + len(new["val"])
 
     def _line(self, win: str, x: list, traces: dict[str, list], replace: bool, title: str, ylabel: str,
-              **axes: Any) -> None:
-        xlabel = "epoch"
-        opts = {"title": title, "xlabel": xlabel, "ylabel": ylabel, "showlegend": True, "width": WIDTH,
-                "height": HEIGHT, **axes}
-        for index, (name, y) in enumerate(traces.items()):
-            # The first trace of a fresh window creates it; every other call appends.
-            update = None if replace and index == 0 else "append"
-            self.viz.line(X=x, Y=y, win=win, env=self.env, name=name, update=update, opts=opts)
+              percent: bool = False) -> None:
+        pane = {"win": win, "title": title, "ylabel": ylabel, "percent": percent}
+        KINDS["lines"].draw(self.viz, self.env, pane, {"x": x, "traces": traces, "replace": replace})
 
     def _changed(self, win: str, content: Any) -> bool:
         if self.shown.get(win) == content:
@@ -109,56 +105,21 @@ class RunPlots:
         self.shown[win] = content
         return True
 
-    def _confusion(self, records: list[dict[str, Any]]) -> None:
-        if not records or not records[-1]["classes"] or not self._changed("confusion", records[-1]["epoch"]):
-            return  # no matrix of no classes: visdom's heatmap refuses an empty one
-        last = records[-1]
-        classes, matrix = [str(c) for c in last["classes"]], last["matrix"]
-        self.viz.heatmap(X=matrix, win="confusion", env=self.env, opts={
-            "title": f"confusion matrix, epoch {last['epoch']}", "columnnames": classes, "rownames": classes,
-            "xlabel": "predicted class", "ylabel": "true class", "width": WIDTH, "height": HEIGHT})
-        accuracy = [100 * row[i] / max(1, sum(row)) for i, row in enumerate(matrix)]
-        self._bars("per_class", classes, accuracy, f"accuracy per class, epoch {last['epoch']}", "class",
-                   "accuracy (%)")
-
-    def _bars(self, win: str, names: list[str], heights: list[float], title: str, xlabel: str, ylabel: str) -> None:
-        """A bar per name. visdom's ``bar`` squeezes its input, so a single bar (a one-class run)
-        fails its own "X should be one or two-dimensional": the plotly trace is sent as it is."""
-        layout = {"title": title, "showlegend": False, "margin": {"l": 60, "r": 60, "t": 60, "b": 60},
-                  "xaxis": {"title": xlabel, "type": "category"}, "yaxis": {"title": ylabel}}
-        self.viz._send({"data": [{"x": names, "y": heights, "type": "bar"}], "win": win, "eid": self.env,
-                        "layout": layout, "opts": {"title": title, "width": WIDTH, "height": HEIGHT}})
-
-    def _images(self, records: list[dict[str, Any]]) -> None:
-        if not records or not self._changed("images", records[-1]["epoch"]):
-            return
-        last = records[-1]
-        cells = []
-        for item in last["items"]:
-            caption = item.get("caption") or f"{item['label']} \u2192 {item['predicted']}"
-            ok = item.get("ok", item.get("label") == item.get("predicted") if "label" in item else None)
-            color = "#333" if ok is None else "#070" if ok else "#b00"
-            data = base64.b64encode(item["png"]).decode()
-            cells.append(f'<figure style="margin:4px;text-align:center"><img src="data:image/png;base64,{data}" '
-                         f'style="height:64px;image-rendering:pixelated"><figcaption style="font:12px '
-                         f'sans-serif;color:{color}">{html.escape(caption)}</figcaption></figure>')
-        title = str(last.get("title") or "validation images (true \u2192 predicted)")
-        right = [item for item in last["items"] if "ok" in item or "label" in item]
-        shown = sum(item.get("ok", item.get("label") == item.get("predicted")) for item in right)
-        tally = f" ({shown} of {len(right)} right)" if right else ""
-        page = (f'<div class="phalanx-images"><b>{html.escape(title)}, epoch {last["epoch"]}</b>{tally}'
-                f'<div style="display:flex;flex-wrap:wrap">{"".join(cells)}</div></div>')
-        self.viz.text(page, win="images", env=self.env, opts={"title": title.split(" (")[0], "width": 2 * WIDTH,
-                                                             "height": HEIGHT})
+    def _windows(self, history: History) -> None:
+        """Each window of another kind than lines: the latest record it draws, when that is new."""
+        latest: dict[str, tuple[int, dict[str, Any]]] = {}
+        for index, record in enumerate(history.records):
+            latest[record.get("kind", "")] = (index, record)
+        for pane in drawn_windows(record_kinds.panes_of(history.records), set(latest)):
+            found = latest.get(pane["record"])
+            if found is not None and self._changed(pane["win"], found[0]):
+                KINDS[pane["kind"]].draw(self.viz, self.env, pane, found[1])
 
     def _status(self, history: History) -> None:
         rows = status_rows(history)
-        if not self._changed("status", rows):
-            return
-        table = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
-                        f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-        self.viz.text(f'<table class="phalanx-status">{table}</table>', win="status", env=self.env,
-                      opts={"title": "status", "width": WIDTH, "height": HEIGHT})
+        if self._changed("status", rows):
+            KINDS["table"].draw(self.viz, self.env, {"win": "status", "title": "status"},
+                                {"rows": [list(row) for row in rows]})
 
 
 def status_rows(history: History) -> list[tuple[str, str]]:
@@ -239,7 +200,7 @@ class ComparePlots:
     def update(self, histories: dict[str, History]) -> None:
         for label, history in sorted(histories.items()):
             val = of_kind(history, "val")
-            panes = [p for p in record_kinds.panes_of(history.records) if p["record"] == "val"]
+            panes = [p for p in line_panes(history) if p["record"] == "val"]
             content = tuple((r["epoch"], *(r.get(p["traces"][0][0]) for p in panes)) for r in val)
             if not val or self.shown.get(label) == content:
                 continue

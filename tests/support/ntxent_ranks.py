@@ -14,9 +14,9 @@ from phalanx.devices import placement
 from phalanx.parallel import make_strategy
 from phalanx.tasks.simclr import SimCLRTask
 
-strategy = make_strategy(RunConfig(task="simclr"), placement())
+strategy = make_strategy(RunConfig.flat(task="simclr"), placement())
 rank = dist.get_rank()
-task = SimCLRTask(RunConfig(task="simclr", task_options={"temperature": 0.2}))
+task = SimCLRTask(RunConfig.flat(task="simclr", task_options={"temperature": 0.2}))
 generator = torch.Generator().manual_seed(100 + rank)  # rank 1's embeddings are not rank 0's
 z1 = torch.randn(5, 8, generator=generator, dtype=torch.float64, requires_grad=True)
 z2 = torch.randn(5, 8, generator=generator, dtype=torch.float64, requires_grad=True)

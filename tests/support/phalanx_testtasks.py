@@ -256,7 +256,7 @@ if AdversarialAutoencoder is not None:
         loss_names = (*AdversarialAutoencoder.loss_names, "G_total")
 
     class PerTargetMetric(AdversarialAutoencoder):
-        """A metric (``PSNR_1``) beside the example's L1, with no metric_names() of its own."""
+        """A metric (``PSNR_1``) beside the example's L1, with no ``metrics`` declared."""
 
         def empty_sums(self):
             return {**super().empty_sums(), "PSNR_1": torch.zeros(())}

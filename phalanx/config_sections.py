@@ -1,0 +1,223 @@
+"""The sections of the run configuration, each a frozen dataclass of ``fields.option`` fields.
+
+A helper takes the section it reads (``cfg.data``, ``cfg.optim``, ...), not the whole run. Option
+names are unique across sections, so the command line, ``--config``, ``--print-config`` and the
+JSON in checkpoints stay flat (``config.RunConfig.flat``). Each section checks its own fields when
+it is made (types, choices, bounds, finite numbers); rules across sections are in
+``config_checks``. Standard library only (``phalanx --help`` must not pay for torch).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .fields import check_fields, option
+
+def means_cpu(gpu_ids: tuple[int, ...] | list[int]) -> bool:
+    """``--gpu-ids``: none, or -1, is the CPU (the one place that says so, for training, the dry
+    runs and inference alike)."""
+    return not gpu_ids or tuple(gpu_ids) == (-1,)
+
+
+DATASETS = ("digits", "folder", "mnist", "fashionmnist", "cifar10", "synthetic")
+AUGMENTS = ("auto", "none", "basic", "trivialaugment", "randaugment", "autoaugment")
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What the task reads and how its images are prepared. (``cfg.data``)"""
+
+    heading: ClassVar[str] = "Data"
+    dataroot: str | None = option(None, "Data directory: for classification an ImageFolder "
+                                  "layout (DIR/train/<class>/*.png, optional DIR/val/) or torchvision's files for "
+                                  "--dataset; the other tasks' layouts are in the README.",
+                                  identity=False, metavar="DIR")
+    dataset: str | None = option(None, "Dataset kind. Default: 'folder' with --dataroot, else the "
+                                 "built-in 8x8 digits (offline).", choices=DATASETS)
+    download: bool = option(False, "Let torchvision download --dataset into --dataroot (needs internet).",
+                            identity=False)
+    synthetic_samples: int = option(4096, "With --dataset synthetic: random RGB images in memory (for "
+                                    "benchmarks: the data pipeline costs nothing).", metavar="N", at_least=2)
+    val_fraction: float = option(0.2, "Hold-out fraction when the data has no validation split.", above=0, below=1)
+    image_size: int = option(0, "Train and evaluate on N x N images (0: the dataset's own size; 32 for "
+                             "folders). Images are resized by their shorter side and cropped, never squashed.",
+                             metavar="N", at_least=0)
+    augment: str = option("auto", "Training augmentation: basic = random crop (pad-and-crop up to 64 px, random "
+                          "resized crop above) + horizontal flip; the policies add torchvision's. auto: basic for "
+                          "folders and CIFAR-10, none for the rest.", choices=AUGMENTS)
+    hflip: bool = option(True, "Random horizontal flips in augmentation (--no-hflip where a flip changes the "
+                         "label: digits, text).")
+    crop_scale: float = option(0.08, "Smallest area fraction of a random resized crop (images above 64 px).",
+                               metavar="FRACTION", above=0, at_most=1)
+    val_crop_pct: float = option(0.0, "Evaluate on the centre crop of an image resized to N / PCT (timm's "
+                                 "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros, as torchvision's "
+                                 "CenterCrop does; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
+    normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
+                            "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
+                            "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
+    mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406).",
+                                     metavar="M[,M...]")
+    std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with.", metavar="S[,S...]")
+    num_workers: str = option("auto", "DataLoader worker processes per training process (auto: the cores per "
+                              "local process that training leaves free).", identity=False, metavar="N|auto")
+    skip_broken: bool = option(False, "Skip unreadable images (named and counted) instead of refusing to start.")
+    fast_decode: bool = option(True, "Decode JPEGs at reduced scale when the target is much smaller (within "
+                               "the README's tolerance of a full decode); --no-fast-decode for the full "
+                               "decode.", identity=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool):
+            object.__setattr__(self, "num_workers", str(self.num_workers))
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", "folder" if self.dataroot else "digits")
+        if isinstance(self.dataroot, str) and self.dataroot:  # recorded absolute: evaluate and workers may run from another directory
+            object.__setattr__(self, "dataroot", os.path.abspath(self.dataroot))
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The network and how it runs. (``cfg.network``)"""
+
+    heading: ClassVar[str] = "Model"
+    model: str = option("smallcnn", "'smallcnn', a torchvision model of the task's kind (resnet18, "
+                        "fasterrcnn_mobilenet_v3_large_320_fpn, ...), timm/NAME (timm's zoo), or "
+                        "'package.module:function' returning an nn.Module. Each task has its default.",
+                        metavar="NAME")
+    weights: str | None = option(None, "Start from these weights: a state dict or phalanx checkpoint file, or a "
+                                 "torchvision weights name (ResNet18_Weights.IMAGENET1K_V1) found in torch's hub "
+                                 "cache. A classifier head of another size starts anew.", identity=False,
+                                 metavar="PATH|NAME")
+    channels_last: bool = option(False, "Channels-last memory format for the model and its inputs.",
+                                 identity=False)
+    compile: bool = option(False, "torch.compile the model (slow first steps; see the README's measurements).",
+                           identity=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class OptimOptions:
+    """The optimizer, its step and its precision. (``cfg.optim``)"""
+
+    heading: ClassVar[str] = "Optimisation"
+    batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
+                             "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
+                             "--grad-accum x world size.", above=0)
+    lr: float = option(0.1, "Learning rate (before --scale-lr).", above=0)
+    optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
+    momentum: float = option(0.9, "SGD momentum.", at_least=0)
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
+    weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
+    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0)
+    ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
+                              "evaluated beside the model; 0: off.", metavar="D", at_least=0, below=1)
+    precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "
+                            "fp64 trains every network and input in float64: slow, for checking that a run is "
+                            "exact).", choices=("fp32", "bf16", "fp16", "fp64"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How long training runs and how the learning rate moves over it. (``cfg.schedule``)"""
+
+    heading: ClassVar[str] = "Schedule"
+    epochs: int = option(5, "Number of epochs to train for (in total, counting resumed ones).",
+                         identity=False, above=0)
+    lr_schedule: str = option("cosine", "Learning-rate schedule after warmup (linear: constant, then a linear "
+                              "decay to zero over the last --lr-decay-epochs, as pix2pix).",
+                              choices=("cosine", "step", "constant", "linear"))
+    lr_decay_epochs: float = option(0.0, "With --lr-schedule linear: the epochs of the decay to zero (0: the second "
+                                    "half of --epochs).", metavar="N", at_least=0)
+    lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
+                                 metavar="N", above=0)
+    warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.", at_least=0)
+    scale_lr: str = option("none", "'linear': multiply --lr by the number of devices that share a step "
+                           "(linear scaling rule).", choices=("none", "linear"),
+                           launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """Where the processes train and how they talk. (``cfg.devices``)"""
+
+    heading: ClassVar[str] = "Devices and processes"
+    gpu_ids: tuple[int, ...] = option((), "GPU to train on; several for DataParallel (0,1 or --gpu-ids 0 "
+                                      "--gpu-ids 1). -1 or none: CPU.", metavar="ID[,ID...]",
+                                      launch_help="GPU of each local worker: local rank r trains on the r-th id "
+                                      "(0,1 or --gpu-ids 0 --gpu-ids 1). -1 or none: CPU workers.",
+                                      identity=False)  # a run resumes on other devices, as at another world size
+    backend: str | None = option(None, "torch.distributed backend for DDP workers (default: nccl "
+                                 "on CUDA, gloo on CPU).", choices=("nccl", "gloo"), identity=False)
+    dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "
+                                 "or lost worker ends the run instead of blocking it forever.",
+                                 identity=False, metavar="SECONDS", above=0)
+    sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def uses_cpu(self) -> bool:
+        return means_cpu(self.gpu_ids)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What a run keeps and shows. (``cfg.output``)"""
+
+    heading: ClassVar[str] = "Output"
+    best_metric: str | None = option(None, "The validation metric that picks best.pt (default: the task's: "
+                                     "accuracy for classification).", identity=False, metavar="NAME")
+    save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
+                                  identity=False, metavar="N", at_least=0)
+    pickle_dir: str | None = option(None, "Where global rank 0 writes loss snapshots for `phalanx "
+                                    "visualize` (default: <run dir>/pickle).", identity=False, metavar="DIR")
+    snapshot_every: float = option(5.0, "Write a loss snapshot at most every N seconds (and at each "
+                                   "epoch end).", identity=False, metavar="SECONDS", at_least=0)
+    log_every: int = option(10, "Log the train loss (averaged over ranks) every N optimizer steps.",
+                            identity=False, metavar="N", above=0)
+    progress: bool = option(True, "Show progress on stderr: a bar on a terminal, else a line every "
+                            "--log-interval seconds.", identity=False)
+    log_interval: float = option(30.0, "Without a terminal: a progress line every N seconds of an epoch (0: none).",
+                                 identity=False, metavar="SECONDS", at_least=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """Where snapshots and checkpoints are copied. (``cfg.storage``)"""
+
+    heading: ClassVar[str] = "Remote storage"
+    remote: bool = option(False, "DeepLIIF's --remote True|False, accepted as its multi-GPU guide writes it: "
+                          "phalanx always does what --remote True asks (global rank 0 writes pickled snapshots "
+                          "for `phalanx visualize`; training starts no visdom). Add --remote-transfer or "
+                          "--remote-transfer-cmd to copy snapshots and checkpoints elsewhere.", identity=False,
+                          valued=True, metavar="True|False")
+    remote_transfer: str | None = option(None, "Also upload snapshots and checkpoints to S3 (boto3, the "
+                                         "standard AWS credential chain), in the background.",
+                                         identity=False, metavar="s3://BUCKET/PREFIX")
+    remote_transfer_cmd: str | None = option(None, "Call your function with the path of each written "
+                                             "snapshot and checkpoint (imported by name).",
+                                             identity=False, metavar="MODULE.FUNCTION")
+    s3_endpoint_url: str | None = option(None, "S3-compatible endpoint (default: AWS, or "
+                                         "AWS_ENDPOINT_URL).", identity=False, metavar="URL")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+#: The sections in their order in ``--help``, by their attribute of ``RunConfig``.
+SECTIONS = {"data": DataOptions, "network": ModelOptions, "optim": OptimOptions, "schedule": ScheduleOptions,
+            "devices": DeviceOptions, "output": OutputOptions, "storage": RemoteOptions}
