@@ -224,6 +224,18 @@ MUTANTS = [
            "        if not real.is_relative_to(self.root):", "        if False:", ("tests/test_visualize.py -k hostile",)),
     Mutant("a FIFO is read", "phalanx/visualize/sources.py", "            if not stat.S_ISREG(info.st_mode):",
            "            if False:", ("tests/test_visualize.py -k hostile",)),
+    # --- the contract: declarations, config sections, window kinds
+    Mutant("translate declares its first target's names only", "phalanx/tasks/translate.py",
+           'primary_model=self.net("generator", 0),', 'primary_model="generator",',
+           ("tests/test_contract.py -k declaration_follows",)),
+    Mutant("a config's replace drops the changes", "phalanx/config.py",
+           "return RunConfig.flat(**{**self.to_dict(), **changes})", "return RunConfig.flat(**self.to_dict())",
+           ("tests/test_contract.py -k frozen_sections",)),
+    Mutant("a pane's window drawn beside the kind's default", "phalanx/windows.py",
+           "and kind.record not in covered for d in kind.defaults]", "for d in kind.defaults]",
+           ("tests/test_visualize_robust.py -k names_its_window_kind",)),
+    Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
+           "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
 ]
 
 

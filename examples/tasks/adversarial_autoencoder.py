@@ -22,7 +22,7 @@ from torch import nn
 from phalanx.data import SeededView, load_digits
 from phalanx.data.sources import holdout_indices
 from phalanx.fields import option
-from phalanx.tasks import Evaluation, Inference, Task, TaskData, denormalize, images_item, png, strip
+from phalanx.tasks import Inference, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
 
@@ -69,7 +69,7 @@ class AdversarialAutoencoder(Task):
     best_metric = ("L1", "min")
     metric_labels = {"L1": "L1 reconstruction error"}
     reads = ("val_fraction",)  # its own digits: --dataroot, --image-size, --model ... are refused
-    manual_optimization = True  # two optimizers, stepped in turn by training_step
+    manual_optimization = True  # an optimizer per network, stepped in turn by training_step
     Inference = AutoencoderInference
     options: AutoencoderOptions
 
@@ -83,9 +83,6 @@ class AdversarialAutoencoder(Task):
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         return {"generator": generator(self.options.width), "discriminator": discriminator(self.options.width)}
-
-    def param_groups(self, models):
-        return {name: [{"params": list(models[name].parameters())}] for name in ("generator", "discriminator")}
 
     def training_step(self, real: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         fake = ctx.models["generator"](real)
@@ -107,11 +104,7 @@ class AdversarialAutoencoder(Task):
 
     def validation_step(self, models, real: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         error = (models["generator"](real) - real).abs().flatten(1).mean(1)
-        return {"L1": error.sum(), "samples": torch.tensor(float(len(real)))}
-
-    def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
-        count = float(sums["samples"])
-        return Evaluation({"L1": float(sums["L1"]) / max(count, 1.0)}, {"samples": int(count)})
+        return {"L1": error.sum(), "samples": torch.tensor(float(len(real)))}  # the mean: sums / samples
 
     def visuals(self, data: TaskData) -> "Reconstructions":
         return Reconstructions(data.val[:SHOWN])

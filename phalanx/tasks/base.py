@@ -138,9 +138,14 @@ class Task:
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         """Each optimizer by name -> its parameter groups (``{"params": [...], "lr_mult": 1.0}``).
         Every optimizer follows the run's schedule from the base LR times its group's ``lr_mult``.
-        Default: one optimizer, named after the primary model, over every trainable parameter."""
-        params = [p for m in models.values() for p in m.parameters() if p.requires_grad]
-        return {self.primary_model: [{"params": params, "lr_mult": 1.0}]}
+        Default: one optimizer, named after the primary model, over every trainable parameter; with
+        ``manual_optimization``, one per network that has any (a GAN's generator and discriminator)."""
+        def trainable(module: nn.Module) -> list[nn.Parameter]:
+            return [p for p in module.parameters() if p.requires_grad]
+
+        if self.manual_optimization:
+            return {name: [{"params": trainable(m), "lr_mult": 1.0}] for name, m in models.items() if trainable(m)}
+        return {self.primary_model: [{"params": [p for m in models.values() for p in trainable(m)], "lr_mult": 1.0}]}
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
         """``--weights``: load starting weights; returns lines that say what was loaded."""
@@ -182,7 +187,10 @@ class Task:
         raise NotImplementedError
 
     def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
-        return Evaluation({"loss": float(sums["loss"]) / max(float(sums["samples"]), 1.0)})
+        """Default: each sum but ``samples`` as a mean per validation sample."""
+        count = float(sums["samples"])
+        return Evaluation({k: float(v) / max(count, 1.0) for k, v in sums.items() if k != "samples"},
+                          {"samples": int(count)})
 
     @torch.no_grad()
     def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
