@@ -51,6 +51,8 @@ def export(opts: ExportOptions) -> list[Path]:
     written = []
     for name, (module, example) in modules.items():
         path = paths[name]
+        if isinstance(example, torch.Tensor) and example.is_floating_point():  # a float64 run (--precision fp64)
+            example = example.to(next((p.dtype for p in module.parameters()), example.dtype))
         _write(path, module.cpu().eval(), example, opts.format, trained.config.network.model if name == "model" else name,
                scripted)
         meta = {**inference.export_metadata(), "network": name, "task": trained.config.task,

@@ -40,6 +40,8 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
         predictor: Predictor = FeaturesPredictor(*inference.feature_inputs(paths), paths, opts, device)
     else:
         predictor = inference.predictor(paths, opts, device)
+    # A run trained in float64 (--precision fp64) predicts in float64, as it evaluates.
+    predictor.dtype = next((p.dtype for m in trained.models.values() for p in m.parameters()), torch.float32)
     predicted, skipped = run(predictor, opts, "features" if opts.features else "predict")
     for path, why in skipped:
         print(f"phalanx: warning: skipped {path}: {why}", file=sys.stderr, flush=True)
@@ -62,6 +64,7 @@ def run(predictor: Predictor, opts: PredictOptions, label: str) -> tuple[int, li
     for indices, images, raws, bad in loader:
         skipped += [(predictor.paths[i], why) for i, why in bad]
         if images:
+            images = [image.to(predictor.dtype) if image.is_floating_point() else image for image in images]
             predictor.predict(indices, images, raws)
             done += len(images)
         bar.update(len(indices) + len(bad), lambda: 0.0)

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
-from .options import BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions, TranslateOptions
+from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions,
+                      SimSiamOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -80,6 +81,18 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              "pretraining with a momentum teacher, no negatives", BYOLOptions,
              "phalanx.tasks.byol:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
+    TaskInfo("simsiam", "Self-supervised: SimSiam (--task simsiam)",
+             "pretraining with a predictor and a stop-gradient, no negatives, no teacher", SimSiamOptions,
+             "phalanx.tasks.simsiam:SimSiamTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             predicts=".npy"),
+    TaskInfo("barlowtwins", "Self-supervised: Barlow Twins (--task barlowtwins)",
+             "pretraining by decorrelating the global batch's embeddings", BarlowTwinsOptions,
+             "phalanx.tasks.decorrelation:BarlowTwinsTask",
+             {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
+    TaskInfo("vicreg", "Self-supervised: VICReg (--task vicreg)",
+             "pretraining with invariance, variance and covariance terms over the global batch", VICRegOptions,
+             "phalanx.tasks.decorrelation:VICRegTask",
+             {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
     TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
              DetectOptions, "phalanx.tasks.detect:DetectTask",
              # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.

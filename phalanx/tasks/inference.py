@@ -46,6 +46,7 @@ class Predictor:
     """
 
     batch_size = 1
+    dtype = torch.float32  # what floating images become before ``predict`` (the networks' own: set by the loop)
 
     def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device):
         self.inputs, self.paths, self.device = inputs, paths, device

@@ -108,6 +108,63 @@ class BYOLOptions:
 
 
 @dataclass(frozen=True)
+class GlobalBatchOptions:
+    """Barlow Twins' and VICReg's: a three-layer projector and a loss over the global batch."""
+
+    projection_dim: int = option(2048, "Output size of the projection head (Lightly's 2048).", metavar="N", above=0)
+    hidden_dim: int = option(2048, "Hidden size of the projection head's two hidden layers.", metavar="N", above=0)
+    head_norm: str = option("batch", "Normalisation in the projection head: batch (the papers') or none (with a "
+                            "backbone without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
+                            choices=("batch", "none"))
+    gather: bool = option(True, "The loss over every rank's embeddings (the global batch), with gradients; off: over "
+                          "this rank's own.")
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_blur(self.blur)
+
+
+@dataclass(frozen=True)
+class BarlowTwinsOptions(GlobalBatchOptions):
+    redundancy_weight: float = option(5e-3, "Weight of the off-diagonal (redundancy reduction) term of the "
+                                      "cross-correlation against the diagonal one (Barlow Twins' lambda).",
+                                      metavar="W", at_least=0)
+
+
+@dataclass(frozen=True)
+class VICRegOptions(GlobalBatchOptions):
+    invariance_weight: float = option(25.0, "Weight of VICReg's invariance term (the views' mean squared distance).",
+                                      metavar="W", at_least=0)
+    variance_weight: float = option(25.0, "Weight of VICReg's variance term (each dimension's std kept above 1).",
+                                    metavar="W", at_least=0)
+    covariance_weight: float = option(1.0, "Weight of VICReg's covariance term (off-diagonal covariances to 0).",
+                                      metavar="W", at_least=0)
+    variance_eps: float = option(1e-4, "Added to the variance before its square root.", metavar="E", above=0)
+
+
+@dataclass(frozen=True)
+class SimSiamOptions:
+    projection_dim: int = option(2048, "Output size of the projection head (and of the predictor).", metavar="N",
+                                 above=0)
+    hidden_dim: int = option(2048, "Hidden size of the projection head.", metavar="N", above=0)
+    predictor_dim: int = option(512, "Hidden size of the predictor (SimSiam's bottleneck).", metavar="N", above=0)
+    head_norm: str = option("batch", "Normalisation in the projection and prediction heads.",
+                            choices=("batch", "none"))
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_blur(self.blur)
+
+
+@dataclass(frozen=True)
 class DetectOptions:
     annotations: str | None = option(None, "The training split's COCO JSON, when it is not DIR/train/annotations.json.",
                                      metavar="FILE")

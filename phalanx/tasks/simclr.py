@@ -4,7 +4,7 @@ all-gathered with their gradients), so 2 workers x B train what one process x 2B
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,12 +48,8 @@ class SimCLRTask(SelfSupervisedTask):
             all2, _ = ctx.all_gather(z2)
         else:
             (all1, start), all2 = (z1, 0), z2
-        if not ctx.samples:  # a padding sample: it takes part, weighing nothing
-            return {"loss": (z1.sum() + z2.sum()) * 0.0}
+        if not ctx.samples:  # a padding sample: it takes part, weighing nothing, through the gather
+            # (whose backward is a collective every rank must join: through z1 alone, the other
+            # rank's all-reduce met this rank's DDP gradient bucket and gloo aborted)
+            return {"loss": (all1.sum() + all2.sum()) * 0.0}
         return {"loss": self.nt_xent(z1, z2, all1, all2, start)}
-
-    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
-        """Per sample: 2 - 2 cos between the embeddings of its two views (alignment; exact at any
-        world size, unlike NT-Xent, whose negatives depend on how a batch is cut)."""
-        z1, z2 = self.embed(models, v1), self.embed(models, v2)
-        return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)

@@ -1,5 +1,6 @@
 """Self-supervised pretraining, Lightly's job: what every method shares (``SelfSupervisedTask``);
-each method is a module of its own (``simclr.py``, ``byol.py``).
+each method is a module of its own (``simclr.py``, ``byol.py``, ``simsiam.py``, and Barlow Twins and
+VICReg in ``decorrelation.py``).
 
 A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each
 image, no labels needed. SimCLR's NT-Xent takes its negatives from the global batch: embeddings
@@ -33,11 +34,16 @@ from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
 SHOWN = 8  # training images drawn each epoch with their two views
 
 
-def mlp(inputs: int, hidden: int, outputs: int, norm: str) -> nn.Module:
-    """A projection (or prediction) head: Linear, BatchNorm (or none), ReLU, Linear."""
-    layers: list[nn.Module] = [nn.Linear(inputs, hidden, bias=norm == "none")]
-    layers += [nn.BatchNorm1d(hidden)] if norm == "batch" else []
-    return nn.Sequential(*layers, nn.ReLU(inplace=True), nn.Linear(hidden, outputs))
+def mlp(inputs: int, hidden: int, outputs: int, norm: str, hidden_layers: int = 1) -> nn.Module:
+    """A projection (or prediction) head: (Linear, BatchNorm or none, ReLU) x ``hidden_layers``,
+    then Linear (SimCLR's and BYOL's heads have one hidden layer; Barlow Twins', VICReg's and
+    SimSiam's projectors two)."""
+    layers: list[nn.Module] = []
+    for index in range(hidden_layers):
+        layers += [nn.Linear(inputs if index == 0 else hidden, hidden, bias=norm == "none")]
+        layers += [nn.BatchNorm1d(hidden)] if norm == "batch" else []
+        layers += [nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers, nn.Linear(hidden, outputs))
 
 
 def knn_predict(features: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, classes: int, k: int,
@@ -111,7 +117,10 @@ class SelfSupervisedTask(Task):
 
     # --- validation: the view loss, and kNN accuracy of the backbone's features
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Per sample: 2 - 2 cos between the embeddings of its two views (alignment; exact at any
+        world size, unlike a loss whose value depends on how a batch is cut)."""
+        z1, z2 = self.embed(models, v1), self.embed(models, v2)
+        return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)
 
     @torch.no_grad()
     def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
@@ -192,7 +201,10 @@ class SelfSupervisedTask(Task):
 
     # --- dashboard
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
+        health = [pane(f"train_{name}", f"{declared.label(name)} (mean over ranks)", declared.label(name), "train",
+                       [(name, name)]) for name in declared.loss_names if name != "loss"]
         return [pane("train_loss", f"{self.name} loss (mean over ranks)", self.loss_label, "train", [("loss", "loss")]),
+                *health,
                 pane("val_knn_acc", "kNN accuracy of the backbone (k=%d)" % self.options.knn_k, "accuracy (%)", "val",
                      [("knn_acc", "kNN accuracy"), ("ema_knn_acc", "EMA kNN accuracy")], percent=True),
                 pane("val_view_loss", "loss on validation views", self.loss_label, "val",
