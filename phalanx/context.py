@@ -15,7 +15,7 @@ from torch import nn
 
 from .errors import PhalanxError
 from .parallel import Strategy
-from .sampling import MicroBatch
+from .sampling import MicroBatch, sample_order
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -156,3 +156,10 @@ class StepContext(RunContext):
         # A rank whose share of this micro-batch is a padding sample contributes no rows.
         counted = (tensor.shape[0] if rows is None else rows) if self.samples else 0
         return self.strategy.all_gather_rows(tensor, counted)
+
+    def all_gather_in_order(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of this micro-batch (one per sample) in the order one process holding
+        the whole micro-batch has them: where the order matters (a queue of keys), the same at any
+        world size. Gradients flow as with ``all_gather``."""
+        gathered, _ = self.all_gather(tensor)
+        return gathered[sample_order(len(gathered), self.world_size)]

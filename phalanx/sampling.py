@@ -59,6 +59,15 @@ class MicroBatch:
         return world_size / self.step_samples
 
 
+def sample_order(total: int, world_size: int) -> list[int]:
+    """For every rank's rows of a global micro-batch gathered in rank order (rank r holds its
+    samples r, r + W, ...): the position of each sample, in the order one process holding the whole
+    micro-batch has them."""
+    counts = [len(range(rank, total, world_size)) for rank in range(world_size)]
+    offsets = [sum(counts[:rank]) for rank in range(world_size)]
+    return [offsets[position % world_size] + position // world_size for position in range(total)]
+
+
 def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int, rank: int,
                grad_accum: int = 1) -> list[MicroBatch]:
     """This rank's micro-batches for the rest of an epoch, from global position ``start``."""

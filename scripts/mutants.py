@@ -224,6 +224,18 @@ MUTANTS = [
            "        if not real.is_relative_to(self.root):", "        if False:", ("tests/test_visualize.py -k hostile",)),
     Mutant("a FIFO is read", "phalanx/visualize/sources.py", "            if not stat.S_ISREG(info.st_mode):",
            "            if False:", ("tests/test_visualize.py -k hostile",)),
+    # --- the self-supervised family
+    Mutant("MoCo's keys enqueued in rank order", "phalanx/tasks/moco.py", "keys = ctx.all_gather_in_order(key)",
+           "keys = ctx.all_gather(key)[0]", ("tests/test_ssl_family.py -k padding and moco",)),
+    Mutant("MoCo's queue not checkpointed", "phalanx/tasks/moco.py",
+           'return {"queue": self.queue.detach().cpu().clone(), "queue_at": self.queue_at}', "return {}",
+           ("tests/test_ssl_family.py -k moco_resumed",)),
+    Mutant("a padding rank's SimCLR loss skips the gather", "phalanx/tasks/simclr.py",
+           'return {"loss": (all1.sum() + all2.sum()) * 0.0}', 'return {"loss": (z1.sum() + z2.sum()) * 0.0}',
+           ("tests/test_ssl_family.py -k padding and simclr",)),
+    Mutant("Barlow Twins and VICReg on each rank's own batch", "phalanx/tasks/decorrelation.py",
+           "        if self.options.gather:  # every rank's rows", "        if False:  # every rank's rows",
+           ("tests/test_ssl_family.py -k padding and barlowtwins",)),
     # --- the contract: declarations, config sections, window kinds
     Mutant("translate declares its first target's names only", "phalanx/tasks/translate.py",
            'primary_model=self.net("generator", 0),', 'primary_model="generator",',

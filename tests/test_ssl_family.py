@@ -1,7 +1,8 @@
-"""The self-supervised family beyond SimCLR and BYOL (``--task simsiam``, ``barlowtwins``,
-``vicreg``): each loss equal to Lightly's, the global-batch losses exact under DDP (gathered over
-two gloo ranks, and trained: 2 workers x 16 against one process x 32 in float64, an epoch that ends
-in a padding sample), and the backbone served by evaluate, predict and export as SimCLR's is."""
+"""The self-supervised family beyond SimCLR and BYOL (``--task moco``, ``simsiam``, ``barlowtwins``,
+``vicreg``): each loss equal to Lightly's, exact under DDP (the global-batch losses gathered over two
+gloo ranks; every method trained 2 workers x 16 against one process x 32 in float64, an epoch that
+ends in a padding sample), MoCo's queue in the batch's order and resumed at another world size, and
+the backbone served by predict, export and a classifier as SimCLR's is."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def gradients_of(loss_fn, z1, z2):
     z1.grad = z2.grad = None
     loss = loss_fn(z1, z2)
     loss.backward()
-    return loss.item(), z1.grad.clone(), z2.grad.clone()
+    return loss.item(), *(None if z.grad is None else z.grad.clone() for z in (z1, z2))
 
 
 def test_each_loss_equals_lightlys_in_one_process_with_its_gradient():
@@ -53,6 +54,38 @@ def test_each_loss_equals_lightlys_in_one_process_with_its_gradient():
     negative_cosine = NegativeCosineSimilarity()
     theirs = 0.5 * (negative_cosine(p1, z2.detach()) + negative_cosine(p2, z1.detach()))
     assert SimSiamTask.simsiam(p1, p2, z1, z2).mean().item() == pytest.approx(theirs.item(), rel=1e-12)
+
+
+def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
+    from lightly.loss import NTXentLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.tasks.moco import MoCoTask
+
+    task = MoCoTask(RunConfig.flat(task="moco", task_options={"queue_size": 10, "projection_dim": 6}))
+    theirs = NTXentLoss(temperature=0.1, memory_bank_size=(10, 6))
+    theirs.memory_bank.bank = task.queue.clone()  # the same start: Lightly's is random too
+    for seed in range(4):  # 4 keys a batch: 4, 8, then 2 fit and 2 are dropped, then 4 from the front
+        query, key = embeddings(seed, rows=4)
+        key = key.detach()
+        mine = gradients_of(lambda q, k: task.info_nce(q, k).mean(), query, key)
+        task.enqueue(key)
+        expected = gradients_of(theirs, query, key)
+        assert mine[0] == pytest.approx(expected[0], rel=1e-12) and torch.allclose(mine[1], expected[1], atol=1e-12)
+        assert torch.equal(task.queue, theirs.memory_bank.bank) and task.queue_at == int(theirs.memory_bank.bank_ptr)
+    assert task.queue_at == 4
+
+
+def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():
+    from phalanx.sampling import plan_epoch, sample_order
+
+    order = torch.randperm(23, generator=torch.Generator().manual_seed(0))
+    for world in (1, 2, 3, 5):
+        plans = [plan_epoch(order, 0, 4, world, rank) for rank in range(world)]
+        for micro in zip(*plans):  # one global micro-batch: each rank's samples, gathered in rank order
+            gathered = [i for m in micro if m.real for i in m.indices]
+            assert [gathered[p] for p in sample_order(len(gathered), world)] == \
+                order[micro[0].start:micro[0].end].tolist()
 
 
 @pytest.mark.slow
@@ -80,16 +113,21 @@ def test_the_global_batch_losses_gathered_over_two_ranks_are_the_global_batchs(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["simclr", "simsiam", "barlowtwins", "vicreg"])
+@pytest.mark.parametrize("task", ["simclr", "moco", "simsiam", "barlowtwins", "vicreg"])
 def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_sample(tmp_path, phalanx, task):
     # SimCLR once aborted here: a padding rank's zero loss skipped the gather's backward, a collective.
+    # MoCo's queue of 50 keys wraps inside a batch of 32: its order is one process's or the test fails.
+    queue = ["--queue-size", 50] if task == "moco" else []
     common = ["--task", task, "--head-norm", "none", "--precision", "fp64", "--epochs", 1, "--log-every", 1,
-              "--checkpoints-dir", tmp_path, *PADDED, *SMALL]
+              "--checkpoints-dir", tmp_path, *PADDED, *SMALL, *queue]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2")
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
     a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"] for name in ("ddp", "single"))
     assert max(reference.max_difference(a[n], b[n]) for n in a) < 1e-12
+    if task == "moco":
+        a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["task_state"] for name in ("ddp", "single"))
+        assert a["queue_at"] == b["queue_at"] and (a["queue"] - b["queue"]).abs().max() < 1e-12
     two, one = records(tmp_path / "ddp", "train"), records(tmp_path / "single", "train")
     assert len(two) == len(one) == 6  # 5 steps of 32 and the last image
     for x, y in zip(two, one):
@@ -113,3 +151,23 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
                     "--name", "probe", "--image-size", 16, "--no-progress")
     assert probe.code == 0 and f"a --task {task} run's backbone; its " in probe.out and "projector" in probe.out, probe.err
 
+
+@pytest.mark.slow
+def test_moco_resumed_mid_epoch_is_the_straight_run_queue_and_all(tmp_path, phalanx, monkeypatch):
+    # The queue is task state: without it in the checkpoint, the resumed run would go on from a
+    # fresh random queue (a mutant in scripts/mutants.py). Float64: the runs end within 1e-12.
+    options = [item for name, value in (("queue_size", 50), ("projection_dim", 32), ("hidden_dim", 32))
+               for item in ("--task-option", f"{name}={value}")]
+    common = ["--precision", "fp64", "--batch-size", 32, "--val-fraction", 0.9, "--epochs", 2, "--image-size", 16,
+              "--no-progress", "--checkpoints-dir", tmp_path, *options]
+    # The same class for both runs (StopAtStep stops nothing without its variable).
+    assert phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "straight", *common).code == 0
+    monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "4")  # mid-epoch: 6 steps an epoch
+    assert phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "cut", *common).code == 143
+    monkeypatch.delenv("PHALANX_TEST_STOP_STEP")
+    resumed = phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "cut", "--resume", "auto", *common)
+    assert resumed.code == 0 and "resumed from" in resumed.out and "in epoch 1" in resumed.out, resumed.out
+    a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True) for name in ("cut", "straight"))
+    assert max(reference.max_difference(a["models"][n], b["models"][n]) for n in a["models"]) < 1e-12
+    assert a["task_state"]["queue_at"] == b["task_state"]["queue_at"]
+    assert (a["task_state"]["queue"] - b["task_state"]["queue"]).abs().max() < 1e-12

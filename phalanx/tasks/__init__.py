@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
-from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, SegmentOptions, SimCLROptions,
-                      SimSiamOptions, TranslateOptions, VICRegOptions)
+from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, MoCoOptions, SegmentOptions,
+                      SimCLROptions, SimSiamOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -80,6 +80,10 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("byol", "Self-supervised: BYOL (--task byol)",
              "pretraining with a momentum teacher, no negatives", BYOLOptions,
              "phalanx.tasks.byol:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             predicts=".npy"),
+    TaskInfo("moco", "Self-supervised: MoCo (--task moco)",
+             "contrastive pretraining against a queue of a momentum encoder's keys (MoCo v2)", MoCoOptions,
+             "phalanx.tasks.moco:MoCoTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
     TaskInfo("simsiam", "Self-supervised: SimSiam (--task simsiam)",
              "pretraining with a predictor and a stop-gradient, no negatives, no teacher", SimSiamOptions,

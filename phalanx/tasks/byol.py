@@ -1,6 +1,7 @@
 """``--task byol``: each view's embedding predicts a momentum teacher's embedding of the other view;
 no negatives. The teacher is a network of its own without gradients, updated through phalanx's one
-moving average (``recipe.ema_update``), checkpointed and resumed exactly."""
+moving average (``recipe.ema_update``), checkpointed and resumed exactly; MoCo's is the same
+(``MomentumTeacherTask``)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,37 @@ if TYPE_CHECKING:
     from ..context import StepContext
 
 
-class BYOLTask(SelfSupervisedTask):
-    name = "byol"
-    Options = BYOLOptions
-    loss_label = "BYOL loss (2 - 2 cos)"
+class MomentumTeacherTask(SelfSupervisedTask):
+    """A method with a momentum teacher (BYOL, MoCo): a copy of the backbone and projector without
+    gradients that follows them as a moving average, its decay rising from ``--teacher-momentum``
+    to 1 on a cosine over training (BYOL's schedule; Lightly's MoCo benchmark's)."""
+
     options: BYOLOptions
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
-        self.progress = 0.0
+        self.progress = 0.0  # of the whole run, at the last training step (the teacher's schedule)
+
+    @staticmethod
+    def teacher_of(backbone: nn.Module, projector: nn.Module) -> nn.Module:
+        # The teacher starts as the student's copy and follows it as a moving average, never by
+        # backward: a network without trainable parameters (no optimizer, no DDP wrapper), moved,
+        # put in train and eval mode and checkpointed as the others are.
+        return copy.deepcopy(nn.Sequential(backbone, projector)).requires_grad_(False)
+
+    def track(self, ctx: StepContext) -> None:
+        self.progress = ctx.progress / max(ctx.epochs, 1)
+
+    def after_step(self, models: Mapping[str, nn.Module]) -> None:
+        """The teacher moves towards the student."""
+        decay = 1 - (1 - self.options.teacher_momentum) * (math.cos(math.pi * self.progress) + 1) / 2
+        ema_update(models["teacher"], nn.Sequential(models["backbone"], models["projector"]), decay)
+
+
+class BYOLTask(MomentumTeacherTask):
+    name = "byol"
+    Options = BYOLOptions
+    loss_label = "BYOL loss (2 - 2 cos)"
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
@@ -37,11 +60,8 @@ class BYOLTask(SelfSupervisedTask):
         hidden = o.hidden_dim or 4 * size
         projector = mlp(size, hidden, o.projection_dim, o.head_norm)
         predictor = mlp(o.projection_dim, hidden, o.projection_dim, o.head_norm)
-        # The teacher starts as the student's copy and follows it as a moving average, never by
-        # backward: a network without trainable parameters (no optimizer, no DDP wrapper), moved,
-        # put in train and eval mode and checkpointed as the others are.
-        teacher = copy.deepcopy(nn.Sequential(backbone, projector)).requires_grad_(False)
-        return {"backbone": backbone, "projector": projector, "predictor": predictor, "teacher": teacher}
+        return {"backbone": backbone, "projector": projector, "predictor": predictor,
+                "teacher": self.teacher_of(backbone, projector)}
 
     @staticmethod
     def byol(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -53,14 +73,8 @@ class BYOLTask(SelfSupervisedTask):
         p2 = ctx.models["predictor"](self.embed(ctx.models, v2))
         with torch.no_grad():
             t1, t2 = ctx.models["teacher"](v1), ctx.models["teacher"](v2)
-        self.progress = ctx.progress / max(ctx.epochs, 1)
+        self.track(ctx)
         return {"loss": 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))}
-
-    def after_step(self, models: Mapping[str, nn.Module]) -> None:
-        """The teacher moves towards the student; its decay rises from --teacher-momentum to 1 on a
-        cosine over training (BYOL's schedule)."""
-        decay = 1 - (1 - self.options.teacher_momentum) * (math.cos(math.pi * self.progress) + 1) / 2
-        ema_update(models["teacher"], nn.Sequential(models["backbone"], models["projector"]), decay)
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         teacher = models["teacher"]

@@ -108,6 +108,29 @@ class BYOLOptions:
 
 
 @dataclass(frozen=True)
+class MoCoOptions:
+    projection_dim: int = option(128, "Output size of the projection head (MoCo v2's 128).", metavar="N", above=0)
+    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size).", metavar="N",
+                             at_least=0)
+    head_norm: str = option("none", "Normalisation in the projection head: none (MoCo v2's) or batch.",
+                            choices=("batch", "none"))
+    temperature: float = option(0.1, "Temperature of the InfoNCE loss against the queue (Lightly's MoCo benchmark's).",
+                                metavar="T", above=0)
+    queue_size: int = option(4096, "Keys kept as negatives: every rank's keys enter the queue in the batch's order.",
+                             metavar="N", above=0)
+    teacher_momentum: float = option(0.996, "The key encoder's starting EMA decay; it rises to 1 on a cosine over "
+                                     "training (Lightly's MoCo benchmark).", metavar="M", at_least=0, at_most=1)
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_blur(self.blur)
+
+
+@dataclass(frozen=True)
 class GlobalBatchOptions:
     """Barlow Twins' and VICReg's: a three-layer projector and a loss over the global batch."""
 

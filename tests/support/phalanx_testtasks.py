@@ -183,6 +183,13 @@ class StoppingBYOL(StopAtStep, BYOLTask):
     """BYOL, stopped by a SIGTERM at a chosen step."""
 
 
+from phalanx.tasks.moco import MoCoTask  # noqa: E402
+
+
+class StoppingMoCo(StopAtStep, MoCoTask):
+    """MoCo, stopped by a SIGTERM at a chosen step."""
+
+
 class InfGradientAtStep(ClassifyTask):
     """Classification whose gradients become inf in training step $PHALANX_TEST_INF_STEP (a loss
     that stays finite, as an fp16 overflow in backward does). It writes down, as task state (in the
