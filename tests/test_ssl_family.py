@@ -17,7 +17,12 @@ import torch
 from conftest import REPO, USER_MODELS, records, run_phalanx
 import reference
 
-SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-dim", 32]
+SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-dim", 32, "--head-norm", "none"]
+# MoCo's queue of 50 keys wraps inside a batch of 32: its order is one process's or the test fails.
+# DINO: two local crops of 8 px beside the two global ones, and a small head.
+SIZES = {"moco": [*SMALL, "--queue-size", 50],
+         "dino": ["--image-size", 16, "--no-progress", "--output-dim", 64, "--hidden-dim", 32, "--bottleneck-dim", 16,
+                  "--local-views", 2]}
 # 161 training images of the built-in digits: 5 steps of 32, then 1 image, which one rank of two
 # trains and the other takes part in as a padding sample.
 PADDED = ["--val-fraction", 0.9104]
@@ -76,6 +81,34 @@ def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
     assert task.queue_at == 4
 
 
+def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
+    from lightly.loss import DINOLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.context import RunContext
+    from phalanx.parallel import make_strategy
+    from phalanx.tasks.dino import DINOTask
+
+    cfg = RunConfig.flat(task="dino", task_options={"output_dim": 6})
+    task, ctx = DINOTask(cfg), RunContext(make_strategy(cfg, None), "fp64", False)
+    theirs = DINOLoss(output_dim=6, warmup_teacher_temp=0.04, teacher_temp=0.04, student_temp=0.1, center_momentum=0.9)
+    theirs.center = theirs.center.double()
+    for seed in range(3):  # the centre moves between the calls: the later losses use it
+        teacher = [t.detach() for t in embeddings(10 + seed, rows=5)]
+        student = [*embeddings(20 + seed, rows=5), *embeddings(30 + seed, rows=5)]  # 2 global + 2 local crops
+        # 1/16: exact in float32, as Lightly holds the temperature (torch.tensor(0.05) is not 0.05)
+        loss, _ = task.dino_loss(teacher, student, 0.0625)
+        mine = torch.autograd.grad(loss.mean(), student)
+        task.update_center(torch.stack(teacher), ctx)
+        expected = theirs(teacher, student, teacher_temp=0.0625)
+        assert loss.mean().item() == pytest.approx(expected.item(), rel=1e-12)
+        assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(mine, torch.autograd.grad(expected, student)))
+        assert torch.allclose(task.center, theirs.center.flatten(), atol=1e-15)
+    assert [task.teacher_temperature(e) for e in (1, 31)] == [0.04, 0.04]
+    warm = DINOTask(RunConfig.flat(task="dino", task_options={"teacher_temp": 0.07, "warmup_teacher_temp_epochs": 4}))
+    assert [round(warm.teacher_temperature(e), 6) for e in (1, 2, 4, 5)] == [0.04, 0.05, 0.07, 0.07]
+
+
 def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():
     from phalanx.sampling import plan_epoch, sample_order
 
@@ -113,21 +146,23 @@ def test_the_global_batch_losses_gathered_over_two_ranks_are_the_global_batchs(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["simclr", "moco", "simsiam", "barlowtwins", "vicreg"])
+@pytest.mark.parametrize("task", ["simclr", "moco", "dino", "simsiam", "barlowtwins", "vicreg"])
 def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_sample(tmp_path, phalanx, task):
     # SimCLR once aborted here: a padding rank's zero loss skipped the gather's backward, a collective.
-    # MoCo's queue of 50 keys wraps inside a batch of 32: its order is one process's or the test fails.
-    queue = ["--queue-size", 50] if task == "moco" else []
-    common = ["--task", task, "--head-norm", "none", "--precision", "fp64", "--epochs", 1, "--log-every", 1,
-              "--checkpoints-dir", tmp_path, *PADDED, *SMALL, *queue]
+    common = ["--task", task, "--precision", "fp64", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
+              *PADDED, *SIZES.get(task, SMALL)]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2")
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
     a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"] for name in ("ddp", "single"))
     assert max(reference.max_difference(a[n], b[n]) for n in a) < 1e-12
+    states = [torch.load(tmp_path / name / "latest.pt", weights_only=True)["task_state"] for name in ("ddp", "single")]
     if task == "moco":
-        a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["task_state"] for name in ("ddp", "single"))
-        assert a["queue_at"] == b["queue_at"] and (a["queue"] - b["queue"]).abs().max() < 1e-12
+        assert states[0]["queue_at"] == states[1]["queue_at"] and (states[0]["queue"] - states[1]["queue"]).abs().max() < 1e-12
+    if task == "dino":  # the centre of the global batch's teacher outputs; the last layer frozen in epoch 1
+        assert (states[0]["center"] - states[1]["center"]).abs().max() < 1e-12 and states[0]["center"].abs().max() > 0
+        assert torch.equal(a["projector"]["last_layer"], a["teacher"]["1.last_layer"])
+        assert not torch.equal(a["projector"]["layers.0.weight"], a["teacher"]["1.layers.0.weight"])
     two, one = records(tmp_path / "ddp", "train"), records(tmp_path / "single", "train")
     assert len(two) == len(one) == 6  # 5 steps of 32 and the last image
     for x, y in zip(two, one):
@@ -152,22 +187,29 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
     assert probe.code == 0 and f"a --task {task} run's backbone; its " in probe.out and "projector" in probe.out, probe.err
 
 
+RESUMED_STATE = {"moco": (("queue_size", 50), ("projection_dim", 32), ("hidden_dim", 32)),
+                 "dino": (("output_dim", 64), ("hidden_dim", 32), ("bottleneck_dim", 16), ("local_views", 2))}
+
+
 @pytest.mark.slow
-def test_moco_resumed_mid_epoch_is_the_straight_run_queue_and_all(tmp_path, phalanx, monkeypatch):
-    # The queue is task state: without it in the checkpoint, the resumed run would go on from a
-    # fresh random queue (a mutant in scripts/mutants.py). Float64: the runs end within 1e-12.
-    options = [item for name, value in (("queue_size", 50), ("projection_dim", 32), ("hidden_dim", 32))
-               for item in ("--task-option", f"{name}={value}")]
-    common = ["--precision", "fp64", "--batch-size", 32, "--val-fraction", 0.9, "--epochs", 2, "--image-size", 16,
-              "--no-progress", "--checkpoints-dir", tmp_path, *options]
+@pytest.mark.parametrize("task", ["moco", "dino"])
+def test_a_run_resumed_mid_epoch_is_the_straight_run_its_queue_or_centre_too(tmp_path, phalanx, monkeypatch, task):
+    # MoCo's queue and DINO's centre are task state: without them in the checkpoint, the resumed run
+    # would go on from a fresh queue or a zero centre (mutants in scripts/mutants.py). Float64: the
+    # runs end within 1e-12.
+    options = [item for name, value in RESUMED_STATE[task] for item in ("--task-option", f"{name}={value}")]
+    common = ["--task", f"phalanx_testtasks:Stopping{'MoCo' if task == 'moco' else 'DINO'}", "--precision", "fp64",
+              "--batch-size", 32, "--val-fraction", 0.9, "--epochs", 2, "--image-size", 16, "--no-progress",
+              "--checkpoints-dir", tmp_path, *options]
     # The same class for both runs (StopAtStep stops nothing without its variable).
-    assert phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "straight", *common).code == 0
+    assert phalanx("train", "--name", "straight", *common).code == 0
     monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "4")  # mid-epoch: 6 steps an epoch
-    assert phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "cut", *common).code == 143
+    assert phalanx("train", "--name", "cut", *common).code == 143
     monkeypatch.delenv("PHALANX_TEST_STOP_STEP")
-    resumed = phalanx("train", "--task", "phalanx_testtasks:StoppingMoCo", "--name", "cut", "--resume", "auto", *common)
+    resumed = phalanx("train", "--name", "cut", "--resume", "auto", *common)
     assert resumed.code == 0 and "resumed from" in resumed.out and "in epoch 1" in resumed.out, resumed.out
     a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True) for name in ("cut", "straight"))
     assert max(reference.max_difference(a["models"][n], b["models"][n]) for n in a["models"]) < 1e-12
-    assert a["task_state"]["queue_at"] == b["task_state"]["queue_at"]
-    assert (a["task_state"]["queue"] - b["task_state"]["queue"]).abs().max() < 1e-12
+    state = "queue" if task == "moco" else "center"
+    assert a["task_state"].get("queue_at") == b["task_state"].get("queue_at")
+    assert (a["task_state"][state] - b["task_state"][state]).abs().max() < 1e-12

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
-from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, MoCoOptions, SegmentOptions,
-                      SimCLROptions, SimSiamOptions, TranslateOptions, VICRegOptions)
+from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, DINOOptions, MoCoOptions,
+                      SegmentOptions, SimCLROptions, SimSiamOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -85,6 +85,10 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              "contrastive pretraining against a queue of a momentum encoder's keys (MoCo v2)", MoCoOptions,
              "phalanx.tasks.moco:MoCoTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
+    TaskInfo("dino", "Self-supervised: DINO (--task dino)",
+             "self-distillation with a momentum teacher, a centre and multi-crop views", DINOOptions,
+             "phalanx.tasks.dino:DINOTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             unused={"crop_scale": "DINO's crops take --global-scale and --local-scale"}, predicts=".npy"),
     TaskInfo("simsiam", "Self-supervised: SimSiam (--task simsiam)",
              "pretraining with a predictor and a stop-gradient, no negatives, no teacher", SimSiamOptions,
              "phalanx.tasks.simsiam:SimSiamTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},

@@ -131,6 +131,42 @@ class MoCoOptions:
 
 
 @dataclass(frozen=True)
+class DINOOptions:
+    output_dim: int = option(65536, "Outputs of the DINO head (the prototypes' count).", metavar="N", above=0)
+    hidden_dim: int = option(2048, "Hidden size of the DINO head's two hidden layers.", metavar="N", above=0)
+    bottleneck_dim: int = option(256, "Size of the l2-normalised bottleneck before the head's last layer.",
+                                 metavar="N", above=0)
+    teacher_temp: float = option(0.04, "Teacher temperature after its warmup.", metavar="T", above=0)
+    warmup_teacher_temp: float = option(0.04, "Teacher temperature in the first epoch, rising linearly to "
+                                        "--teacher-temp over --warmup-teacher-temp-epochs.", metavar="T", above=0)
+    warmup_teacher_temp_epochs: int = option(30, "Epochs of the teacher temperature's warmup.", metavar="N", above=0)
+    student_temp: float = option(0.1, "Student temperature.", metavar="T", above=0)
+    center_momentum: float = option(0.9, "Momentum of the centre of the teacher's outputs (updated with the global "
+                                    "batch's mean).", metavar="M", at_least=0, below=1)
+    teacher_momentum: float = option(0.996, "The teacher's starting EMA decay; it rises to 1 on a cosine over "
+                                     "training.", metavar="M", at_least=0, at_most=1)
+    freeze_last_layer: int = option(1, "Epochs during which the head's last layer does not train.", metavar="N",
+                                    at_least=0)
+    global_scale: float = option(0.4, "Smallest area fraction of a global crop (its largest: 1).", metavar="FRACTION",
+                                 above=0, at_most=1)
+    local_views: int = option(6, "Local crops per image (0: the two global views alone).", metavar="N", at_least=0)
+    local_size: int = option(0, "Side of a local crop (0: 3/7 of --image-size, as DINO's 96 of 224).", metavar="N",
+                             at_least=0)
+    local_scale: float = option(0.05, "Smallest area fraction of a local crop (its largest: --global-scale).",
+                                metavar="FRACTION", above=0, at_most=1)
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_blur(self.blur)
+        if self.local_scale > self.global_scale:
+            raise _bad("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
+
+
+@dataclass(frozen=True)
 class GlobalBatchOptions:
     """Barlow Twins' and VICReg's: a three-layer projector and a loss over the global batch."""
 

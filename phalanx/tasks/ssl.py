@@ -1,6 +1,6 @@
 """Self-supervised pretraining, Lightly's job: what every method shares (``SelfSupervisedTask``);
-each method is a module of its own (``simclr.py``, ``byol.py``, ``simsiam.py``, and Barlow Twins and
-VICReg in ``decorrelation.py``).
+each method is a module of its own (``simclr.py``, ``byol.py``, ``moco.py``, ``dino.py``,
+``simsiam.py``, and Barlow Twins and VICReg in ``decorrelation.py``).
 
 A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each
 image, no labels needed. SimCLR's NT-Xent takes its negatives from the global batch: embeddings
@@ -85,7 +85,8 @@ class SelfSupervisedTask(Task):
         self.classes = list(source.classes)
         self.bank_source = "train" if labels is not None and min(labels, default=-1) >= 0 else \
             "val" if val_labels is not None and min(val_labels, default=-1) >= 0 else None
-        train = SeededView(source.train, TwoViews(self.views), cfg.seed, plain=Mapped(source.train, prepare))
+        train = SeededView(source.train, self.training_views(size, source.channels, blur, mean, std), cfg.seed,
+                           plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
@@ -94,6 +95,11 @@ class SelfSupervisedTask(Task):
         info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
                 "classes": self.classes, "features": None}
         return TaskData(train, val, description, info, skipped=source.skipped)
+
+    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
+                       std: tuple[float, ...]) -> Any:
+        """What a training sample becomes: its two views (multi-crop methods add local crops)."""
+        return TwoViews(self.views)
 
     def restore_info(self, info: dict[str, Any]) -> None:
         self.classes = list(info.get("classes") or [])

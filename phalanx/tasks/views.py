@@ -21,10 +21,10 @@ class Views:
     (``blur``), then normalised. Random draws come from torch's generator (seeded per sample)."""
 
     def __init__(self, size: int, channels: int, crop_scale: float, flip: bool, blur: float,
-                 mean: tuple[float, ...], std: tuple[float, ...]):
+                 mean: tuple[float, ...], std: tuple[float, ...], max_scale: float = 1.0):
         from torchvision.transforms import v2
 
-        steps = [v2.RandomResizedCrop(size, scale=(crop_scale, 1.0), antialias=True)]
+        steps = [v2.RandomResizedCrop(size, scale=(crop_scale, max_scale), antialias=True)]
         if flip:
             steps.append(v2.RandomHorizontalFlip())
         steps.append(v2.ToDtype(torch.float32, scale=True))
@@ -51,6 +51,20 @@ class TwoViews:
     def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, torch.Tensor]:
         image = sample[0]
         return self.views(image), self.views(image)
+
+
+class MultiCrop:
+    """A training sample -> two global views and ``count`` local ones (smaller crops of a smaller
+    part of the image: DINO's and SwAV's multi-crop), all drawn from the sample's seeded stream, so
+    any world size and any resume sees the same crops."""
+
+    def __init__(self, global_views: Views, local_views: Views, count: int):
+        self.global_views, self.local_views, self.count = global_views, local_views, count
+
+    def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, ...]:
+        image = sample[0]
+        return (self.global_views(image), self.global_views(image),
+                *(self.local_views(image) for _ in range(self.count)))
 
 
 class ValidationViews(Dataset):
@@ -94,7 +108,7 @@ class ViewSample:
         try:
             items = []
             for index in self.indices:
-                v1, v2 = self.train[(epoch, index)]
+                v1, v2 = self.train[(epoch, index)][:2]  # the two (global) views
                 shown = [denormalize(v, self.mean, self.std) for v in (v1, v2)]
                 items.append(records.images_item(png(strip(shown)), f"image {index}: view 1 | view 2"))
         finally:

@@ -190,6 +190,13 @@ class StoppingMoCo(StopAtStep, MoCoTask):
     """MoCo, stopped by a SIGTERM at a chosen step."""
 
 
+from phalanx.tasks.dino import DINOTask  # noqa: E402
+
+
+class StoppingDINO(StopAtStep, DINOTask):
+    """DINO, stopped by a SIGTERM at a chosen step."""
+
+
 class InfGradientAtStep(ClassifyTask):
     """Classification whose gradients become inf in training step $PHALANX_TEST_INF_STEP (a loss
     that stays finite, as an fp16 overflow in backward does). It writes down, as task state (in the

@@ -1,0 +1,132 @@
+"""``--task dino`` (Caron et al. 2021, as Lightly's ``DINOLoss`` computes it): a student learns to
+give every crop of an image (two global crops and ``--local-views`` small ones) the distribution a
+momentum teacher gives the other global crop. The teacher's outputs are centred (a moving average
+of their batch mean) and sharpened (a low temperature, warmed up over the first epochs); the
+head's last layer does not train in the first ``--freeze-last-layer`` epochs.
+
+Exact at any world size: the loss is per sample, and the centre moves with the mean of the global
+batch's teacher outputs (summed over ranks with their count, so an uneven or padding share weighs
+what it holds). The centre is task state, checkpointed and resumed. Lightly's centre averages each
+rank's mean, which is the global mean only when every rank holds as many samples.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .base import Batch, Plain, TaskData
+from .byol import MomentumTeacherTask
+from .options import DINOOptions
+from .views import MultiCrop, Views
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..context import RunContext, StepContext
+
+
+class DINOHead(nn.Module):
+    """Linear-GELU-Linear-GELU-Linear to a bottleneck, l2-normalised, then a last layer whose rows
+    are unit vectors (DINO's weight-normalised layer with its norm fixed at 1)."""
+
+    def __init__(self, inputs: int, hidden: int, bottleneck: int, outputs: int):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(inputs, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                                    nn.Linear(hidden, bottleneck))
+        for layer in self.layers:
+            if isinstance(layer, nn.Linear):  # DINO's initialisation
+                nn.init.trunc_normal_(layer.weight, std=0.02, a=-2, b=2)
+                nn.init.zeros_(layer.bias)
+        self.last_layer = nn.Parameter(nn.Linear(bottleneck, outputs, bias=False).weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.normalize(self.layers(x), dim=-1)
+        return x @ nn.functional.normalize(self.last_layer, dim=1).T
+
+
+class DINOTask(MomentumTeacherTask):
+    name = "dino"
+    Options = DINOOptions
+    loss_label = "DINO loss (teacher to student cross-entropy)"
+    loss_names = ("loss", "teacher_entropy", "center_norm")
+    metric_labels = {**MomentumTeacherTask.metric_labels, "teacher_entropy": "teacher entropy (nats)",
+                     "center_norm": "centre norm"}
+    manual_optimization = True  # the last layer's gradient is dropped in the first epochs
+    options: DINOOptions  # type: ignore[assignment]
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.center = torch.zeros(self.options.output_dim, dtype=torch.float64)
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        head = DINOHead(size, o.hidden_dim, o.bottleneck_dim, o.output_dim)
+        return {"backbone": backbone, "projector": head, "teacher": self.teacher_of(backbone, head)}
+
+    def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
+        return {"student": [{"params": [*models["backbone"].parameters(), *models["projector"].parameters()],
+                             "lr_mult": 1.0}]}
+
+    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
+                       std: tuple[float, ...]) -> MultiCrop:
+        o, flip = self.options, self.cfg.data.hflip
+        local = o.local_size or max(8, round(size * 3 / 7))
+        self.views = Views(size, channels, o.global_scale, flip, blur, mean, std)  # validation's views too
+        return MultiCrop(self.views, Views(local, channels, o.local_scale, flip, blur, mean, std, o.global_scale),
+                         o.local_views)
+
+    def teacher_temperature(self, epoch: int) -> float:
+        """Linear from --warmup-teacher-temp to --teacher-temp over the warmup epochs (epoch 1-based)."""
+        o = self.options
+        if epoch > o.warmup_teacher_temp_epochs:
+            return o.teacher_temp
+        steps = torch.linspace(o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs, dtype=torch.float64)
+        return float(steps[epoch - 1])
+
+    def dino_loss(self, teacher: list[torch.Tensor], student: list[torch.Tensor],
+                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per sample: the mean over (teacher view, student view) pairs of different views of the
+        cross-entropy from the centred, sharpened teacher to the student; and the teacher's entropy."""
+        center = self.center.to(teacher[0])
+        probabilities = nn.functional.softmax((torch.stack(teacher) - center) / temperature, dim=-1)
+        log_student = nn.functional.log_softmax(torch.stack(student) / self.options.student_temp, dim=-1)
+        cross = -torch.einsum("tbd,sbd->tsb", probabilities, log_student)
+        same = torch.eye(len(teacher), len(student), dtype=torch.bool, device=cross.device)
+        loss = cross[~same].sum(0) / int((~same).sum())
+        entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(-1).mean(0)
+        return loss, entropy.detach()
+
+    @torch.no_grad()
+    def update_center(self, teacher: torch.Tensor, ctx: RunContext, counted: bool = True) -> None:
+        """The centre moves towards the global batch's mean teacher output (every rank's rows; none
+        of a rank whose share is a padding sample: ``counted`` False)."""
+        rows = teacher if counted else teacher[:, :0]
+        sums = ctx.all_reduce_sums({"sum": rows.sum((0, 1)), "count": torch.tensor(float(rows.shape[0] * rows.shape[1]))})
+        momentum = self.options.center_momentum
+        self.center = self.center.to(sums["sum"]) * momentum + sums["sum"] / sums["count"] * (1 - momentum)
+
+    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+        views = list(batch)
+        self.track(ctx)
+        with torch.no_grad():
+            teacher = [ctx.models["teacher"](view) for view in views[:2]]  # the global views only
+        student = [self.embed(ctx.models, view) for view in views]
+        loss, entropy = self.dino_loss(teacher, student, self.teacher_temperature(ctx.epoch))
+        self.update_center(torch.stack(teacher), ctx, bool(ctx.samples))
+        ctx.backward(loss, "student")
+        if ctx.epoch <= self.options.freeze_last_layer:
+            for name, param in ctx.models["projector"].named_parameters():
+                if name.endswith("last_layer"):
+                    param.grad = None
+        ctx.step("student")
+        return {"loss": loss.detach(), "teacher_entropy": entropy, "center_norm": self.center.norm()}
+
+    def state_dict(self) -> dict[str, Plain]:
+        return {"center": self.center.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Plain]) -> None:
+        if "center" in state:
+            self.center = state["center"]
