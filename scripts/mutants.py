@@ -244,6 +244,12 @@ MUTANTS = [
     Mutant("Barlow Twins and VICReg on each rank's own batch", "phalanx/tasks/decorrelation.py",
            "        if self.options.gather:  # every rank's rows", "        if False:  # every rank's rows",
            ("tests/test_ssl_family.py -k padding and barlowtwins",)),
+    Mutant("SwAV's codes from this rank's scores alone", "phalanx/tasks/swav.py",
+           "everyone, start = ctx.all_gather(score.detach())", "everyone, start = score.detach(), 0",
+           ("tests/test_ssl_family.py -k padding and swav",)),
+    Mutant("SwAV's prototypes train in their frozen epochs", "phalanx/tasks/swav.py",
+           "        if ctx.epoch <= self.options.freeze_prototypes:", "        if False:",
+           ("tests/test_ssl_family.py -k padding and swav",)),
     # --- the contract: declarations, config sections, window kinds
     Mutant("translate declares its first target's names only", "phalanx/tasks/translate.py",
            'primary_model=self.net("generator", 0),', 'primary_model="generator",',

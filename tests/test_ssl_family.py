@@ -1,5 +1,5 @@
-"""The self-supervised family beyond SimCLR and BYOL (``--task moco``, ``simsiam``, ``barlowtwins``,
-``vicreg``): each loss equal to Lightly's, exact under DDP (the global-batch losses gathered over two
+"""The self-supervised family beyond SimCLR and BYOL (``--task moco``, ``dino``, ``swav``, ``simsiam``,
+``barlowtwins``, ``vicreg``): each loss equal to Lightly's, exact under DDP (the global-batch losses gathered over two
 gloo ranks; every method trained 2 workers x 16 against one process x 32 in float64, an epoch that
 ends in a padding sample), MoCo's queue in the batch's order and resumed at another world size, and
 the backbone served by predict, export and a classifier as SimCLR's is."""
@@ -22,7 +22,8 @@ SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-
 # DINO: two local crops of 8 px beside the two global ones, and a small head.
 SIZES = {"moco": [*SMALL, "--queue-size", 50],
          "dino": ["--image-size", 16, "--no-progress", "--output-dim", 64, "--hidden-dim", 32, "--bottleneck-dim", 16,
-                  "--local-views", 2]}
+                  "--local-views", 2],
+         "swav": [*SMALL, "--prototypes", 30, "--local-views", 2]}
 # 161 training images of the built-in digits: 5 steps of 32, then 1 image, which one rank of two
 # trains and the other takes part in as a padding sample.
 PADDED = ["--val-fraction", 0.9104]
@@ -109,6 +110,23 @@ def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
     assert [round(warm.teacher_temperature(e), 6) for e in (1, 2, 4, 5)] == [0.04, 0.05, 0.07, 0.07]
 
 
+def test_swav_codes_and_loss_equal_lightlys_with_local_crops():
+    from lightly.loss import SwaVLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.tasks.swav import SwAVTask, sinkhorn
+
+    task = SwAVTask(RunConfig.flat(task="swav", task_options={"temperature": 0.1}))
+    scores = [*embeddings(40, rows=6), *embeddings(41, rows=6)]  # 2 global crops, 2 local ones
+    codes = [sinkhorn(s.detach(), 3, 0.05) for s in scores[:2]]
+    assert torch.allclose(codes[0].sum(1), torch.ones(6, dtype=torch.float64), atol=1e-12)  # each sample's codes
+    loss = task.swav_loss(scores, codes).mean()
+    mine = torch.autograd.grad(loss, scores)
+    expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(mine, torch.autograd.grad(expected, scores)))
+
+
 def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():
     from phalanx.sampling import plan_epoch, sample_order
 
@@ -146,7 +164,7 @@ def test_the_global_batch_losses_gathered_over_two_ranks_are_the_global_batchs(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["simclr", "moco", "dino", "simsiam", "barlowtwins", "vicreg"])
+@pytest.mark.parametrize("task", ["simclr", "moco", "dino", "swav", "simsiam", "barlowtwins", "vicreg"])
 def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_sample(tmp_path, phalanx, task):
     # SimCLR once aborted here: a padding rank's zero loss skipped the gather's backward, a collective.
     common = ["--task", task, "--precision", "fp64", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
@@ -163,6 +181,15 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
         assert (states[0]["center"] - states[1]["center"]).abs().max() < 1e-12 and states[0]["center"].abs().max() > 0
         assert torch.equal(a["projector"]["last_layer"], a["teacher"]["1.last_layer"])
         assert not torch.equal(a["projector"]["layers.0.weight"], a["teacher"]["1.layers.0.weight"])
+    if task == "swav":  # the prototypes frozen in epoch 1 (renormalised only) and unit vectors
+        from phalanx.config import RunConfig
+        from phalanx.run import build_networks, build_task
+
+        cfg = RunConfig.from_json((tmp_path / "single" / "config.json").read_text())
+        initial = build_networks(cfg, build_task(cfg))[1]["prototypes"].weight.detach().double()
+        initial = initial / initial.norm(dim=1, keepdim=True)  # as the float64 run renormalised it
+        assert (a["prototypes"]["weight"] - initial).abs().max() < 1e-12
+        assert (a["prototypes"]["weight"].norm(dim=1) - 1).abs().max() < 1e-12
     two, one = records(tmp_path / "ddp", "train"), records(tmp_path / "single", "train")
     assert len(two) == len(one) == 6  # 5 steps of 32 and the last image
     for x, y in zip(two, one):

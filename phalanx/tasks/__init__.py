@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
 from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, DINOOptions, MoCoOptions,
-                      SegmentOptions, SimCLROptions, SimSiamOptions, TranslateOptions, VICRegOptions)
+                      SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -89,6 +89,10 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              "self-distillation with a momentum teacher, a centre and multi-crop views", DINOOptions,
              "phalanx.tasks.dino:DINOTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              unused={"crop_scale": "DINO's crops take --global-scale and --local-scale"}, predicts=".npy"),
+    TaskInfo("swav", "Self-supervised: SwAV (--task swav)",
+             "online clustering: swapped predictions of Sinkhorn-Knopp codes over the global batch", SwAVOptions,
+             "phalanx.tasks.swav:SwAVTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             unused={"crop_scale": "SwAV's crops take --global-scale and --local-scale"}, predicts=".npy"),
     TaskInfo("simsiam", "Self-supervised: SimSiam (--task simsiam)",
              "pretraining with a predictor and a stop-gradient, no negatives, no teacher", SimSiamOptions,
              "phalanx.tasks.simsiam:SimSiamTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},

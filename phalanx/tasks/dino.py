@@ -20,7 +20,7 @@ from torch import nn
 from .base import Batch, Plain, TaskData
 from .byol import MomentumTeacherTask
 from .options import DINOOptions
-from .views import MultiCrop, Views
+from .views import MultiCrop, multi_crop
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -72,11 +72,11 @@ class DINOTask(MomentumTeacherTask):
 
     def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
                        std: tuple[float, ...]) -> MultiCrop:
-        o, flip = self.options, self.cfg.data.hflip
-        local = o.local_size or max(8, round(size * 3 / 7))
-        self.views = Views(size, channels, o.global_scale, flip, blur, mean, std)  # validation's views too
-        return MultiCrop(self.views, Views(local, channels, o.local_scale, flip, blur, mean, std, o.global_scale),
-                         o.local_views)
+        o = self.options
+        crops = multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
+                           self.cfg.data.hflip, blur, mean, std)
+        self.views = crops.global_views  # validation's two views are global crops too
+        return crops
 
     def teacher_temperature(self, epoch: int) -> float:
         """Linear from --warmup-teacher-temp to --teacher-temp over the warmup epochs (epoch 1-based)."""

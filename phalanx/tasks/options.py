@@ -131,7 +131,30 @@ class MoCoOptions:
 
 
 @dataclass(frozen=True)
-class DINOOptions:
+class MultiCropOptions:
+    """DINO's and SwAV's views: two global crops and local ones, and the kNN monitor."""
+
+    global_scale: float = option(0.4, "Smallest area fraction of a global crop (its largest: 1; DINO's 0.4, "
+                                 "SwAV's 0.14).", metavar="FRACTION", above=0, at_most=1)
+    local_views: int = option(6, "Local crops per image (0: the two global views alone).", metavar="N", at_least=0)
+    local_size: int = option(0, "Side of a local crop (0: 3/7 of --image-size, as DINO's and SwAV's 96 of 224).",
+                             metavar="N", at_least=0)
+    local_scale: float = option(0.05, "Smallest area fraction of a local crop (its largest: --global-scale).",
+                                metavar="FRACTION", above=0, at_most=1)
+    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
+                         metavar="P")
+    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
+    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_blur(self.blur)
+        if self.local_scale > self.global_scale:
+            raise _bad("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
+
+
+@dataclass(frozen=True)
+class DINOOptions(MultiCropOptions):
     output_dim: int = option(65536, "Outputs of the DINO head (the prototypes' count).", metavar="N", above=0)
     hidden_dim: int = option(2048, "Hidden size of the DINO head's two hidden layers.", metavar="N", above=0)
     bottleneck_dim: int = option(256, "Size of the l2-normalised bottleneck before the head's last layer.",
@@ -147,23 +170,21 @@ class DINOOptions:
                                      "training.", metavar="M", at_least=0, at_most=1)
     freeze_last_layer: int = option(1, "Epochs during which the head's last layer does not train.", metavar="N",
                                     at_least=0)
-    global_scale: float = option(0.4, "Smallest area fraction of a global crop (its largest: 1).", metavar="FRACTION",
-                                 above=0, at_most=1)
-    local_views: int = option(6, "Local crops per image (0: the two global views alone).", metavar="N", at_least=0)
-    local_size: int = option(0, "Side of a local crop (0: 3/7 of --image-size, as DINO's 96 of 224).", metavar="N",
-                             at_least=0)
-    local_scale: float = option(0.05, "Smallest area fraction of a local crop (its largest: --global-scale).",
-                                metavar="FRACTION", above=0, at_most=1)
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
 
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
-        if self.local_scale > self.global_scale:
-            raise _bad("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
+
+@dataclass(frozen=True)
+class SwAVOptions(MultiCropOptions):
+    global_scale: float = option(0.14, "Smallest area fraction of a global crop (its largest: 1; SwAV's 0.14).",
+                                 metavar="FRACTION", above=0, at_most=1)
+    projection_dim: int = option(128, "Output size of the projection head (the prototypes' dimension).", metavar="N",
+                                 above=0)
+    hidden_dim: int = option(2048, "Hidden size of the projection head.", metavar="N", above=0)
+    head_norm: str = option("batch", "Normalisation in the projection head.", choices=("batch", "none"))
+    prototypes: int = option(3000, "Prototypes (SwAV's clusters).", metavar="N", above=0)
+    temperature: float = option(0.1, "Temperature of the swapped prediction's softmax.", metavar="T", above=0)
+    sinkhorn_iterations: int = option(3, "Sinkhorn-Knopp iterations of the codes.", metavar="N", above=0)
+    sinkhorn_epsilon: float = option(0.05, "Sinkhorn-Knopp's entropy weight.", metavar="E", above=0)
+    freeze_prototypes: int = option(1, "Epochs during which the prototypes do not train.", metavar="N", at_least=0)
 
 
 @dataclass(frozen=True)

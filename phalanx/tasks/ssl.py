@@ -1,5 +1,5 @@
 """Self-supervised pretraining, Lightly's job: what every method shares (``SelfSupervisedTask``);
-each method is a module of its own (``simclr.py``, ``byol.py``, ``moco.py``, ``dino.py``,
+each method is a module of its own (``simclr.py``, ``byol.py``, ``moco.py``, ``dino.py``, ``swav.py``,
 ``simsiam.py``, and Barlow Twins and VICReg in ``decorrelation.py``).
 
 A backbone (any ``--model``, its last Linear layer removed) learns from two augmented views of each

@@ -67,6 +67,15 @@ class MultiCrop:
                 *(self.local_views(image) for _ in range(self.count)))
 
 
+def multi_crop(global_scale: float, local_views: int, local_size: int, local_scale: float, size: int, channels: int,
+               flip: bool, blur: float, mean: tuple[float, ...], std: tuple[float, ...]) -> MultiCrop:
+    """DINO's and SwAV's crops: global ones of ``size`` (area ``global_scale`` to 1), local ones of
+    ``local_size`` (0: 3/7 of ``size``, at least 8; area ``local_scale`` to ``global_scale``)."""
+    local = local_size or max(8, round(size * 3 / 7))
+    return MultiCrop(Views(size, channels, global_scale, flip, blur, mean, std),
+                     Views(local, channels, local_scale, flip, blur, mean, std, global_scale), local_views)
+
+
 class ValidationViews(Dataset):
     """``(view 1, view 2, image prepared for evaluation, label, index)``; the views of sample i are the
     same every epoch (seeded by the run's seed and i), so the view loss is comparable across epochs."""

@@ -1,0 +1,106 @@
+"""``--task swav`` (Caron et al. 2020, as Lightly's ``SwaVLoss`` computes it, without its queue):
+each image's crops are scored against learned prototypes; the scores of each global crop are
+turned into codes by Sinkhorn-Knopp (equal use of the prototypes over the batch), and every other
+crop predicts them. The prototypes are unit vectors (renormalised after every step) and do not
+train in the first ``--freeze-prototypes`` epochs.
+
+Sinkhorn-Knopp balances the prototypes over the **global** batch: every rank's scores are
+gathered (without gradients) and the codes computed once for all of them, so 2 workers x B train
+what one process x 2B does, uneven shares included; Lightly's distributed Sinkhorn assumes every
+rank holds as many samples.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+from torch import nn
+
+from .base import Batch, TaskData
+from .options import SwAVOptions
+from .ssl import SelfSupervisedTask, mlp
+from .views import MultiCrop, multi_crop
+
+if TYPE_CHECKING:
+    from ..context import StepContext
+
+
+@torch.no_grad()
+def sinkhorn(scores: torch.Tensor, iterations: int, epsilon: float) -> torch.Tensor:
+    """Codes (batch x prototypes) whose prototypes are used equally over the batch, each sample's
+    summing to 1: Lightly's (and SwAV's) iterations, on one process's whole batch."""
+    codes = torch.exp(scores / epsilon).t()
+    codes /= codes.sum()
+    batch = codes.shape[1]
+    for _ in range(iterations):
+        codes /= codes.sum(dim=1, keepdim=True)
+        codes /= codes.sum(dim=0, keepdim=True)
+        codes /= batch
+    return (codes * batch).t()
+
+
+class SwAVTask(SelfSupervisedTask):
+    name = "swav"
+    Options = SwAVOptions
+    loss_label = "SwAV loss (swapped prediction)"
+    loss_names = ("loss", "prototype_usage")
+    metric_labels = {**SelfSupervisedTask.metric_labels, "prototype_usage": "prototypes in use (fraction)"}
+    manual_optimization = True  # the prototypes' gradient is dropped in the first epochs
+    options: SwAVOptions
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        prototypes = nn.Linear(o.projection_dim, o.prototypes, bias=False)  # SwAV's (Lightly's has a bias)
+        self.normalize(prototypes)
+        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm),
+                "prototypes": prototypes}
+
+    @staticmethod
+    @torch.no_grad()
+    def normalize(prototypes: nn.Module) -> None:
+        prototypes.weight.div_(prototypes.weight.norm(dim=1, keepdim=True))
+
+    def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
+        return {"model": [{"params": [p for m in models.values() for p in m.parameters()], "lr_mult": 1.0}]}
+
+    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
+                       std: tuple[float, ...]) -> MultiCrop:
+        o = self.options
+        crops = multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
+                           self.cfg.data.hflip, blur, mean, std)
+        self.views = crops.global_views  # validation's two views are global crops too
+        return crops
+
+    def swav_loss(self, scores: list[torch.Tensor], codes: list[torch.Tensor]) -> torch.Tensor:
+        """Per sample: for each global crop's codes, the cross-entropy of every other crop's
+        prediction, averaged as Lightly's ``SwaVLoss`` averages it."""
+        loss = scores[0].new_zeros(len(scores[0]))
+        for i, code in enumerate(codes):
+            for v, score in enumerate(scores):
+                if v != i:
+                    log_p = nn.functional.log_softmax(score / self.options.temperature, dim=1)
+                    loss = loss - (code * log_p).sum(1) / (len(scores) - 1)
+        return loss / len(codes)
+
+    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+        views = list(batch)
+        scores = [ctx.models["prototypes"](nn.functional.normalize(self.embed(ctx.models, v), dim=1)) for v in views]
+        codes, used = [], []
+        for score in scores[:2]:  # the global crops' codes, from the global batch's scores
+            everyone, start = ctx.all_gather(score.detach())
+            code = sinkhorn(everyone, self.options.sinkhorn_iterations, self.options.sinkhorn_epsilon)
+            used.append(code.argmax(1))
+            codes.append(code[start:start + len(score)] if ctx.samples else torch.zeros_like(score))
+        loss = self.swav_loss(scores, codes)
+        ctx.backward(loss, "model")
+        if ctx.epoch <= self.options.freeze_prototypes:
+            for param in ctx.models["prototypes"].parameters():
+                param.grad = None
+        ctx.step("model")
+        usage = torch.cat(used).unique().numel() / self.options.prototypes
+        return {"loss": loss.detach(), "prototype_usage": loss.new_tensor(usage)}
+
+    def after_step(self, models: Mapping[str, nn.Module]) -> None:
+        self.normalize(models["prototypes"])  # back on the unit sphere before the next step
