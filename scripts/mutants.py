@@ -250,6 +250,8 @@ MUTANTS = [
     Mutant("SwAV's prototypes train in their frozen epochs", "phalanx/tasks/swav.py",
            "        if ctx.epoch <= self.options.freeze_prototypes:", "        if False:",
            ("tests/test_ssl_family.py -k padding and swav",)),
+    Mutant("SimSiam's stop-gradient dropped", "phalanx/tasks/simsiam.py", "cosine(p1, z2.detach(), dim=1)",
+           "cosine(p1, z2, dim=1)", ("tests/test_ssl_family.py -k one_process_with",)),
     # --- the contract: declarations, config sections, window kinds
     Mutant("translate declares its first target's names only", "phalanx/tasks/translate.py",
            'primary_model=self.net("generator", 0),', 'primary_model="generator",',

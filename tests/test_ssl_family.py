@@ -59,7 +59,12 @@ def test_each_loss_equals_lightlys_in_one_process_with_its_gradient():
     p1, p2 = embeddings(1)
     negative_cosine = NegativeCosineSimilarity()
     theirs = 0.5 * (negative_cosine(p1, z2.detach()) + negative_cosine(p2, z1.detach()))
-    assert SimSiamTask.simsiam(p1, p2, z1, z2).mean().item() == pytest.approx(theirs.item(), rel=1e-12)
+    ours = SimSiamTask.simsiam(p1, p2, z1, z2).mean()
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-12)
+    # The stop-gradient: the targets get no gradient, the predictions Lightly's.
+    grads = torch.autograd.grad(ours, (p1, p2, z1, z2), allow_unused=True)
+    assert grads[2] is None and grads[3] is None
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads[:2], torch.autograd.grad(theirs, (p1, p2))))
 
 
 def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
@@ -161,6 +166,17 @@ def test_the_global_batch_losses_gathered_over_two_ranks_are_the_global_batchs(t
         assert all(torch.allclose(a, 2 * b, atol=1e-12)
                    for a, b in zip(found["barlow_our_grads"], found["barlow_one_process_grads"]))
         assert abs(found["barlow_lightly_gathered"] - found["barlow_ours"]) > 0.1 * found["barlow_ours"]
+    # DINO and SwAV: per-sample losses of this rank's samples, equal to Lightly's distributed losses
+    # with their gradients; the centre and the codes from the global batch (equal shares here, where
+    # Lightly's averages of per-rank means are the global ones).
+    for found in ranks:
+        for method in ("dino", "swav"):
+            assert found[f"{method}_ours"] == pytest.approx(found[f"{method}_theirs"], rel=1e-12)
+            assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(found[f"{method}_our_grads"],
+                                                                         found[f"{method}_their_grads"]))
+        assert torch.allclose(*found["dino_centres"], atol=1e-15)
+    assert torch.equal(ranks[0]["dino_centres"][0], ranks[1]["dino_centres"][0])
+    assert ranks[0]["dino_ours"] != ranks[1]["dino_ours"]  # the ranks' embeddings differ
 
 
 @pytest.mark.slow
@@ -240,3 +256,15 @@ def test_a_run_resumed_mid_epoch_is_the_straight_run_its_queue_or_centre_too(tmp
     state = "queue" if task == "moco" else "center"
     assert a["task_state"].get("queue_at") == b["task_state"].get("queue_at")
     assert (a["task_state"][state] - b["task_state"][state]).abs().max() < 1e-12
+
+
+@pytest.mark.slow
+def test_without_the_gather_two_workers_train_another_model(tmp_path, phalanx):
+    # --no-gather: each rank's own batch statistics, what a plain DDP loop trains (not one process's).
+    common = ["--task", "vicreg", "--no-gather", "--precision", "fp64", "--epochs", 1, "--checkpoints-dir", tmp_path,
+              *PADDED, *SMALL]
+    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2")
+    assert ddp.code == 0, ddp.err
+    assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
+    a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"] for name in ("ddp", "single"))
+    assert max(reference.max_difference(a[n], b[n]) for n in a) > 1e-6
