@@ -178,6 +178,9 @@ class OutputOptions:
     heading: ClassVar[str] = "Output"
     best_metric: str | None = option(None, "The validation metric that picks best.pt (default: the task's: "
                                      "accuracy for classification).", identity=False, metavar="NAME")
+    val_every: int = option(1, "Validate every N epochs (the last epoch always): best.pt is picked among the "
+                            "validated epochs; training is the same whatever N.", identity=False, metavar="N",
+                            above=0)
     save_epoch_freq: int = option(0, "Also keep a checkpoint every N epochs (0: only latest/best).",
                                   identity=False, metavar="N", at_least=0)
     pickle_dir: str | None = option(None, "Where global rank 0 writes loss snapshots for `phalanx "

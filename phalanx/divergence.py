@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -41,3 +41,11 @@ def diverged(what: str, epoch: int, saved_epoch: int, lr: float) -> RunFailed:
     kept = f"{LATEST} holds epoch {saved_epoch}" if saved_epoch else "no checkpoint was saved yet"
     return RunFailed(f"{what} (epoch {epoch}): training diverged, so it stopped; {kept}. "
                      f"Lower --lr (it is {lr:g}) or add --warmup-epochs")
+
+
+def rank_divergence(strategy: Any, models: Iterable[nn.Module]) -> tuple[float, str | None]:
+    """The largest difference between the ranks' copies of any parameter at the end of a run, and a
+    warning where there is one (DDP keeps them identical)."""
+    worst = max((strategy.max_divergence(model) for model in models), default=0.0)
+    return worst, (f"phalanx: warning: the ranks' parameters differ by up to {worst:.3g} (DDP keeps them identical; "
+                   "something changed parameters outside backward and the optimizer)" if worst > 0 else None)

@@ -20,15 +20,14 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .best import Best
 from .config import RunConfig
 from .context import RunContext, StepContext
-from .data import by_epoch, loader_workers
+from .data import loader_workers, run_loaders
 from .devices import peak_memory
-from .divergence import diverged, first_non_finite, non_finite_metric
+from .divergence import diverged, first_non_finite, non_finite_metric, rank_divergence
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
@@ -36,7 +35,7 @@ from .preempt import Preempted, StopRequest
 from .progress import ProgressLog
 from .recipe import ModelEma, prepare
 from .run_state import RunState
-from .sampling import EpochBatches, MicroBatch, ShardSampler, derive_seed, epoch_order, plan_epoch, seed_streams
+from .sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
 from .tasks.base import Declaration, Evaluation, Task, TaskData, check_step_losses
 from .train_losses import TrainLosses
 
@@ -46,8 +45,7 @@ class Trainer:
                  models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
                  stop: StopRequest | None = None):
         self.cfg, self.strategy, self.task, self.declared, self.outputs, self.say = cfg, strategy, task, declared, outputs, say
-        self.run_id = run_id
-        self.stop = stop or StopRequest()
+        self.run_id, self.stop = run_id, stop or StopRequest()
         self.device = strategy.device
         self.world_size, self.rank = strategy.world_size, strategy.rank
         if cfg.optim.precision == "fp64":
@@ -55,21 +53,16 @@ class Trainer:
         groups = task.param_groups(models)  # before compilation renames the parameters' owner
         self.ema = {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models} \
             if cfg.optim.ema_decay else {}
-        self.bare = models
         self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile), declared.find_unused_parameters)
                        for name, model in models.items()}
         for ema in self.ema.values():
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
         self.num_workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
-        workers = {"num_workers": self.num_workers, "pin_memory": pin, "persistent_workers": self.num_workers > 0,
-                   "collate_fn": data.collate}
-        self.num_train = len(data.train)
-        self.data_info = data.info
-        self.batches = EpochBatches()
-        self.train_loader = DataLoader(by_epoch(data.train), batch_sampler=self.batches, **workers)
-        self.val_loader = DataLoader(data.val, batch_size=cfg.optim.batch_size, **workers,
-                                     sampler=ShardSampler(len(data.val), self.rank, self.world_size))
+        self.num_train, self.data_info, self.batches = len(data.train), data.info, EpochBatches()
+        self.train_loader, self.val_loader = run_loaders(data.train, data.val, data.collate, self.batches,
+                                                         cfg.optim.batch_size, self.num_workers, pin, self.rank,
+                                                         self.world_size)
         self.base_lr = strategy.plan.lr
         self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
         self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
@@ -85,8 +78,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
         self.losses = TrainLosses(self.loss_names, self.device)
         self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses)
-        self.val_samples = 0
-        self.first_step_pending = True
+        self.val_samples, self.first_step_pending = 0, True  # the first step's checks and latency
 
     def bare_models(self) -> dict[str, nn.Module]:
         return {name: self.strategy.unwrap(model) for name, model in self.models.items()}
@@ -103,10 +95,10 @@ class Trainer:
         self.parts.load_state_dict(state)
         self.epoch, self.step, self.position = state["epoch"], state["step"], state["position"]
 
-    def _save(self, metrics: dict[str, float]) -> None:
+    def _save(self, metrics: dict[str, float] | None) -> None:
         run_dir = self.cfg.run_dir
         paths = [run_dir / checkpoint.LATEST]
-        if self.best.improves(metrics):
+        if metrics is not None and self.best.improves(metrics):
             paths.append(run_dir / checkpoint.BEST)
         if self.cfg.output.save_epoch_freq and self.epoch % self.cfg.output.save_epoch_freq == 0:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
@@ -121,39 +113,49 @@ class Trainer:
             started = time.perf_counter()
             train_losses, rate = self._train_epoch(epoch)
             self._stop_if_diverged(epoch)  # before the weights are evaluated or saved
-            evaluation = self.evaluate()
-            metrics = dict(evaluation.metrics)
-            if self.ema:
-                averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
-                metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
-            bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
-            if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
-                raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
-            self.epoch = epoch
-            self._record_epoch(epoch, evaluation)
             train = {f"train_{name}": value for name, value in train_losses.items()}
-            self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, **metrics,
-                                 "samples": self.val_samples, "world_size": self.world_size, **train,
-                                 **peak_memory(self.strategy)}, flush=True)
+            summary = {"epochs": epoch, **train}
+            # --val-every: an epoch without validation saves latest.pt (and its numbered checkpoint),
+            # never best.pt, and writes no val record (a val pane's points are validated epochs).
+            validate = epoch % self.cfg.output.val_every == 0 or epoch == self.cfg.schedule.epochs
+            metrics = self._validate(epoch) if validate else None
+            self.epoch = epoch
+            if metrics is not None:
+                self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, **metrics,
+                                     "samples": self.val_samples, "world_size": self.world_size, **train,
+                                     **peak_memory(self.strategy)}, flush=True)
+                summary["metrics"] = metrics
             self._save(metrics)
             shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
             speed = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
-            self.say(f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {self.task.summary(metrics)}  lr {first_lr(self.optimizers):.4g}  "
+            checked = self.task.summary(metrics) if metrics is not None else "(not validated: --val-every)"
+            self.say(f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {checked}  lr {first_lr(self.optimizers):.4g}  "
                      f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
-            summary = {"epochs": epoch, **train, "metrics": metrics}
             if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
         summary["best"] = self.best.state()
-        summary["max_rank_divergence"] = max(
-            (self.strategy.max_divergence(model) for model in self.bare_models().values()), default=0.0)
-        if summary["max_rank_divergence"] > 0:
-            self.say(f"phalanx: warning: the ranks' parameters differ by up to {summary['max_rank_divergence']:.3g} "
-                     "(DDP keeps them identical; something changed parameters outside backward and the optimizer)")
+        summary["max_rank_divergence"], warning = rank_divergence(self.strategy, self.bare_models().values())
+        if warning:
+            self.say(warning)
         end = {k: v for k, v in summary.items() if k != "metrics"}
         self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **end,
                              **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()}}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
+
+    def _validate(self, epoch: int) -> dict[str, float]:
+        """The epoch's validation metrics (and the moving average's), checked finite, and the task's
+        records and pictures of them."""
+        evaluation = self.evaluate()
+        metrics = dict(evaluation.metrics)
+        if self.ema:
+            averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
+            metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
+        bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
+        if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
+            raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
+        self._record_epoch(epoch, evaluation)
+        return metrics
 
     def _record_epoch(self, epoch: int, evaluation: Evaluation) -> None:
         for record in self.task.epoch_records(evaluation, epoch):

@@ -252,6 +252,9 @@ MUTANTS = [
            ("tests/test_ssl_family.py -k padding and swav",)),
     Mutant("SimSiam's stop-gradient dropped", "phalanx/tasks/simsiam.py", "cosine(p1, z2.detach(), dim=1)",
            "cosine(p1, z2, dim=1)", ("tests/test_ssl_family.py -k one_process_with",)),
+    Mutant("--val-every skips the last epoch", "phalanx/trainer.py",
+           "validate = epoch % self.cfg.output.val_every == 0 or epoch == self.cfg.schedule.epochs",
+           "validate = epoch % self.cfg.output.val_every == 0", ("tests/test_train_guards.py -k val_every",)),
     # --- the contract: declarations, config sections, window kinds
     Mutant("translate declares its first target's names only", "phalanx/tasks/translate.py",
            'primary_model=self.net("generator", 0),', 'primary_model="generator",',

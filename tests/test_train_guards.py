@@ -200,3 +200,18 @@ def test_every_float_option_of_every_task_refuses_nan_and_inf_in_one_line(phalan
             lines = result.err.strip().splitlines()
             assert result.code == 2 and len(lines) == 1 and option in lines[0], (task, option, value, result.err)
             assert result.out == ""
+
+
+def test_val_every_validates_every_nth_and_the_last_epoch_and_trains_the_same(phalanx, tmp_path):
+    common = ["--epochs", 3, "--checkpoints-dir", tmp_path, "--no-progress", "--val-fraction", 0.5]
+    every = phalanx("train", "--name", "every", *common)
+    sparse = phalanx("train", "--name", "sparse", "--val-every", 2, *common)
+    assert every.code == 0 and sparse.code == 0, sparse.err
+    assert "epoch 1/3" in sparse.out and "(not validated: --val-every)" in sparse.out.splitlines()[1]
+    assert [r["epoch"] for r in records(tmp_path / "sparse", "val")] == [2, 3]  # the last epoch always
+    import torch
+
+    # Validation draws nothing from training's random streams: the weights are the same bit for bit.
+    a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"]["model"] for name in ("every", "sparse"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.load(tmp_path / "sparse" / "best.pt", weights_only=True)["epoch"] in (2, 3)

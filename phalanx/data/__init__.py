@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
 from ..sampling import derive_seed
@@ -175,3 +175,14 @@ def loader_workers(num_workers: str, local_processes: int, training_threads: int
         return int(num_workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(0, cores // max(1, local_processes) - training_threads)
+
+
+def run_loaders(train: Dataset, val: Dataset, collate: Callable | None, batches: Sampler, batch_size: int,
+                workers: int, pin: bool, rank: int, world_size: int) -> tuple[DataLoader, DataLoader]:
+    """The training loader (the planned batches of ``batches``, as ``(epoch, index)`` keys) and the
+    validation loader (this rank's shard: every sample counted once over the ranks)."""
+    from ..sampling import ShardSampler
+
+    common = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0, "collate_fn": collate}
+    return (DataLoader(by_epoch(train), batch_sampler=batches, **common),
+            DataLoader(val, batch_size=batch_size, sampler=ShardSampler(len(val), rank, world_size), **common))
