@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .step_times import KEYS as STEP_TIME_KEYS
 from .windows import RECORDS
 
 SCHEMA = 3
@@ -33,7 +34,7 @@ FIELDS: dict[str, dict[str, Any]] = {
 
 #: Keys of ``train`` and ``val`` records that are not a task's losses or metrics.
 RESERVED = frozenset({"kind", "epoch", "step", "epoch_progress", "lr", "lrs", "samples_per_s", "samples", "seconds",
-                      "time", "world_size", "memory_gib", "epochs", "state"})
+                      "time", "world_size", "memory_gib", "epochs", "state", *STEP_TIME_KEYS})
 
 
 def _pane(win: str, title: str, ylabel: str, record: str, traces: list[list[str]], percent: bool = False) -> dict:

@@ -227,6 +227,7 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
         left_out = f"; {len(data.skipped)} unreadable image(s) were left out (--skip-broken)" if data.skipped else ""
         say(f"phalanx: done: val_{best['metric']} {task.format_metric(best['metric'], last)} (best "
             f"{task.format_metric(best['metric'], best['value'])}); checkpoints in {cfg.run_dir}{left_out}")
+        say(f"phalanx: time per step: {summary['step_times']} (mean over ranks; the dashboard's step-time pane)")
     else:
         say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.schedule.epochs} epochs")
     return summary

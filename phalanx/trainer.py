@@ -27,7 +27,7 @@ from .config import RunConfig
 from .context import RunContext, StepContext
 from .data import loader_workers, run_loaders
 from .devices import peak_memory
-from .divergence import diverged, first_non_finite, non_finite_metric, rank_divergence
+from .divergence import diverged, first_non_finite, rank_divergence
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
@@ -35,12 +35,14 @@ from .preempt import Preempted, StopRequest
 from .progress import ProgressLog
 from .recipe import ModelEma, prepare
 from .run_state import RunState
+from .step_times import StepTimes
 from .sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
-from .tasks.base import Declaration, Evaluation, Task, TaskData, check_step_losses
+from .tasks.base import Declaration, Task, TaskData, check_step_losses
 from .train_losses import TrainLosses
+from .validation import Validation
 
 
-class Trainer:
+class Trainer(Validation):
     def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
                  models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
                  stop: StopRequest | None = None):
@@ -76,7 +78,7 @@ class Trainer:
         self.epoch = 0  # completed epochs
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
-        self.losses = TrainLosses(self.loss_names, self.device)
+        self.losses, self.times = TrainLosses(self.loss_names, self.device), StepTimes()
         self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses)
         self.val_samples, self.first_step_pending = 0, True  # the first step's checks and latency
 
@@ -133,7 +135,7 @@ class Trainer:
                      f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
             if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
-        summary["best"] = self.best.state()
+        summary["best"], summary["step_times"] = self.best.state(), self.times.shares()
         summary["max_rank_divergence"], warning = rank_divergence(self.strategy, self.bare_models().values())
         if warning:
             self.say(warning)
@@ -142,29 +144,6 @@ class Trainer:
                              **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()}}, flush=True)
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
-
-    def _validate(self, epoch: int) -> dict[str, float]:
-        """The epoch's validation metrics (and the moving average's), checked finite, and the task's
-        records and pictures of them."""
-        evaluation = self.evaluate()
-        metrics = dict(evaluation.metrics)
-        if self.ema:
-            averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
-            metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
-        bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
-        if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
-            raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
-        self._record_epoch(epoch, evaluation)
-        return metrics
-
-    def _record_epoch(self, epoch: int, evaluation: Evaluation) -> None:
-        for record in self.task.epoch_records(evaluation, epoch):
-            self.outputs.record(record)
-        if self.visuals is not None:  # image bytes: the snapshots keep them, the metrics log does not
-            models = self.bare_models()
-            for model in models.values():  # as in validation; the next epoch's train_mode restores them
-                model.eval()
-            self.outputs.snapshot_only(self.visuals.record(models, epoch, self.eval_ctx))
 
     def _no_sync(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
         """Skip every network's gradient all-reduce on micro-batches that do not end a step."""
@@ -188,20 +167,24 @@ class Trainer:
                                self.cfg.output.progress and self.strategy.is_main, self.cfg.output.log_interval)
         started = time.perf_counter()
         self.losses.start_epoch(self.step)
+        self.times.start()
         manual = self.declared.manual_optimization
         steps_left = sum(micro.ends_step for micro in plan)
         for micro, batch in zip(plan, self.train_loader):
+            self.times.lap("data")
             losses = self._forward_backward(epoch, micro, batch, manual)
             if micro.real:
                 self.losses.add(losses, micro.real)
             trained += micro.end - micro.start
             progress.update(micro.end - micro.start, self.losses.window_mean)
+            self.times.lap("compute")
             if not micro.ends_step:
                 continue
             first_step = self.first_step_pending
             self._optimizer_step(epoch, micro, manual)
             if first_step:  # a far too high --lr shows at once; later steps are checked when logged
                 self._stop_if_diverged(epoch, {name: losses[name] for name in self.loss_names})
+            self.times.lap("optimizer")
             steps_left -= 1
             # A lone process stops at the very next step; DDP ranks agree at the next log step,
             # where the stop flag rides along with the loss all-reduce (no extra collective).
@@ -213,6 +196,7 @@ class Trainer:
                 if self._log_train(epoch) and micro.end < total:
                     progress.close()
                     self._preempt(epoch)
+                self.times.lap("logging")
         progress.close()
         self.position = 0
         return self.losses.end_epoch(), trained / (time.perf_counter() - started)
@@ -268,13 +252,15 @@ class Trainer:
 
     def _log_train(self, epoch: int) -> bool:
         """Record the window's losses (averaged over ranks); whether any rank must stop."""
-        losses, count, seconds, stop = self.losses.log(self.strategy, self.stop.signum != 0)
+        window = self.losses.log(self.strategy, self.stop.signum != 0, self.times.take())
+        losses, count, seconds, stop = window[:4]
+        times = self.times.per_step(window[4], self.world_size, self.step - self.losses.window_from + 1)
         lrs = {name: opt.param_groups[0]["lr"] for name, opt in self.optimizers.items()}
         self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
                              "epoch_progress": epoch - 1 + self.position / self.num_train, **losses,
                              "lr": first_lr(self.optimizers), **({"lrs": lrs} if len(lrs) > 1 else {}),
                              "samples_per_s": count / max(seconds, 1e-9), "samples": count, "seconds": seconds,
-                             "time": time.time(), "world_size": self.world_size})
+                             "time": time.time(), "world_size": self.world_size, **times})
         self.losses.check_finite(losses, self.step, epoch, self.epoch, self.base_lr)
         return stop
 
@@ -285,16 +271,3 @@ class Trainer:
         if self._any_rank(what is not None):
             raise diverged(f"the {what or 'weights of another rank'} became non-finite (inf or nan) at step "
                            f"{self.step}", epoch, self.epoch, self.base_lr)
-
-    def eval_models(self) -> dict[str, nn.Module]:
-        return {name: self.strategy.eval_model(model) for name, model in self.models.items()}
-
-    def evaluate(self, models: dict[str, nn.Module] | None = None) -> Evaluation:
-        """The task's validation over the whole validation set, every sample once."""
-        models = self.eval_models() if models is None else models
-        for model in models.values():
-            model.eval()
-        evaluation = self.task.evaluate(models, self.val_loader, self.eval_ctx)
-        self.val_samples = int(evaluation.extra.get("samples", self.val_samples))
-        return evaluation
-

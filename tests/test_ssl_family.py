@@ -17,6 +17,12 @@ import torch
 from conftest import REPO, USER_MODELS, records, run_phalanx
 import reference
 
+class _TaskInfo:
+    """What build_models reads of a task's data: its info (one-channel 8x8 images, no labels)."""
+
+    info = {"channels": 1, "size": 8, "classes": []}
+
+
 SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-dim", 32, "--head-norm", "none"]
 # MoCo's queue of 50 keys wraps inside a batch of 32: its order is one process's or the test fails.
 # DINO: two local crops of 8 px beside the two global ones, and a small head.
@@ -130,6 +136,58 @@ def test_swav_codes_and_loss_equal_lightlys_with_local_crops():
     expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:])
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(mine, torch.autograd.grad(expected, scores)))
+
+
+def step_context(models: dict, optimizers: dict | None = None):
+    """A real training context of one process (no trainer): a micro-batch of 4 samples, epoch 1."""
+    from phalanx.config import RunConfig
+    from phalanx.context import StepContext
+    from phalanx.parallel import make_strategy
+    from phalanx.sampling import MicroBatch
+
+    optimizers = optimizers or {}
+    scalers = {name: torch.amp.GradScaler("cpu", enabled=False) for name in optimizers}
+    ctx = StepContext(make_strategy(RunConfig.flat(), None), "fp64", False, models, optimizers, scalers)
+    ctx.begin(MicroBatch([0, 1, 2, 3], 4, 0, 4, 4, True), 1, 0.5, 2)
+    return ctx
+
+
+def test_a_moco_step_scores_its_queries_against_the_queue_before_its_keys_join_it():
+    from lightly.loss import NTXentLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.tasks.moco import MoCoTask
+
+    task = MoCoTask(RunConfig.flat(task="moco", task_options={"queue_size": 8, "projection_dim": 6,
+                                                                "hidden_dim": 6}))
+    torch.manual_seed(0)
+    models = {name: m.double() for name, m in task.build_models(_TaskInfo()).items()}
+    views = [torch.randn(4, 1, 8, 8, dtype=torch.float64) for _ in "ab"]
+    theirs = NTXentLoss(temperature=0.1, memory_bank_size=(8, 6))
+    theirs.memory_bank.bank = task.queue.clone()
+    query = task.embed(models, views[0])  # with its gradient: Lightly's bank takes keys from training calls only
+    with torch.no_grad():
+        key = models["teacher"](views[1])
+    loss = task.training_step(views, step_context(models))["loss"]
+    assert loss.mean().item() == pytest.approx(theirs(query, key).item(), rel=1e-12)
+    assert torch.equal(task.queue, theirs.memory_bank.bank)  # then the keys joined it
+
+
+def test_the_dino_teacher_sees_the_global_crops_only():
+    from phalanx.config import RunConfig
+    from phalanx.tasks.dino import DINOTask
+
+    task = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6, "hidden_dim": 8, "bottleneck_dim": 4}))
+    torch.manual_seed(0)
+    models = {name: m.double() for name, m in task.build_models(_TaskInfo()).items()}
+    seen = []
+    models["teacher"].register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[-1]))
+    views = [torch.randn(4, 1, 8, 8, dtype=torch.float64) for _ in range(2)]
+    views += [torch.randn(4, 1, 4, 4, dtype=torch.float64) for _ in range(3)]  # local crops, smaller
+    optimizers = {"student": torch.optim.SGD([*models["backbone"].parameters(), *models["projector"].parameters()],
+                                             lr=0.1)}
+    task.training_step(views, step_context(models, optimizers))
+    assert seen == [8, 8]
 
 
 def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():

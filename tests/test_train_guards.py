@@ -215,3 +215,21 @@ def test_val_every_validates_every_nth_and_the_last_epoch_and_trains_the_same(ph
     a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True)["models"]["model"] for name in ("every", "sparse"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert torch.load(tmp_path / "sparse" / "best.pt", weights_only=True)["epoch"] in (2, 3)
+
+
+def test_the_step_time_breakdown_says_a_step_waits_for_its_data(phalanx, tmp_path):
+    # 32 images of 20 ms each per step against a small CNN's step on 8x8 digits: the wait dominates.
+    result = phalanx("train", "--task", "phalanx_testtasks:SlowData", "--epochs", 1, "--val-fraction", 0.9,
+                     "--log-every", 1, "--num-workers", 0, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 0, result.err
+    train = records(tmp_path / "experiment", "train")
+    parts = ("step_data_s", "step_compute_s", "step_optimizer_s", "step_logging_s")
+    assert len(train) == 6 and all(all(r[p] >= 0 for p in parts) for r in train)
+    full = train[1:-1]  # the first step also warms up; the last holds 20 images
+    assert all(r["step_data_s"] >= 0.64 for r in full)  # at least a step's 32 sleeps of 20 ms
+    assert all(r["step_data_s"] > r["step_compute_s"] + r["step_optimizer_s"] for r in full)
+    # The parts make up the steps' time (logging is counted one window late: the run's sums agree).
+    measured, elapsed = sum(r[p] for r in train for p in parts), sum(r["seconds"] for r in train)
+    assert abs(measured - elapsed) < 0.15 * elapsed, (measured, elapsed)
+    line = next(line for line in result.out.splitlines() if line.startswith("phalanx: time per step: data "))
+    assert int(line.split("data ")[1].split("%")[0]) >= 50, line

@@ -196,16 +196,16 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
         try:
             page = browser.new_page(viewport={"width": 1700, "height": 1500})
             page.goto(url)
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7 && "
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8 && "
                                    "document.querySelector('.phalanx-status') && "
                                    "document.querySelectorAll('.phalanx-images img').length == 16", timeout=30000)
             plots = {p["title"]: p for p in page.evaluate(PLOTS)}
             status = page.inner_text(".phalanx-status")
             captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
-            assert assert_no_two_windows_overlap(page) == 9
+            assert assert_no_two_windows_overlap(page) == 10
             page.screenshot(path=str(tmp_path / "visdom.png"), full_page=True)  # the README's picture
             page.set_viewport_size({"width": 1280, "height": 1000})  # a laptop's width
-            assert assert_no_two_windows_overlap(page) == 9
+            assert assert_no_two_windows_overlap(page) == 10
         finally:
             browser.close()
     if os.environ.get("PHALANX_SCREENSHOT"):  # the README's picture: PHALANX_SCREENSHOT=docs/visualize.png
@@ -218,6 +218,9 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
     assert {t["name"] for t in plots["validation loss"]["traces"]} == {"val loss", "EMA val loss"}
     assert plots["learning rate"]["traces"][0]["points"] == train
     assert plots["throughput (all ranks)"]["ytitle"] == "samples / s"
+    steps = plots["time per step (mean over ranks, stacked)"]["traces"]
+    assert [t["name"] for t in steps] == ["data", "+ compute", "+ optimizer", "+ logging"]
+    assert all(t["points"] == train for t in steps)
     assert plots["confusion matrix, epoch 2"]["traces"][0]["type"] == "heatmap"
     assert plots["confusion matrix, epoch 2"]["traces"][0]["points"] == 10  # 10 x 10 classes
     assert plots["accuracy per class, epoch 2"]["traces"][0]["type"] == "bar"
@@ -398,7 +401,7 @@ def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_
         try:
             page = browser.new_page(viewport={"width": 1700, "height": 1500})
             page.goto(url)
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7 && "
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8 && "
                                    "document.querySelectorAll('.phalanx-images img').length == 8", timeout=30000)
             plots = {p["title"]: p for p in page.evaluate(PLOTS)}
             captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")

@@ -15,10 +15,11 @@ from typing import Any
 
 from .. import records as record_kinds
 from ..snapshots import History
+from ..step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
 from ..windows import HEIGHT, KINDS, WIDTH, drawn_windows
 
 #: The windows every run's page may have besides its task's panes (``records.panes_of``).
-FIXED_WINDOWS = ("status", "lr", "throughput", "memory")
+FIXED_WINDOWS = ("status", "lr", "throughput", "step_time", "memory")
 KEY_OPTIONS = ("task", "model", "dataset", "dataroot", "epochs", "batch_size", "lr", "optimizer", "lr_schedule",
                "precision", "augment", "gpu_ids", "weights", "ema_decay")
 
@@ -41,6 +42,16 @@ def learning_rates(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     if names and all(isinstance(r.get("lrs"), dict) and set(r["lrs"]) == set(names) for r in rows):
         return {f"lr ({name})": [r["lrs"][name] for r in rows] for name in names}
     return {"lr": [r["lr"] for r in rows]}
+
+
+def stacked_step_times(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each part of a step's time on top of the ones before it (data, + compute, + ...), in ms: the
+    top line is the whole step."""
+    stacked, total = {}, [0.0] * len(rows)
+    for part, key in zip(STEP_PARTS, STEP_KEYS):
+        total = [t + 1000 * r[key] for t, r in zip(total, rows)]
+        stacked[part if part == STEP_PARTS[0] else f"+ {part}"] = total
+    return stacked
 
 
 def env_name(history: History) -> str:
@@ -86,6 +97,9 @@ class RunPlots:
             self._line("lr", x["train"], learning_rates(rows), fresh["train"], "learning rate", "learning rate")
             self._line("throughput", x["train"], {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
                        fresh["train"], "throughput (all ranks)", "samples / s")
+            if all(key in r for r in rows for key in STEP_KEYS):  # runs before the breakdown have none
+                self._line("step_time", x["train"], stacked_step_times(rows), fresh["train"],
+                           "time per step (mean over ranks, stacked)", "ms per optimizer step")
         rows = new["val"]
         if rows and all("memory_gib" in r for r in rows):
             per_rank = {f"rank {i}": [r["memory_gib"][i] for r in rows] for i in range(len(rows[0]["memory_gib"]))}

@@ -282,3 +282,26 @@ if AdversarialAutoencoder is not None:
             evaluation = super().validation_metrics(sums)
             evaluation.metrics["PSNR_1"] = float(sums["PSNR_1"]) / max(float(sums["samples"]), 1.0)
             return evaluation
+
+
+class SlowData(ClassifyTask):
+    """Classification whose training images each take 20 ms to load: its steps wait for their data
+    (the step-time breakdown must say so)."""
+
+    def build_data(self):
+        import dataclasses
+        import time
+
+        data = super().build_data()
+
+        class Slow(torch.utils.data.Dataset):
+            takes_epoch = getattr(data.train, "takes_epoch", False)
+
+            def __len__(self):
+                return len(data.train)
+
+            def __getitem__(self, key):
+                time.sleep(0.02)
+                return data.train[key]
+
+        return dataclasses.replace(data, train=Slow())
