@@ -164,9 +164,12 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
         func = click.option("--task-option", "task_option", multiple=True, metavar="KEY=VALUE", cls=Option,
                             section="Run", help="An option of your own task (--task package.module:Class), checked "
                             "against the options it declares; repeat for several.")(func)
+        owners = tasks.option_owners()
         for name, (f, default_value, heading) in reversed(list(tasks.option_fields().items())):
             assert name not in FIELDS, f"task option {name} shadows a general option"
-            func = field_option(f, default_value, f.metadata["help"], heading)(func)
+            others = owners[name][1:]  # it sits under the first task's heading; say who else takes it
+            also = f" Also --task {', '.join(others)} (each with its own default)." if others else ""
+            func = field_option(f, default_value, f.metadata["help"] + also, heading)(func)
         for f in reversed([f for f in FIELDS.values() if f.metadata["cli"]]):
             default_value = f.default_factory() if callable(f.default_factory) else f.default
             text = f.metadata["launch_help"] if command == "trainlaunch" else f.metadata["help"]

@@ -115,6 +115,10 @@ CASES = [
     ("lr-inf", ["--lr", "inf"], "--lr", "finite"),
     ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
+    ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),
+    ("local-crop-larger-than-image", ["--task", "dino", "--image-size", "16", "--local-size", "40"], "--local-size",
+     "larger than the images' 16 px"),
+    ("crop-scale-to-dino", ["--task", "dino", "--crop-scale", "0.3"], "--crop-scale", "does not use it"),
 ]
 if not torch.cuda.is_available():
     CASES.append(("gpu-without-cuda", ["--gpu-ids", "0"], "--gpu-ids", "CUDA is not available"))

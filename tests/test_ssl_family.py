@@ -254,6 +254,7 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
     if task == "dino":  # the centre of the global batch's teacher outputs; the last layer frozen in epoch 1
         assert (states[0]["center"] - states[1]["center"]).abs().max() < 1e-12 and states[0]["center"].abs().max() > 0
         assert torch.equal(a["projector"]["last_layer"], a["teacher"]["1.last_layer"])
+        assert records(tmp_path / "single", "val")[-1]["view_loss"] > 0.01  # its own loss, not a near-0 alignment
         assert not torch.equal(a["projector"]["layers.0.weight"], a["teacher"]["1.layers.0.weight"])
     if task == "swav":  # the prototypes frozen in epoch 1 (renormalised only) and unit vectors
         from phalanx.config import RunConfig

@@ -124,6 +124,12 @@ class DINOTask(MomentumTeacherTask):
         ctx.step("student")
         return {"loss": loss.detach(), "teacher_entropy": entropy, "center_norm": self.center.norm()}
 
+    def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        """Per sample: DINO's own loss between the two validation views (the views' alignment says
+        nothing here: the head's outputs of any two views are nearly parallel)."""
+        teacher = [models["teacher"](v) for v in (v1, v2)]
+        return self.dino_loss(teacher, [self.embed(models, v) for v in (v1, v2)], self.options.teacher_temp)[0]
+
     def state_dict(self) -> dict[str, Plain]:
         return {"center": self.center.detach().cpu().clone()}
 

@@ -29,7 +29,7 @@ from ..models import build_model, required_channels
 from ..sampling import ShardSampler
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .ssl_inference import SelfSupervisedInference
-from .views import Indexed, TwoViews, ValidationViews, Views, ViewSample
+from .views import Indexed, MultiCrop, TwoViews, ValidationViews, Views, ViewSample
 
 SHOWN = 8  # training images drawn each epoch with their two views
 
@@ -85,13 +85,15 @@ class SelfSupervisedTask(Task):
         self.classes = list(source.classes)
         self.bank_source = "train" if labels is not None and min(labels, default=-1) >= 0 else \
             "val" if val_labels is not None and min(val_labels, default=-1) >= 0 else None
-        train = SeededView(source.train, self.training_views(size, source.channels, blur, mean, std), cfg.seed,
-                           plain=Mapped(source.train, prepare))
+        crops = self.training_views(size, source.channels, blur, mean, std)
+        train = SeededView(source.train, crops, cfg.seed, plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
-        description = f"{source.description}; two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g}); {monitor}"
+        views = crops.words if isinstance(crops, MultiCrop) else \
+            f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
+        description = f"{source.description}; {views}; {monitor}"
         info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
                 "classes": self.classes, "features": None}
         return TaskData(train, val, description, info, skipped=source.skipped)

@@ -58,8 +58,9 @@ class MultiCrop:
     part of the image: DINO's and SwAV's multi-crop), all drawn from the sample's seeded stream, so
     any world size and any resume sees the same crops."""
 
-    def __init__(self, global_views: Views, local_views: Views, count: int):
+    def __init__(self, global_views: Views, local_views: Views, count: int, words: str = ""):
         self.global_views, self.local_views, self.count = global_views, local_views, count
+        self.words = words  # what the run's first line says of them
 
     def __call__(self, sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, ...]:
         image = sample[0]
@@ -72,8 +73,15 @@ def multi_crop(global_scale: float, local_views: int, local_size: int, local_sca
     """DINO's and SwAV's crops: global ones of ``size`` (area ``global_scale`` to 1), local ones of
     ``local_size`` (0: 3/7 of ``size``, at least 8; area ``local_scale`` to ``global_scale``)."""
     local = local_size or max(8, round(size * 3 / 7))
+    if local > size:
+        from ..errors import PhalanxError
+
+        raise PhalanxError(f"{local} px is larger than the images' {size} px: a local crop is a small part of "
+                           "an image", "--local-size")
+    words = (f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
+             f"(area {local_scale:g}-{global_scale:g}) per image, blur {blur:g}")
     return MultiCrop(Views(size, channels, global_scale, flip, blur, mean, std),
-                     Views(local, channels, local_scale, flip, blur, mean, std, global_scale), local_views)
+                     Views(local, channels, local_scale, flip, blur, mean, std, global_scale), local_views, words)
 
 
 class ValidationViews(Dataset):
