@@ -20,7 +20,6 @@ from torch import nn
 from .base import Batch, Plain, TaskData
 from .byol import MomentumTeacherTask
 from .options import DINOOptions
-from .views import MultiCrop, multi_crop
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -69,14 +68,6 @@ class DINOTask(MomentumTeacherTask):
     def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
         return {"student": [{"params": [*models["backbone"].parameters(), *models["projector"].parameters()],
                              "lr_mult": 1.0}]}
-
-    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
-                       std: tuple[float, ...]) -> MultiCrop:
-        o = self.options
-        crops = multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
-                           self.cfg.data.hflip, blur, mean, std)
-        self.views = crops.global_views  # validation's two views are global crops too
-        return crops
 
     def teacher_temperature(self, epoch: int) -> float:
         """Linear from --warmup-teacher-temp to --teacher-temp over the warmup epochs (epoch 1-based)."""

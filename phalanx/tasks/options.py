@@ -67,17 +67,9 @@ def _check_blur(blur: float) -> None:
 
 
 @dataclass(frozen=True)
-class SimCLROptions:
-    temperature: float = option(0.5, "NT-Xent temperature.", metavar="T", above=0)
-    projection_dim: int = option(128, "Output size of the projection head (and BYOL's prediction head).",
-                                 metavar="N", above=0)
-    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size; --task byol: "
-                             "of its projection and prediction heads, 0: 4 x the feature size).", metavar="N", at_least=0)
-    head_norm: str = option("batch", "Normalisation in the projection head: batch (SimCLR's) or none (with a backbone "
-                            "without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
-                            choices=("batch", "none"))
-    gather: bool = option(True, "Negatives from every rank's samples (the global batch), with gradients; off: this "
-                          "rank's samples only.")
+class ViewOptions:
+    """What every self-supervised task takes: the views' blur and the kNN monitor."""
+
     blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px, as "
                          "Lightly's CIFAR-10 recipe).", metavar="P")
     knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
@@ -89,7 +81,21 @@ class SimCLROptions:
 
 
 @dataclass(frozen=True)
-class BYOLOptions:
+class SimCLROptions(ViewOptions):
+    temperature: float = option(0.5, "NT-Xent temperature.", metavar="T", above=0)
+    projection_dim: int = option(128, "Output size of the projection head (and BYOL's prediction head).",
+                                 metavar="N", above=0)
+    hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size; --task byol: "
+                             "of its projection and prediction heads, 0: 4 x the feature size).", metavar="N", at_least=0)
+    head_norm: str = option("batch", "Normalisation in the projection head: batch (SimCLR's) or none (with a backbone "
+                            "without BatchNorm, 2 DDP workers x B train exactly what one process x 2B does).",
+                            choices=("batch", "none"))
+    gather: bool = option(True, "Negatives from every rank's samples (the global batch), with gradients; off: this "
+                          "rank's samples only.")
+
+
+@dataclass(frozen=True)
+class BYOLOptions(ViewOptions):
     projection_dim: int = option(128, "Output size of the projection and prediction heads.", metavar="N", above=0)
     hidden_dim: int = option(0, "Hidden size of the projection and prediction heads (0: 4 x the backbone's feature "
                              "size).", metavar="N", at_least=0)
@@ -97,18 +103,10 @@ class BYOLOptions:
                             choices=("batch", "none"))
     teacher_momentum: float = option(0.99, "The momentum teacher's starting EMA decay; it rises to 1 on a cosine "
                                      "over training, as in BYOL.", metavar="M", at_least=0, at_most=1)
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)
-class MoCoOptions:
+class MoCoOptions(ViewOptions):
     projection_dim: int = option(128, "Output size of the projection head (MoCo v2's 128).", metavar="N", above=0)
     hidden_dim: int = option(0, "Hidden size of the projection head (0: the backbone's feature size).", metavar="N",
                              at_least=0)
@@ -120,19 +118,11 @@ class MoCoOptions:
                              metavar="N", above=0)
     teacher_momentum: float = option(0.996, "The key encoder's starting EMA decay; it rises to 1 on a cosine over "
                                      "training (Lightly's MoCo benchmark).", metavar="M", at_least=0, at_most=1)
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)
-class MultiCropOptions:
-    """DINO's and SwAV's views: two global crops and local ones, and the kNN monitor."""
+class MultiCropOptions(ViewOptions):
+    """DINO's and SwAV's views: two global crops and local ones."""
 
     global_scale: float = option(0.4, "Smallest area fraction of a global crop (its largest: 1; DINO's 0.4, "
                                  "SwAV's 0.14).", metavar="FRACTION", above=0, at_most=1)
@@ -141,14 +131,9 @@ class MultiCropOptions:
                              metavar="N", at_least=0)
     local_scale: float = option(0.05, "Smallest area fraction of a local crop (its largest: --global-scale).",
                                 metavar="FRACTION", above=0, at_most=1)
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
+        super().__post_init__()
         if self.local_scale > self.global_scale:
             raise _bad("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
 
@@ -188,7 +173,7 @@ class SwAVOptions(MultiCropOptions):
 
 
 @dataclass(frozen=True)
-class GlobalBatchOptions:
+class GlobalBatchOptions(ViewOptions):
     """Barlow Twins' and VICReg's: a three-layer projector and a loss over the global batch."""
 
     projection_dim: int = option(2048, "Output size of the projection head (Lightly's 2048).", metavar="N", above=0)
@@ -198,14 +183,6 @@ class GlobalBatchOptions:
                             choices=("batch", "none"))
     gather: bool = option(True, "The loss over every rank's embeddings (the global batch), with gradients; off: over "
                           "this rank's own.")
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)
@@ -227,21 +204,13 @@ class VICRegOptions(GlobalBatchOptions):
 
 
 @dataclass(frozen=True)
-class SimSiamOptions:
+class SimSiamOptions(ViewOptions):
     projection_dim: int = option(2048, "Output size of the projection head (and of the predictor).", metavar="N",
                                  above=0)
     hidden_dim: int = option(2048, "Hidden size of the projection head.", metavar="N", above=0)
     predictor_dim: int = option(512, "Hidden size of the predictor (SimSiam's bottleneck).", metavar="N", above=0)
     head_norm: str = option("batch", "Normalisation in the projection and prediction heads.",
                             choices=("batch", "none"))
-    blur: float = option(-1.0, "Probability of a Gaussian blur of a view (-1: 0.5 above 64 px, none up to 64 px).",
-                         metavar="P")
-    knn_k: int = option(200, "Neighbours of the kNN accuracy that monitors the backbone each epoch.", metavar="K", above=0)
-    knn_temperature: float = option(0.1, "Temperature of the kNN accuracy's neighbour weights.", metavar="T", above=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        _check_blur(self.blur)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from ..finetune import backbone_of
 from ..models import build_model, required_channels
 from ..sampling import ShardSampler
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from .options import MultiCropOptions
 from .ssl_inference import SelfSupervisedInference
-from .views import Indexed, MultiCrop, TwoViews, ValidationViews, Views, ViewSample
+from .views import Indexed, MultiCrop, TwoViews, ValidationViews, Views, ViewSample, multi_crop
 
 SHOWN = 8  # training images drawn each epoch with their two views
 
@@ -88,6 +89,8 @@ class SelfSupervisedTask(Task):
         crops = self.training_views(size, source.channels, blur, mean, std)
         train = SeededView(source.train, crops, cfg.seed, plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
+        if isinstance(crops, MultiCrop):  # validation's two views are global crops too
+            self.views = crops.global_views
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
@@ -99,8 +102,13 @@ class SelfSupervisedTask(Task):
         return TaskData(train, val, description, info, skipped=source.skipped)
 
     def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
-                       std: tuple[float, ...]) -> Any:
-        """What a training sample becomes: its two views (multi-crop methods add local crops)."""
+                       std: tuple[float, ...]) -> TwoViews | MultiCrop:
+        """What a training sample becomes: its two views, or with multi-crop options (DINO, SwAV)
+        two global crops and local ones."""
+        o = self.options
+        if isinstance(o, MultiCropOptions):
+            return multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
+                              self.cfg.data.hflip, blur, mean, std)
         return TwoViews(self.views)
 
     def restore_info(self, info: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ from torch import nn
 from .base import Batch, TaskData
 from .options import SwAVOptions
 from .ssl import SelfSupervisedTask, mlp
-from .views import MultiCrop, multi_crop
 
 if TYPE_CHECKING:
     from ..context import StepContext
@@ -64,14 +63,6 @@ class SwAVTask(SelfSupervisedTask):
 
     def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
         return {"model": [{"params": [p for m in models.values() for p in m.parameters()], "lr_mult": 1.0}]}
-
-    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
-                       std: tuple[float, ...]) -> MultiCrop:
-        o = self.options
-        crops = multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
-                           self.cfg.data.hflip, blur, mean, std)
-        self.views = crops.global_views  # validation's two views are global crops too
-        return crops
 
     def swav_loss(self, scores: list[torch.Tensor], codes: list[torch.Tensor]) -> torch.Tensor:
         """Per sample: for each global crop's codes, the cross-entropy of every other crop's
