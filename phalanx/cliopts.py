@@ -211,7 +211,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     for name in [*(n for n, f in FIELDS.items() if f.metadata["cli"]), *tasks.option_fields()]:
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             value = values[name]
-            is_list = name in FIELDS and FIELDS[name].type.startswith("tuple[")
+            field = FIELDS[name] if name in FIELDS else tasks.option_fields()[name][0]
+            is_list = field.type.startswith("tuple[")
             merged[name] = tuple(v for values in value for v in values) if is_list else value
             typed.add(name)
     given = {}

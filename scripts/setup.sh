@@ -22,6 +22,10 @@ if [ "${1:-}" = "--test" ]; then
   say "installing phalanx, torch, torchvision, visdom, boto3 and the test tools (pytest, moto, playwright," \
       "hypothesis) from PyPI (about 2 minutes the first time; torch is the largest download)"
   pip_install -e ".[test]"
+  # DeepLIIF 1.2.7, the reference --task deepliif is compared with: its files only (its pins want
+  # another torch), in a folder of their own that the tests load its network modules from.
+  [ -f .venv/deepliif-1.2.7/deepliif/models/DeepLIIF_model.py ] || \
+    pip_install --no-deps --target .venv/deepliif-1.2.7 deepliif==1.2.7
   # Real parts the tests drive: Debian's Chromium (the page test; never a downloaded browser
   # build), SLURM with munge and Open MPI (the scheduler tests).
   missing=()

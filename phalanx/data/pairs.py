@@ -3,7 +3,8 @@
 - aligned (pix2pix's and DeepLIIF's): ``SPLIT/*.png``, each image the input and its targets
   stitched side by side as square panels (the panel count is width / height);
 - plain: ``SPLIT/A/name.png`` (inputs) and ``SPLIT/B/name.png`` (targets, same names), or
-  ``B1/``, ``B2/``, ... for several targets.
+  ``B1/``, ``B2/``, ... for several targets (and a task's last target folder after them: DeepLIIF's
+  ``seg/``).
 
 Every file is looked at before training starts (its size from its header, bounded in bytes): a
 missing or mismatched partner, panels of unequal size or a file that does not open is named in one
@@ -59,14 +60,17 @@ def _size(path: Path) -> tuple[tuple[int, int], str]:
         raise ValueError(type(exc).__name__ if not str(exc) else f"not an image ({type(exc).__name__})") from None
 
 
-def find_pairs(split: Path, targets: int, skip_broken: bool) -> Pairs:
-    """The pairs of one split, checked; ``targets``: how many the run expects (0: what the data has)."""
+def find_pairs(split: Path, targets: int, skip_broken: bool, last: str = "") -> Pairs:
+    """The pairs of one split, checked; ``targets``: how many the run expects (0: what the data has);
+    ``last``: a plain layout's target folder that follows the ``B`` ones (DeepLIIF's ``seg``)."""
     if not split.is_dir():
         raise PhalanxError(f"{split} is not a directory", OPTION)
-    target_dirs = sorted((d for d in os.scandir(split) if d.is_dir() and (d.name == "B" or
-                          (d.name[:1] == "B" and d.name[1:].isdigit()))), key=lambda d: (len(d.name), d.name))
+    target_dirs = [Path(d.path) for d in sorted((d for d in os.scandir(split) if d.is_dir() and (d.name == "B" or
+                   (d.name[:1] == "B" and d.name[1:].isdigit()))), key=lambda d: (len(d.name), d.name))]
+    if last and (split / last).is_dir():
+        target_dirs.append(split / last)
     if (split / "A").is_dir() or target_dirs:
-        return _plain(split, [Path(d.path) for d in target_dirs], targets, skip_broken)
+        return _plain(split, target_dirs, targets, skip_broken)
     return _aligned(split, targets, skip_broken)
 
 
@@ -175,11 +179,12 @@ class PairFiles(Dataset):
 class PairTransform:
     """uint8 panels -> [-1, 1] floats at ``size`` x ``size``. Training (pix2pix's resize_and_crop and
     flip): resized to ``load`` (286/256 of the size), a random crop, a random horizontal flip, the
-    same for the input and every target. Evaluation: resized to the size."""
+    same for the input and every target; ``crop=False`` (DeepLIIF's default): resized to the size
+    and flipped only. Evaluation: resized to the size."""
 
-    def __init__(self, size: int, train: bool, flip: bool):
+    def __init__(self, size: int, train: bool, flip: bool, crop: bool = True):
         self.size, self.train, self.flip = size, train, flip
-        self.load = round(size * 286 / 256) if train else size
+        self.load = round(size * 286 / 256) if train and crop else size
 
     def __call__(self, sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         image, targets = sample

@@ -3,7 +3,8 @@ classifier, a translation's generators, a self-supervised backbone, ...: the tas
 
 ``torchscript`` is traced (``torch.jit.load`` opens it); ``exported-program`` is ``torch.export``'s
 format (``torch.export.load``), with a dynamic batch size. How to prepare inputs and what the
-outputs mean go beside each file in ``FILE.json``.
+outputs mean go beside each file in ``FILE.json``. ``deepliif`` writes a DeepLIIF model directory
+(``--task deepliif``: its networks' files and ``train_opt.txt``, which DeepLIIF loads).
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from .model import load_trained
 from .options import ExportOptions
 from .outputs import check_export_files, check_place
 
-SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}
+SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",),
+            "deepliif": ("",)}
 
 
 def check_output(output: Path, fmt: str) -> None:
     """An extension the format does not write is refused, not ignored (``m.onnx`` is not TorchScript)."""
+    if fmt == "deepliif" and output.suffix:
+        raise PhalanxError(f"--format deepliif writes a DeepLIIF model directory (latest_net_G1.pth, ..., "
+                           f"train_opt.txt), not a file ({output.name})", "--output")
     if output.suffix.lower() in SUFFIXES[fmt]:
         return
     other = next((f for f, suffixes in SUFFIXES.items() if output.suffix.lower() in suffixes), None)
@@ -40,6 +45,8 @@ def export(opts: ExportOptions) -> list[Path]:
     check_place(output)
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
+    if opts.format == "deepliif":
+        return model_directory(output, inference.native_files(), opts)
     scripted = inference.script_export
     if scripted and opts.format != "torchscript":
         raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
@@ -62,6 +69,24 @@ def export(opts: ExportOptions) -> list[Path]:
         print(f"phalanx: wrote {path} and {path.name}.json ({opts.format}, {trained.config.task} {name}, "
               f"input {'x'.join(map(str, example.shape[1:]))})")
     return written
+
+
+def model_directory(folder: Path, files: dict[str, bytes] | None, opts: ExportOptions) -> list[Path]:
+    """Another tool's own model directory (``--format deepliif``), each file written atomically; a
+    directory that already holds one of them is left as it is without ``--overwrite``."""
+    if files is None:
+        raise PhalanxError("--format deepliif writes --task deepliif's networks; this checkpoint's task is another",
+                           "--format")
+    if folder.exists() and not folder.is_dir():
+        raise PhalanxError(f"{folder} exists and is not a directory", "--output")
+    taken = [name for name in files if (folder / name).exists()]
+    if taken and not opts.overwrite:
+        raise PhalanxError(f"{folder / taken[0]} exists; --overwrite replaces the model files there", "--output")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        atomic_write(folder / name, lambda fh, data=data: fh.write(data))
+    print(f"phalanx: wrote {len(files)} files to {folder} (DeepLIIF's model directory: {', '.join(list(files)[:3])}, ...)")
+    return [folder / name for name in files]
 
 
 def _write(path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str,

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
-from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DetectOptions, DINOOptions, MoCoOptions,
+from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DeepLIIFOptions, DetectOptions, DINOOptions,
+                      MoCoOptions,
                       SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
@@ -73,6 +74,14 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
               "batch_size": 1, "image_size": 256, "model": "pix2pix"},
              unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm"},
              aka="pix2pix", predicts="a folder"),
+    TaskInfo("deepliif", "DeepLIIF (--task deepliif)",
+             "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
+             DeepLIIFOptions, "phalanx.tasks.deepliif:DeepLIIFTask",
+             # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
+             {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
+              "batch_size": 1, "image_size": 512, "model": "deepliif"},
+             unused={"model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm"},
+             predicts="a folder"),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
              "phalanx.tasks.simclr:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},

@@ -121,6 +121,11 @@ class Inference:
         """``export``: the networks to write (by name) with an example input each."""
         raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
 
+    def native_files(self) -> dict[str, bytes] | None:
+        """``export --format deepliif``: the files of another tool's model directory (name -> bytes);
+        None where the task has no such format."""
+        return None
+
     def export_metadata(self) -> dict[str, Plain]:
         """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
         return {}

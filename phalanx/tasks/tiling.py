@@ -4,6 +4,7 @@ tile by tile with blended overlaps, and what a user's ``--tile-overlap`` becomes
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ def tile_overlap(given: int | None, size: int) -> int:
     return size // 2
 
 
-def tiled(generator: nn.Module, image: torch.Tensor, size: int, overlap: int) -> torch.Tensor:
+def tiled(generator: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, size: int, overlap: int) -> torch.Tensor:
     """The generator's output for an image (1, C, H, W) of any size: tiles of ``size`` (the training
     size) every ``size - overlap`` pixels, each weighted by a ramp that falls towards its edges inside
     the overlaps, summed and normalised; an image smaller than a tile is padded by reflection (or by

@@ -45,12 +45,12 @@ class TranslateTask(Task):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         if cfg.data.normalize != "auto" or cfg.data.mean:
-            raise PhalanxError("--task translate works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
+            raise PhalanxError(f"--task {self.name} works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
                                "--mean/--std out", "--normalize" if cfg.data.normalize != "auto" else "--mean")
         if cfg.data.augment not in ("auto", "basic", "none"):
-            raise PhalanxError(f"--task translate augments with random crops and flips (basic) or not at all (none); "
+            raise PhalanxError(f"--task {self.name} augments with random crops and flips (basic) or not at all (none); "
                                f"got {cfg.data.augment}", "--augment")
-        self.targets = self.options.targets or 1
+        self.targets = self.expected_targets() or 1
 
     # --- names: one target keeps pix2pix's, several get DeepLIIF's _1, _2, ...
     def suffix(self, t: int) -> str:
@@ -58,6 +58,40 @@ class TranslateTask(Task):
 
     def net(self, kind: str, t: int) -> str:
         return kind if self.targets == 1 else f"{kind}{t + 1}"
+
+    def generate(self, models: Mapping[str, nn.Module], inputs: torch.Tensor) -> list[torch.Tensor]:
+        """Every target's output for a batch of inputs, in the targets' order (validation, the
+        dashboard's pictures and predict's tiles all go through here)."""
+        return [models[self.net("generator", t)](inputs) for t in range(self.targets)]
+
+    def generator_names(self) -> list[str]:
+        """The networks ``generate`` runs (what predict moves to its device and export writes)."""
+        return [self.net("generator", t) for t in range(self.targets)]
+
+    def output_folder(self, t: int) -> str:
+        """Where ``predict`` writes target ``t``'s images."""
+        return f"target{t + 1}"
+
+    # --- what the data must hold, and the networks' sizes (DeepLIIF's task says its own)
+    def expected_targets(self) -> int:
+        """Targets per input the run expects (0: what the data holds)."""
+        return self.options.targets
+
+    last_target_folder = ""  # a plain layout's target folder after B1/, B2/, ... (DeepLIIF's seg/)
+    layout_words = "DIR/train/*.png of input and target panels side by side, or DIR/train/A/ and DIR/train/B/"
+
+    def targets_words(self) -> str:
+        return f"{self.targets} target(s)"
+
+    def check_networks(self, size: int) -> None:
+        check_generator(self.options.generator, size)
+
+    def network_info(self) -> dict[str, Any]:
+        return {"generator": self.options.generator}
+
+    def crops(self) -> bool:
+        """Whether training augmentation crops (pix2pix's resize-and-crop) or only flips."""
+        return self.cfg.data.augment != "none"
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         """One generator per target (known once the data is read): the names follow the count."""
@@ -69,24 +103,24 @@ class TranslateTask(Task):
     def build_data(self) -> TaskData:
         cfg = self.cfg
         if not cfg.data.dataroot:
-            raise PhalanxError("--task translate reads paired images: give --dataroot DIR (DIR/train/*.png of input "
-                               "and target panels side by side, or DIR/train/A/ and DIR/train/B/)", "--dataroot")
+            raise PhalanxError(f"--task {self.name} reads paired images: give --dataroot DIR ({self.layout_words})",
+                               "--dataroot")
         root = Path(cfg.data.dataroot)
         if not root.is_dir():
             raise PhalanxError(f"{root} is not a directory", "--dataroot")
         if not (root / "train").is_dir():
             raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
                                f"{root}/train/A/ and {root}/train/B/", "--dataroot")
-        train_pairs = find_pairs(root / "train", self.options.targets, cfg.data.skip_broken)
+        train_pairs = find_pairs(root / "train", self.expected_targets(), cfg.data.skip_broken, self.last_target_folder)
         self.targets = train_pairs.targets
         skipped = dict(train_pairs.skipped)
         size = cfg.data.image_size
-        check_generator(self.options.generator, size)
+        self.check_networks(size)
         flip = cfg.data.hflip
-        augment = cfg.data.augment != "none"
+        augment, crop = cfg.data.augment != "none", self.crops()
         train_files = PairFiles(train_pairs)
         if (root / "val").is_dir():
-            val_pairs = find_pairs(root / "val", self.targets, cfg.data.skip_broken)
+            val_pairs = find_pairs(root / "val", self.targets, cfg.data.skip_broken, self.last_target_folder)
             skipped.update(val_pairs.skipped)
             val_files: Dataset = PairFiles(val_pairs)
             how = "val/"
@@ -95,16 +129,16 @@ class TranslateTask(Task):
             train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)
             how = f"{cfg.data.val_fraction:g} hold-out"
         prepare = PairTransform(size, train=False, flip=False)
-        train = SeededView(train_files, PairTransform(size, train=True, flip=flip) if augment else prepare, cfg.seed,
+        train = SeededView(train_files, PairTransform(size, train=True, flip=flip, crop=crop) if augment else prepare, cfg.seed,
                            plain=Transformed(train_files, prepare))
         channels = 1 if train_pairs.mode == "L" else 3
         gone = f"; {len(skipped)} sample(s) left out" if skipped else ""
         description = (f"{root} ({len(train)} train / {len(val_files)} val pairs from {how}, {train_pairs.layout} "
-                       f"layout, {self.targets} target(s), {size}x{size}"
-                       f"{', random crop + flip' if augment and flip else ', random crop' if augment else ''}{gone})")
+                       f"layout, {self.targets_words()}, {size}x{size}"
+                       f"{self.augmentation_words(augment and crop, augment and flip)}{gone})")
         info = {"targets": self.targets, "channels": channels, "size": size, "mode": train_pairs.mode,
                 "layout": train_pairs.layout,
-                "mean": [0.5] * channels, "std": [0.5] * channels, "generator": self.options.generator}
+                "mean": [0.5] * channels, "std": [0.5] * channels, **self.network_info()}
         return TaskData(train, Transformed(val_files, prepare), description, info, skipped=skipped)
 
     def restore_info(self, info: dict[str, Any]) -> None:
@@ -124,15 +158,13 @@ class TranslateTask(Task):
         return {kind: [{"params": [p for t in range(self.targets) for p in models[self.net(kind, t)].parameters()]}]
                 for kind in ("generator", "discriminator")}
 
+    @staticmethod
+    def augmentation_words(crop: bool, flip: bool) -> str:
+        return ", random crop + flip" if crop and flip else ", random crop" if crop else ", random flip" if flip else ""
+
     # --- training
     def gan_loss(self, logits: torch.Tensor, real: bool) -> torch.Tensor:
-        """Per sample: the mean over the patches of cross-entropy (vanilla) or squared error (lsgan)."""
-        target = torch.full_like(logits, 1.0 if real else 0.0)
-        if self.options.gan_loss == "lsgan":
-            loss = (logits - target) ** 2
-        else:
-            loss = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
-        return loss.flatten(1).mean(1)
+        return gan_loss(logits, real, self.options.gan_loss)
 
     def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         inputs, targets = batch  # (N, C, H, W), (N, T, C, H, W)
@@ -166,8 +198,8 @@ class TranslateTask(Task):
     def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         sums: dict[str, torch.Tensor] = {"samples": torch.tensor(float(len(inputs)))}
-        for t in range(self.targets):
-            fake = (full_precision(models[self.net("generator", t)](inputs)) + 1) / 2  # [0, 1] intensities
+        for t, output in enumerate(self.generate(models, inputs)):
+            fake = (full_precision(output) + 1) / 2  # [0, 1] intensities
             real = (full_precision(targets[:, t]) + 1) / 2
             sums[f"L1_{t}"] = (fake - real).abs().flatten(1).mean(1).sum()
             sums[f"PSNR_{t}"] = psnr(fake, real).sum()
@@ -193,15 +225,20 @@ class TranslateTask(Task):
         return f"{value:.2f} dB" if "PSNR" in name else f"{value:.4f}"
 
     # --- dashboard
-    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
-        def per_target(prefix: str) -> list[tuple[str, str]]:
-            return [(f"{prefix}{self.suffix(t)}", f"{prefix}{self.suffix(t)}") for t in range(self.targets)]
+    def per_target(self, prefix: str, targets: int | None = None) -> list[tuple[str, str]]:
+        """A pane's traces: ``prefix`` of each target (of the first ``targets``)."""
+        return [(f"{prefix}{self.suffix(t)}", f"{prefix}{self.suffix(t)}") for t in range(targets or self.targets)]
 
-        panes = [pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
-                 pane("train_G_L1", "generator L1 loss (mean over ranks)", "L1, [-1, 1] images", "train",
-                      per_target("G_L1")),
-                 pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
-                 pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake"))]
+    def loss_panes(self) -> list[dict[str, Any]]:
+        per_target = self.per_target
+        return [pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
+                pane("train_G_L1", "generator L1 loss (mean over ranks)", "L1, [-1, 1] images", "train",
+                     per_target("G_L1")),
+                pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
+                pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake"))]
+
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
+        per_target, panes = self.per_target, self.loss_panes()
         validation = [("L1", "validation L1 error", "L1, [0, 1] intensities"), ("PSNR", "validation PSNR", "PSNR (dB)"),
                       ("SSIM", "validation SSIM", "SSIM")]
         for metric, title, ylabel in validation:
@@ -226,9 +263,8 @@ class TranslationSample:
         if not self.samples:
             return {"kind": "images", "epoch": epoch, "items": []}
         inputs = torch.stack([a for a, _ in self.samples])
-        generators = [models[self.task.net("generator", t)] for t in range(self.task.targets)]  # in eval mode
-        with ctx.autocast():
-            outputs = [g(ctx.to_device(inputs)).float().cpu() for g in generators]
+        with ctx.autocast():  # the networks are in eval mode
+            outputs = [output.float().cpu() for output in self.task.generate(models, ctx.to_device(inputs))]
         items = []
         for i, (a, b) in enumerate(self.samples):
             panels = [a] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
@@ -236,6 +272,16 @@ class TranslationSample:
                                               for t in range(self.task.targets))
             items.append(records.images_item(png((strip([p.float() for p in panels]) + 1) / 2), caption))
         return {"kind": "images", "epoch": epoch, "title": "validation: input | output | target", "items": items}
+
+
+def gan_loss(logits: torch.Tensor, real: bool, mode: str) -> torch.Tensor:
+    """Per sample: the mean over the patches of cross-entropy (vanilla) or squared error (lsgan)."""
+    target = torch.full_like(logits, 1.0 if real else 0.0)
+    if mode == "lsgan":
+        loss = (logits - target) ** 2
+    else:
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    return loss.flatten(1).mean(1)
 
 
 def psnr(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ class TranslateInference(Inference):
         overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
         below the deepest folder holding every input (``output_names``)."""
         inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0)
-        generators = [self.models[self.task.net("generator", t)] for t in range(self.task.targets)]
+        generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
         return TranslationPredictor(inputs, paths, device, generators, self, opts)
 
     def looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
@@ -78,8 +78,7 @@ class TranslateInference(Inference):
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size, channels = self.info["size"], self.info["channels"]
         example = torch.zeros(2, channels, size, size)
-        return {self.task.net("generator", t): (self.models[self.task.net("generator", t)], example)
-                for t in range(self.task.targets)}
+        return {name: (self.models[name], example) for name in self.task.generator_names()}
 
     def export_metadata(self) -> dict[str, Any]:
         info = self.info
@@ -90,10 +89,10 @@ class TranslateInference(Inference):
 
 
 class TranslationPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: list[nn.Module],
+    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: dict[str, nn.Module],
                  inference: TranslateInference, opts: PredictOptions):
         super().__init__(inputs, paths, device)
-        self.generators, self.inference, self.info = [g.to(device) for g in generators], inference, inference.info
+        self.generators, self.inference, self.info = generators, inference, inference.info
         self.names = output_names(paths)  # before any work: two images never share an output
         self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
         self.output, self.panels = Path(opts.output), []
@@ -102,12 +101,23 @@ class TranslationPredictor(Predictor):
         for index, image in zip(indices, images):
             if self.inference.looks_like_panels(image, self.info):
                 self.panels.append(self.paths[index])
-            for t, generator in enumerate(self.generators):
-                out = tiled(generator, image[None].to(self.device), self.info["size"], self.overlap)[0]
-                target = self.output / f"target{t + 1}" / self.names[index]
+            for t, out in enumerate(self.outputs(image)):
+                target = self.output / self.inference.task.output_folder(t) / self.names[index]
                 data = png((out.float().cpu() + 1) / 2, min_side=0)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(target, lambda fh, data=data: fh.write(data))
+
+    def outputs(self, image: torch.Tensor) -> list[torch.Tensor]:
+        """Every target's output for one image of any size: all of them per tile, in one pass."""
+        widths: list[int] = []
+
+        def all_outputs(tile: torch.Tensor) -> torch.Tensor:
+            outputs = self.inference.task.generate(self.generators, tile)
+            widths[:] = [o.shape[1] for o in outputs]
+            return torch.cat(outputs, 1)
+
+        joined = tiled(all_outputs, image[None].to(self.device), self.info["size"], self.overlap)[0]
+        return list(joined.split(widths, 0))
 
     def finish(self) -> None:
         self.inference.warn_of_panels(self.panels)

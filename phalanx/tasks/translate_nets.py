@@ -144,24 +144,24 @@ def unet_size(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def check_generator(name: str, image_size: int) -> None:
+def check_generator(name: str, image_size: int, option: str = "--generator") -> None:
     """A generator name pix2pix knows (or unet_N), and an image size it can take."""
     size = unet_size(name)
     if size is not None:
         if size < 4 or size & (size - 1):
-            raise PhalanxError(f"unet_N needs N a power of two of at least 4 (got {name})", "--generator")
+            raise PhalanxError(f"unet_N needs N a power of two of at least 4 (got {name})", option)
         if image_size % size:
             raise PhalanxError(f"{name} halves its input {int(math.log2(size))} times: --image-size must be a multiple "
                                f"of {size} (got {image_size}); or choose unet_{_largest_unet(image_size)}",
-                               "--generator")
+                               option)
         return
     match = re.fullmatch(r"resnet_(\d+)blocks", name)
     if not match:
         raise PhalanxError(f"must be one of {', '.join(GENERATORS)}, or unet_N for N-pixel images (got {name!r})",
-                           "--generator")
+                           option)
     if image_size % 4:
         raise PhalanxError(f"{name} halves its input twice: --image-size must be a multiple of 4 (got {image_size})",
-                           "--generator")
+                           option)
 
 
 def _largest_unet(image_size: int) -> int:

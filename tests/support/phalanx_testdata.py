@@ -110,3 +110,48 @@ def digit_scenes(root, counts: dict | None = None, size: int = 64, seed: int = 0
                                             "iscrowd": 0})
         (folder / "annotations.json").write_text(json.dumps(coco))
     return Path(root)
+
+
+def deepliif_samples(root, size: int = 32, per_split: dict | None = None, modalities: int = 4, seg: bool = True,
+                     layout: str = "aligned"):
+    """DeepLIIF-shaped RGB samples from the built-in digits: the input a blurred, noisy, stained
+    digit (IHC-like), modality k the clean digit in its own colour, and the segmentation as
+    DeepLIIF draws it (red: a "positive" digit, even labels; blue: a negative one; black around).
+    Aligned: ``root/<split>/<i>.png`` of 2 + modalities panels; plain: ``A/``, ``B1/`` ... and ``seg/``."""
+    from pathlib import Path
+
+    import torch
+    from PIL import Image
+
+    from phalanx.data import load_digits
+
+    images, labels = load_digits()
+    clean = torch.nn.functional.interpolate(images, size=size, mode="bilinear", align_corners=False).clamp(0, 1)
+    blurred = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(clean, (1, 1, 1, 1), mode="replicate"), 3, 1)
+    noise = torch.from_numpy(np.random.default_rng(0).normal(0, 0.05, blurred.shape)).float()
+    stain = torch.tensor([0.55, 0.35, 0.7])[None, :, None, None]
+    ihc = (1 - (blurred + noise).clamp(0, 1) * stain).clamp(0, 1)  # brownish digit on white
+    colours = [torch.tensor(c)[None, :, None, None] for c in ([0.3, 0.3, 0.9], [0.1, 0.9, 0.9], [0.9, 0.2, 0.9],
+                                                              [0.9, 0.9, 0.1], [0.5, 0.9, 0.4], [0.9, 0.5, 0.2])]
+    mods = [clean * colours[k % len(colours)] for k in range(modalities)]
+    positive = (labels % 2 == 0).float()[:, None, None, None]
+    mask = (clean > 0.5).float()
+    segmentation = torch.cat([mask * positive, torch.zeros_like(mask), mask * (1 - positive)], 1)
+    splits = {"train": [i for i in range(len(images)) if i % 5], "val": list(range(0, len(images), 5))}
+    names = ["A"] + [f"B{k + 1}" for k in range(modalities)] + (["seg"] if seg else [])
+    for split, indices in splits.items():
+        if per_split and split in per_split:
+            indices = indices[:per_split[split]]
+        for i in indices:
+            panels = [ihc[i]] + [m[i] for m in mods] + ([segmentation[i]] if seg else [])
+            pixels = [(p * 255).round().byte().permute(1, 2, 0).numpy() for p in panels]
+            if layout == "aligned":
+                folder = Path(root) / split
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.concatenate(pixels, axis=1), "RGB").save(folder / f"{i:04d}.png")
+            else:
+                for name, array in zip(names, pixels):
+                    folder = Path(root) / split / name
+                    folder.mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(array, "RGB").save(folder / f"{i:04d}.png")
+    return Path(root)

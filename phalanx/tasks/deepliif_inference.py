@@ -1,0 +1,49 @@
+"""``--task deepliif``'s evaluation and prediction (translate's: every modality and the
+segmentation, tiled, in DeepLIIF's output names) and its export as a DeepLIIF model directory."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+import torch
+
+from .translate_inference import TranslateInference
+
+if TYPE_CHECKING:
+    from .deepliif import DeepLIIFTask
+
+
+class DeepLIIFInference(TranslateInference):
+    task: DeepLIIFTask
+
+    def native_files(self) -> dict[str, bytes]:
+        """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
+        ``BaseModel.save_networks`` writes them) and the ``train_opt.txt`` DeepLIIF reads to rebuild
+        them (DeepLIIF 1.2's names: GS0 ... for the segmentation)."""
+        files = {}
+        for name, model in self.models.items():
+            buffer = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
+            files[f"latest_net_{name}.pth"] = buffer.getvalue()
+        files["train_opt.txt"] = train_opt(self.task, self.info).encode()
+        return files
+
+
+def train_opt(task: DeepLIIFTask, info: dict) -> str:
+    """DeepLIIF's options file (``print_options``' layout) for the networks as trained."""
+    o, m = task.options, task.modalities
+    names = ["IHC", "Hema", "DAPI", "Lap2", "Marker"] if m == 4 else ["input1"] + [f"mod{k + 1}" for k in range(m)]
+    values = {"model": "DeepLIIF", "modalities_no": m, "modalities_names": names, "seg_gen": task.seg,
+              "seg_no": int(task.seg), "input_no": 1, "mod_id_seg": "S", "input_nc": info["channels"],
+              "output_nc": info["channels"], "netG": o.net_g, "net_gs": o.net_gs, "net_d": "n_layers", "netD": "n_layers",
+              "n_layers_D": o.d_layers, "ngf": o.ngf, "ndf": o.ndf, "norm": o.norm, "no_dropout": not o.dropout,
+              "padding": o.padding, "upsample": "convtranspose", "scale_size": info["size"],
+              "seg_weights": list(task.weights["seg_weights"]), "loss_G_weights": list(task.weights["loss_g_weights"]),
+              "loss_D_weights": list(task.weights["loss_d_weights"]), "gan_mode": o.gan_mode, "gan_mode_s": o.gan_mode_s,
+              "lambda_L1": o.lambda_l1, "lambda_feat": o.lambda_feat, "gpu_ids": (), "init_type": "normal",
+              "init_gain": 0.02, "optimizer": "adam", "phase": "train", "written_by": "phalanx export"}
+    lines = ["----------------- Options ---------------"]
+    lines += ["{:>25}: {:<30}".format(key, repr(value) if isinstance(value, str) else str(value))
+              for key, value in sorted(values.items())]
+    return "\n".join(lines + ["----------------- End -------------------"]) + "\n"

@@ -1,0 +1,203 @@
+"""``--task deepliif`` against DeepLIIF 1.2.7 itself (``deepliif_reference``): its networks' files
+load into phalanx's and compute the same outputs; from the same files, one process and 2 DDP
+workers train in float64 what DeepLIIF's own ``optimize_parameters`` does; both data layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import deepliif_reference as reference
+from conftest import records, run_phalanx
+from phalanx_testdata import deepliif_samples
+
+SMALL = ["--task", "deepliif", "--image-size", 32, "--net-g", "resnet_2blocks", "--net-gs", "unet_32", "--ngf", 4,
+         "--ndf", 4, "--d-layers", 2, "--no-progress"]
+
+
+def panels(folder) -> torch.Tensor:
+    """Aligned DeepLIIF samples as [-1, 1] tensors (N, panels, 3, H, H), read with PIL alone (scaled
+    in float32, as the data set hands them over, then widened)."""
+    found = []
+    for path in sorted(folder.glob("*.png")):
+        pixels = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / np.float32(127.5) - np.float32(1))
+        side = pixels.shape[0]
+        found.append([pixels[:, i * side:(i + 1) * side].transpose(2, 0, 1) for i in range(pixels.shape[1] // side)])
+    return torch.tensor(np.array(found)).double()
+
+
+def random_vgg(torch_home) -> torch.nn.Sequential:
+    """VGG19's features with seeded random weights, as the hub file phalanx reads (ImageNet's are
+    not on this machine); DeepLIIF's Vgg19 is given the same."""
+    from torchvision.models.vgg import cfgs, make_layers
+
+    torch.manual_seed(1)
+    features = make_layers(cfgs["E"])[:30]
+    for module in features:
+        if isinstance(module, torch.nn.Conv2d):
+            torch.nn.init.normal_(module.weight, 0, (2 / (9 * module.in_channels)) ** 0.5)
+    folder = torch_home / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save({f"features.{k}": v for k, v in features.state_dict().items()}, folder / "vgg19-dcbb9e9d.pth")
+    reference.vgg_with(features)
+    return features
+
+
+@pytest.mark.parametrize("name, norm, padding, size, ngf", [
+    ("resnet_9blocks", "batch", "zero", 32, 4),  # deepliif train's defaults
+    ("resnet_6blocks", "instance", "reflect", 32, 4),
+    ("unet_32", "none", "zero", 64, 4),
+    ("unet_512", "batch", "zero", 512, 1),  # the segmentation generators' default, at its size
+])
+def test_deepliifs_files_load_into_phalanxs_networks_which_compute_the_same(tmp_path, name, norm, padding, size, ngf):
+    from phalanx.tasks.deepliif_nets import discriminator, generator
+
+    networks = reference.modules().networks
+    torch.manual_seed(0)
+    theirs = networks.define_G(3, 3, ngf, name, norm, False, "normal", 0.02, [], padding).double()
+    ours = generator(name, 3, 3, ngf, norm, False, padding).double()
+    torch.save(theirs.state_dict(), tmp_path / "latest_net_G1.pth")
+    ours.load_state_dict(torch.load(tmp_path / "latest_net_G1.pth", weights_only=True))  # strict: key for key
+    x = torch.rand(2, 3, size, size, dtype=torch.float64) * 2 - 1
+    assert (ours(x) - theirs(x)).abs().max() < 1e-10
+    layers = 4 if size >= 64 else 2  # DeepLIIF's n_layers_D 4 needs 64 px
+    theirs_d = networks.define_D(6, 4, "n_layers", layers, norm).double()
+    ours_d = discriminator(6, 4, layers, norm).double()
+    ours_d.load_state_dict(theirs_d.state_dict())
+    pair = torch.cat([x, x.flip(-1)], 1)
+    assert (ours_d(pair) - theirs_d(pair)).abs().max() < 1e-10
+
+
+@pytest.mark.slow
+def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deepliifs_own_step_does(tmp_path, phalanx,
+                                                                                                  monkeypatch):
+    """float64, instance norm, no dropout, the VGG loss on: DeepLIIF's model writes its files, phalanx
+    starts from them (--weights DIR) and trains 2 steps of 4 samples as one process and as 2 DDP
+    workers x 2; DeepLIIF's ``optimize_parameters`` takes the same 2 steps. Every weight and the
+    last step's losses agree (1e-10), DDP and one process within 1e-12; the biases that an
+    InstanceNorm cancels stay as loaded in phalanx (DeepLIIF's move by Adam's noise)."""
+    from phalanx.tasks.deepliif_nets import freeze_inert_biases
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    random_vgg(tmp_path / "torch")
+    opt = reference.options(ngf=4, ndf=4, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, norm="instance",
+                            no_dropout=True, checkpoints_dir=str(tmp_path), name="deepliif")
+    torch.manual_seed(0)
+    model = reference.modules().model.DeepLIIFModel(opt)
+    nets = {name: getattr(model, f"net{name}").double() for name in model.model_names}
+    for criterion in (model.criterionVGG, model.criterionGAN_mod, model.criterionGAN_seg):
+        criterion.double()  # its GAN targets are float32 buffers
+    (tmp_path / "deepliif").mkdir()
+    model.save_networks("latest")
+    start = {name: {k: v.clone() for k, v in net.state_dict().items()} for name, net in nets.items()}
+
+    data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 4, "val": 2})
+    common = [*SMALL, "--dataroot", data, "--norm", "instance", "--no-dropout", "--augment", "none", "--precision",
+              "fp64", "--lr-schedule", "constant", "--epochs", 2, "--weights", tmp_path / "deepliif",
+              "--checkpoints-dir", tmp_path / "ck", "--log-every", 1]
+    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 2, *common, "--use-torchrun",
+                      "--nproc-per-node=2", env={"TORCH_HOME": str(tmp_path / "torch")})
+    assert ddp.code == 0, ddp.err
+    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
+    assert single.code == 0, single.err
+    assert "weights: 18 DeepLIIF networks (generators and discriminators)" in single.out
+
+    samples = panels(data / "train")
+    for _ in range(2):
+        model.set_input({"A": samples[:, 0], "B": [samples[:, k] for k in range(1, 6)], "A_paths": []})
+        model.optimize_parameters()
+    saved = {run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")}
+    for name, net in nets.items():
+        ours = saved["single"][name]
+        frozen = {key for key, _ in _named_frozen(name, opt, freeze_inert_biases)}
+        for key, value in net.state_dict().items():
+            if key in frozen:
+                assert torch.equal(ours[key], start[name][key]), (name, key)
+            else:
+                assert (ours[key] - value).abs().max() < 1e-10, (name, key, (ours[key] - value).abs().max())
+            assert (saved["ddp"][name][key] - ours[key]).abs().max() < 1e-12, (name, key)
+    last = records(tmp_path / "ck" / "single", "train")[-1]
+    for loss in [f"{kind}_{i}" for i in range(1, 5) for kind in ("G_GAN", "G_L1", "G_VGG", "D_real", "D_fake")] + \
+            [f"{kind}_S" for kind in ("G_GAN", "G_L1", "D_real", "D_fake")]:
+        assert last[loss] == pytest.approx(float(getattr(model, f"loss_{loss}")), rel=1e-9, abs=1e-12), loss
+
+
+def _named_frozen(name, opt, freeze):
+    """The parameters of DeepLIIF network ``name`` that phalanx freezes (a bias an InstanceNorm cancels)."""
+    from phalanx.tasks.deepliif_nets import discriminator, generator
+
+    if name.startswith("D"):
+        net = discriminator(6, opt.ndf, opt.n_layers_D, opt.norm)
+    else:
+        arch = "resnet_2blocks" if name[1:].isdigit() else "unet_32"  # (DeepLIIF made opt.netG a list)
+        net = generator(arch, 3, 3, opt.ngf, opt.norm, False, opt.padding if name[1:].isdigit() else "reflect")
+    freeze(net)
+    return [(k, p) for k, p in net.named_parameters() if not p.requires_grad]
+
+
+@pytest.mark.slow
+def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_loads(tmp_path, phalanx):
+    """A, B1 ... B4, seg/ folders; predict writes DeepLIIF's output names at the image's own size;
+    ``export --format deepliif`` writes files and a train_opt.txt that DeepLIIF's own option reader
+    and ``DeepLIIFModel.load_networks`` take, and DeepLIIF's forward then computes phalanx's outputs."""
+    from phalanx.inference.model import load_trained
+
+    data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 8, "val": 2}, layout="plain")
+    run = phalanx("train", *SMALL, "--dataroot", data, "--lambda-feat", 0, "--norm", "instance", "--epochs", 1,
+                  "--batch-size", 4, "--checkpoints-dir", tmp_path / "ck", "--name", "plain")
+    assert run.code == 0, run.err
+    assert "plain layout, 4 modalities + segmentation" in run.out
+    checkpoint = tmp_path / "ck" / "plain" / "latest.pt"
+    wide = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(wide)
+    assert phalanx("predict", "--checkpoint", checkpoint, wide, "--output", tmp_path / "out").code == 0
+    for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg"):
+        assert Image.open(tmp_path / "out" / folder / "wide.png").size == (56, 40)
+
+    exported = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
+    assert exported.code == 0, exported.err
+    assert phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model").code != 0
+    ref = reference.modules()
+    opt = ref.options.Options(path_file=str(tmp_path / "model" / "train_opt.txt"), mode="test")
+    assert (opt.netG, opt.net_gs, opt.norm, opt.modalities_no) == ("resnet_2blocks", "unet_32", "instance", 4)
+    opt.ngf = 4  # DeepLIIF's test mode takes ngf 64 (its released models') whatever train_opt.txt says
+    opt.gpu_ids, opt.is_train, opt.use_dp, opt.preprocess, opt.remote_transfer_cmd = [], False, False, None, None
+    model = ref.model.DeepLIIFModel(opt)
+    model.load_networks("latest")
+    trained = load_trained(str(checkpoint))
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        for net in model.model_names:
+            getattr(model, f"net{net}").eval()
+        model.set_input({"A": x, "B": [x] * 5, "A_paths": []})
+        model.forward()
+        ours = trained.task.generate(trained.models, x)
+    for k in range(4):
+        assert (ours[k] - getattr(model, f"fake_B_{k + 1}")).abs().max() < 1e-5
+    assert (ours[4] - model.fake_B_S).abs().max() < 1e-5
+
+
+def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phalanx, monkeypatch):
+    from phalanx.tasks.deepliif_nets import generator
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no-hub"))
+    data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 2, "val": 1})
+    other = tmp_path / "other"
+    other.mkdir()
+    for k in range(1, 5):  # generators of another width
+        torch.save(generator("resnet_2blocks", 3, 3, 8, "batch", True, "zero").state_dict(), other / f"latest_net_G{k}.pth")
+    for k in range(5):
+        torch.save(generator("unet_32", 3, 3, 8, "batch", True, "reflect").state_dict(), other / f"latest_net_GS{k}.pth")
+    (other / "train_opt.txt").write_text("                      ngf: 8\n")
+    cases = [([], "--lambda-feat", "vgg19-dcbb9e9d.pth"),
+             (["--lambda-feat", 0, "--weights", tmp_path], "--weights", "no file for generator(s) G1"),
+             (["--lambda-feat", 0, "--weights", other], "--weights", "its train_opt.txt says ngf 8"),
+             (["--lambda-feat", 0, "--seg-weights", "0.5,0.5"], "--seg-weights", "need 5"),
+             (["--lambda-feat", 0, "--net-gs", "unet_16"], "--net-gs", "start at unet_32"),
+             (["--lambda-feat", 0, "--modalities", 3], "--dataroot", "6 panels where 5 are expected")]
+    for extra, option, words in cases:
+        result = phalanx("train", *SMALL, "--dataroot", data, "--checkpoints-dir", tmp_path / "ck", "--overwrite", *extra)
+        assert result.code == 2 and option in result.err and words in result.err, (extra, result.err)
+        assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
