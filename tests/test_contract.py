@@ -12,7 +12,8 @@ from conftest import REPO
 PACKAGE = REPO / "phalanx"
 # A word spelled as a task's name with another meaning, where it is meant so.
 OTHER_MEANINGS = {("snapshots.py", "segment"): "a part of a run's snapshot history",
-                  ("visualize/sources.py", "segment"): "a part of a run's snapshot history"}
+                  ("visualize/sources.py", "segment"): "a part of a run's snapshot history",
+                  ("config_sections.py", "deepliif"): "the DeepLIIF project, whose --remote flag phalanx accepts"}
 
 
 def builtin_task_names() -> set[str]:

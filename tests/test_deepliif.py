@@ -201,3 +201,32 @@ def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phala
         result = phalanx("train", *SMALL, "--dataroot", data, "--checkpoints-dir", tmp_path / "ck", "--overwrite", *extra)
         assert result.code == 2 and option in result.err and words in result.err, (extra, result.err)
         assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_them(tmp_path):
+    """DeepLIIF before 1.2 named the segmentation generators G51 ... G55 (from the input, then each
+    modality); ``deepliif serialize`` writes TorchScript G1.pt ...: each lands in the network it is."""
+    from phalanx.tasks.deepliif_files import load_model_dir
+    from phalanx.tasks.deepliif_nets import generator
+
+    networks = reference.modules().networks
+    torch.manual_seed(0)
+    old, scripted = tmp_path / "old", tmp_path / "scripted"
+    old.mkdir(), scripted.mkdir()
+    written = {}
+    for k in range(1, 3):
+        written[f"G{k}"] = networks.define_G(3, 3, 2, "resnet_2blocks", "batch", False, "normal", 0.02, [], "zero")
+    for k in range(3):
+        written[f"GS{k}"] = networks.define_G(3, 3, 2, "unet_32", "batch", False, "normal", 0.02, [])
+    for name, net in written.items():
+        old_name = name if name[1] != "S" else f"G3{int(name[2:]) + 1}"  # 2 modalities: G31 G32 G33
+        torch.save(net.state_dict(), old / f"latest_net_{old_name}.pth")
+        torch.jit.trace(net.eval(), torch.zeros(1, 3, 32, 32)).save(str(scripted / f"{name}.pt"))
+    for folder in (old, scripted):
+        models = {name: generator("resnet_2blocks" if name[1] != "S" else "unet_32", 3, 3, 2, "batch", False, "zero")
+                  for name in written}
+        notes = load_model_dir(models, folder, list(written), ["D1", "D2", "DS0", "DS1", "DS2"], 2)
+        assert "they start from DeepLIIF's initialisation" in notes[-1]
+        for name, net in written.items():
+            for key, value in net.state_dict().items():
+                assert torch.equal(models[name].state_dict()[key], value), (folder.name, name, key)

@@ -117,7 +117,7 @@ def test_a_tiled_translation_equals_the_untiled_one(tmp_path):
 
 
 def test_ssim_and_psnr_equal_a_direct_implementation(tmp_path):
-    from phalanx.tasks.translate import psnr, ssim
+    from phalanx.tasks.image_metrics import psnr, ssim
 
     rng = np.random.default_rng(3)
     x = rng.random((2, 1, 24, 20))

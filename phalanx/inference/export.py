@@ -3,8 +3,8 @@ classifier, a translation's generators, a self-supervised backbone, ...: the tas
 
 ``torchscript`` is traced (``torch.jit.load`` opens it); ``exported-program`` is ``torch.export``'s
 format (``torch.export.load``), with a dynamic batch size. How to prepare inputs and what the
-outputs mean go beside each file in ``FILE.json``. ``deepliif`` writes a DeepLIIF model directory
-(``--task deepliif``: its networks' files and ``train_opt.txt``, which DeepLIIF loads).
+outputs mean go beside each file in ``FILE.json``. A task's own format (``tasks.native_formats``)
+writes another tool's model directory (its networks' files, which that tool loads).
 """
 
 from __future__ import annotations
@@ -15,21 +15,22 @@ from pathlib import Path
 
 import torch
 
+from .. import tasks
 from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
 from .model import load_trained
 from .options import ExportOptions
 from .outputs import check_export_files, check_place
 
-SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",),
-            "deepliif": ("",)}
+SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}
 
 
 def check_output(output: Path, fmt: str) -> None:
     """An extension the format does not write is refused, not ignored (``m.onnx`` is not TorchScript)."""
-    if fmt == "deepliif" and output.suffix:
-        raise PhalanxError(f"--format deepliif writes a DeepLIIF model directory (latest_net_G1.pth, ..., "
-                           f"train_opt.txt), not a file ({output.name})", "--output")
+    if fmt in tasks.native_formats():
+        if output.suffix:
+            raise PhalanxError(f"--format {fmt} writes a model directory, not a file ({output.name})", "--output")
+        return
     if output.suffix.lower() in SUFFIXES[fmt]:
         return
     other = next((f for f, suffixes in SUFFIXES.items() if output.suffix.lower() in suffixes), None)
@@ -45,8 +46,8 @@ def export(opts: ExportOptions) -> list[Path]:
     check_place(output)
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
-    if opts.format == "deepliif":
-        return model_directory(output, inference.native_files(), opts)
+    if opts.format in tasks.native_formats():
+        return model_directory(output, inference.native_files(opts.format), opts)
     scripted = inference.script_export
     if scripted and opts.format != "torchscript":
         raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
@@ -72,11 +73,11 @@ def export(opts: ExportOptions) -> list[Path]:
 
 
 def model_directory(folder: Path, files: dict[str, bytes] | None, opts: ExportOptions) -> list[Path]:
-    """Another tool's own model directory (``--format deepliif``), each file written atomically; a
+    """Another tool's own model directory (a task's ``--format``), each file written atomically; a
     directory that already holds one of them is left as it is without ``--overwrite``."""
     if files is None:
-        raise PhalanxError("--format deepliif writes --task deepliif's networks; this checkpoint's task is another",
-                           "--format")
+        raise PhalanxError(f"--format {opts.format} writes --task {opts.format}'s networks; this checkpoint's task is "
+                           "another", "--format")
     if folder.exists() and not folder.is_dir():
         raise PhalanxError(f"{folder} exists and is not a directory", "--output")
     taken = [name for name in files if (folder / name).exists()]
@@ -85,7 +86,8 @@ def model_directory(folder: Path, files: dict[str, bytes] | None, opts: ExportOp
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         atomic_write(folder / name, lambda fh, data=data: fh.write(data))
-    print(f"phalanx: wrote {len(files)} files to {folder} (DeepLIIF's model directory: {', '.join(list(files)[:3])}, ...)")
+    print(f"phalanx: wrote {len(files)} files to {folder} ({opts.format}'s model directory: "
+          f"{', '.join(list(files)[:3])}, ...)")
     return [folder / name for name in files]
 
 

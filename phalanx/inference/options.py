@@ -85,8 +85,9 @@ class PredictOptions:
 class ExportOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
     format: str = option("torchscript", "torchscript: loads with torch.jit.load; exported-program: loads with "
-                         "torch.export.load; deepliif (--task deepliif): a DeepLIIF model directory, --output DIR.",
-                         choices=("torchscript", "exported-program", "deepliif"))
+                         "torch.export.load; " + "; ".join(f"{name} (--task {name}): its own model directory, --output DIR"
+                                                          for name in tasks.native_formats()) + ".",
+                         choices=("torchscript", "exported-program", *tasks.native_formats()))
     output: str = option(None, "The file to write; class names and preprocessing go beside it, in FILE.json.",
                          metavar="FILE")
     ema: bool = option(False, "Export the moving average of the weights (a run with --ema-decay).")

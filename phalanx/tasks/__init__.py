@@ -17,8 +17,7 @@ from typing import Any, Callable
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
 from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DeepLIIFOptions, DetectOptions, DINOOptions,
-                      MoCoOptions,
-                      SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
+                      MoCoOptions, SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -43,6 +42,7 @@ class TaskInfo:
     unused: dict[str, str] = field(default_factory=dict)
     aka: str = ""  # what its users know it as (pix2pix), in the --task help
     predicts: str = ""  # what `predict --output` names for it
+    exports: str = ""  # the name of another tool's model directory that `export --format` writes for it
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -81,7 +81,7 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 512, "model": "deepliif"},
              unused={"model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm"},
-             predicts="a folder"),
+             predicts="a folder", exports="deepliif"),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
              "phalanx.tasks.simclr:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
@@ -140,6 +140,11 @@ def predict_outputs_help() -> str:
     for name, info in BUILTIN.items():
         by_output.setdefault(info.predicts, []).append(name)
     return ", ".join(f"{output} ({', '.join(names)})" for output, names in by_output.items())
+
+
+def native_formats() -> tuple[str, ...]:
+    """``export --format`` values that write another tool's model directory (a task's ``exports``)."""
+    return tuple(info.exports for info in BUILTIN.values() if info.exports)
 
 
 def is_user_task(name: str) -> bool:

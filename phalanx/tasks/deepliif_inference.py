@@ -17,10 +17,12 @@ if TYPE_CHECKING:
 class DeepLIIFInference(TranslateInference):
     task: DeepLIIFTask
 
-    def native_files(self) -> dict[str, bytes]:
+    def native_files(self, fmt: str) -> dict[str, bytes] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
         ``BaseModel.save_networks`` writes them) and the ``train_opt.txt`` DeepLIIF reads to rebuild
         them (DeepLIIF 1.2's names: GS0 ... for the segmentation)."""
+        if fmt != self.task.name:
+            return None
         files = {}
         for name, model in self.models.items():
             buffer = io.BytesIO()

@@ -121,9 +121,9 @@ class Inference:
         """``export``: the networks to write (by name) with an example input each."""
         raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
 
-    def native_files(self) -> dict[str, bytes] | None:
-        """``export --format deepliif``: the files of another tool's model directory (name -> bytes);
-        None where the task has no such format."""
+    def native_files(self, fmt: str) -> dict[str, bytes] | None:
+        """``export --format FMT`` (``tasks.native_formats``): the files of another tool's model
+        directory (name -> bytes); None where this task does not write that format."""
         return None
 
     def export_metadata(self) -> dict[str, Plain]:
