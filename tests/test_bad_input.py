@@ -65,7 +65,7 @@ CASES = [
     ("user-task-unread-model", ["--task", "phalanx_testtasks:GatherTask", "--model", "resnet18"], "--model",
      "GatherTask does not read it"),
     ("user-task-builtin-flag", ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"], "--ngf",
-     "is an option of --task translate; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
+     "is an option of --task translate or --task deepliif; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
      "--task-option ngf=VALUE"),
     ("translate-model", ["--task", "translate", "--model", "resnet18"], "--model", "--task translate does not use it"),
     ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
