@@ -16,6 +16,7 @@ setup(
         "tornado<6.6",  # 6.6 makes visdom 0.2.4's page answer 403
         "boto3>=1.28",
         "pycocotools>=2.0.7",  # --task detect's COCO mAP
+        "scipy>=1.10",  # --task deepliif's cell counts (connected components)
     ],
     extras_require={"timm": ["timm>=1.0"],  # --model timm/NAME
                     "test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40", "hypothesis>=6",

@@ -15,7 +15,7 @@ import click
 
 from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
                       training_options)
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
 from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
 
 
@@ -208,8 +208,15 @@ def say_error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the CLI and maps failures to documented exit codes."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    for before, arg in zip(["", *args], args):  # open() and os calls raise ValueError on one, deep inside
+        if "\x00" in str(arg):
+            where = str(arg).split("=")[0] if str(arg).startswith("-") else before if before.startswith("-") \
+                else "an argument"
+            say_error(f"{where}: holds a NUL character, which no option value or file name can")
+            return EXIT_BAD_INPUT
     try:
-        cli.main(args=argv, prog_name="phalanx", standalone_mode=False)
+        cli.main(args=args, prog_name="phalanx", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `phalanx`: the help, as --help shows it

@@ -18,13 +18,18 @@ def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float
     return out.clamp(0, 1)
 
 
+def pixels(image: torch.Tensor):
+    """A (C, H, W) image in [0, 1] as the uint8 array a PNG of it holds: (H, W), or (H, W, 3)."""
+    values = (image.detach().float().cpu().clamp(0, 1) * 255).round().byte()
+    return values[0].numpy() if values.shape[0] == 1 else values[:3].permute(1, 2, 0).numpy()
+
+
 def png(image: torch.Tensor, min_side: int = SHOWN_SIDE) -> bytes:
     """A (C, H, W) image in [0, 1], C = 1 or 3, as PNG bytes."""
     from PIL import Image
 
-    pixels = (image.detach().float().cpu().clamp(0, 1) * 255).round().byte()
-    array = pixels[0].numpy() if pixels.shape[0] == 1 else pixels[:3].permute(1, 2, 0).numpy()
-    picture = Image.fromarray(array, "L" if pixels.shape[0] == 1 else "RGB")
+    array = pixels(image)
+    picture = Image.fromarray(array, "L" if array.ndim == 2 else "RGB")
     if max(picture.size) < min_side:
         factor = min_side // max(picture.size)
         picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)

@@ -48,6 +48,27 @@ def modules() -> SimpleNamespace:
                            options=importlib.import_module("deepliif.options"))
 
 
+def postprocessing():
+    """DeepLIIF's ``postprocessing`` module, its numba-compiled functions run as plain Python (a
+    stand-in ``numba`` while it imports: ``jit`` leaves a function as it is, ``typed.List`` is a list).
+    numba adds uint8 pixels in 64-bit integers; give it int64 images to do the same in Python."""
+    modules()
+    if "deepliif.postprocessing" not in sys.modules:
+        numba = types.ModuleType("numba")
+        numba.jit = lambda *args, **kwargs: (lambda function: function)
+        numba.typed = SimpleNamespace(List=list)
+        saved = sys.modules.get("numba")
+        sys.modules["numba"] = numba
+        try:
+            importlib.import_module("deepliif.postprocessing")
+        finally:
+            if saved is None:
+                del sys.modules["numba"]
+            else:
+                sys.modules["numba"] = saved
+    return sys.modules["deepliif.postprocessing"]
+
+
 def options(**given) -> SimpleNamespace:
     """``deepliif train``'s options as its ``Options`` holds them, with DeepLIIF's defaults, for
     ``DeepLIIFModel`` on the CPU."""

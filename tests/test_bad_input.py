@@ -58,6 +58,7 @@ CASES = [
     ("dp-batch", ["--gpu-ids", "0", "--gpu-ids", "1", "--batch-size", "1"], "--batch-size", "DataParallel"),
     ("dataroot-missing", ["--dataroot", "{w}/nope"], "--dataroot", "not a directory"),
     ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
+    ("nul-in-a-value", ["--dataroot=a\x00b"], "--dataroot", "holds a NUL character"),
     ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
     ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
     ("user-task-unread-option", ["--task", "phalanx_testtasks:GatherTask", "--image-size", "64"], "--image-size",

@@ -4,6 +4,8 @@ workers train in float64 what DeepLIIF's own ``optimize_parameters`` does; both 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -155,6 +157,11 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     assert phalanx("predict", "--checkpoint", checkpoint, wide, "--output", tmp_path / "out").code == 0
     for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg"):
         assert Image.open(tmp_path / "out" / folder / "wide.png").size == (56, 40)
+    counted = json.loads((tmp_path / "out" / "cells.json").read_text())
+    seg, marker = (np.asarray(Image.open(tmp_path / "out" / folder / "wide.png")) for folder in ("Seg", "Marker"))
+    theirs = reference.postprocessing().compute_final_results(np.zeros_like(seg), seg.astype(np.int64), marker, "10x")[2]
+    assert counted == [{"image": "wide.png", **{k: theirs[k] for k in counted[0] if k != "image"}}]
+    assert (tmp_path / "out" / "cells.csv").read_text().splitlines()[0].startswith("image,num_total,num_pos")
 
     exported = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
     assert exported.code == 0, exported.err
@@ -230,3 +237,43 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
         for name, net in written.items():
             for key, value in net.state_dict().items():
                 assert torch.equal(models[name].state_dict()[key], value), (folder.name, name, key)
+
+
+def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A segmentation as DeepLIIF draws one (red: positive, blue: negative, on black), with cells
+    that touch (a red and a blue disc merged), small ones near the noise and size thresholds, faint
+    ones near the colour threshold, rings (a hole inside a cell), green ones that are no cells, and
+    cells cut by the border; a marker image with bright spots; the input."""
+    rng = np.random.default_rng(seed)
+    seg = np.zeros((side, side, 3), dtype=np.uint8)
+    y, x = np.mgrid[0:side, 0:side]
+    for _ in range(28):
+        cy, cx, radius = rng.integers(-2, side + 2), rng.integers(-2, side + 2), rng.choice([1, 1.5, 2, 2.5, 3, 4, 6])
+        inside = (y - cy) ** 2 + (x - cx) ** 2 <= radius ** 2
+        if rng.random() < 0.15:
+            inside &= (y - cy) ** 2 + (x - cx) ** 2 > (radius / 2) ** 2  # a ring
+        level = rng.choice([255, 200, 125, 118, 90])  # some just above, some just below red + blue > 120
+        colour = rng.choice(4)
+        seg[inside] = [(level, 0, 0), (0, 0, level), (level, 0, level // 3), (level, 120, 0)][colour]
+    marker = np.clip(rng.normal(40, 30, (side, side, 3)), 0, 255).astype(np.uint8)
+    for _ in range(6):
+        marker[rng.integers(0, side), rng.integers(0, side)] = 250
+    orig = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    return seg, marker, orig
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cell_counts_equal_deepliifs_compute_final_results(seed):
+    from phalanx.tasks.deepliif_cells import count, resolution_of
+
+    postprocessing = reference.postprocessing()
+    seg, marker, orig = cell_images(seed)
+    settings = [{}, {"size_thresh": None}, {"size_thresh": 6, "marker_thresh": 100}, {"marker_thresh": "default"},
+                {"seg_thresh": 150, "size_thresh_upper": 40}, {"noise_thresh": 1}]
+    for given in settings:
+        for resolution in ("40x", resolution_of(256), resolution_of(128)):
+            # seg as int64: numba adds uint8 pixels in 64 bits; the plain-Python stand-in would wrap at 256
+            theirs = postprocessing.compute_final_results(orig, seg.astype(np.int64), marker, resolution, **given)[2]
+            ours = count(seg, marker, resolution, **given)
+            assert ours == theirs, (seed, given, resolution)
+    assert count(seg, marker, "10x")["num_total"] > 5  # the images hold cells worth counting

@@ -3,12 +3,17 @@ segmentation, tiled, in DeepLIIF's output names) and its export as a DeepLIIF mo
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 from typing import TYPE_CHECKING
 
 import torch
 
-from .translate_inference import TranslateInference
+from ..atomic import atomic_write_text
+from ..pictures import pixels
+from .deepliif_cells import count, resolution_of
+from .translate_inference import TranslateInference, TranslationPredictor
 
 if TYPE_CHECKING:
     from .deepliif import DeepLIIFTask
@@ -16,6 +21,9 @@ if TYPE_CHECKING:
 
 class DeepLIIFInference(TranslateInference):
     task: DeepLIIFTask
+
+    def predictor_class(self) -> type[TranslationPredictor]:
+        return CellCounter if self.task.seg else TranslationPredictor
 
     def native_files(self, fmt: str) -> dict[str, bytes] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
@@ -30,6 +38,39 @@ class DeepLIIFInference(TranslateInference):
             files[f"latest_net_{name}.pth"] = buffer.getvalue()
         files["train_opt.txt"] = train_opt(self.task, self.info).encode()
         return files
+
+
+class CellCounter(TranslationPredictor):
+    """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
+    (``deepliif_cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
+    modalities, the resolution DeepLIIF assumes for the tile size); OUTPUT/cells.csv and cells.json."""
+
+    fields = ("image", "num_total", "num_pos", "num_neg", "percent_pos", "size_thresh", "seg_thresh", "marker_thresh")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rows: list[dict] = []
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        task = self.inference.task
+        for index, image in zip(indices, images):
+            outputs = self.predict_one(index, image)
+            seg = pixels((outputs[task.modalities] + 1) / 2)
+            marker = pixels((outputs[task.modalities - 1] + 1) / 2) if task.output_folder(task.modalities - 1) == "Marker" \
+                else None
+            scoring = count(seg, marker, resolution_of(self.info["size"]))
+            self.rows.append({"image": str(self.names[index]), **{k: scoring[k] for k in self.fields[1:]}})
+
+    def finish(self) -> None:
+        super().finish()
+        if not self.rows:
+            return
+        table = io.StringIO()
+        writer = csv.DictWriter(table, self.fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.output / "cells.csv", table.getvalue())
+        atomic_write_text(self.output / "cells.json", json.dumps(self.rows, indent=1) + "\n")
 
 
 def train_opt(task: DeepLIIFTask, info: dict) -> str:

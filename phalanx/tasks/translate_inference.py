@@ -62,7 +62,10 @@ class TranslateInference(Inference):
         below the deepest folder holding every input (``output_names``)."""
         inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0)
         generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
-        return TranslationPredictor(inputs, paths, device, generators, self, opts)
+        return self.predictor_class()(inputs, paths, device, generators, self, opts)
+
+    def predictor_class(self) -> type[TranslationPredictor]:
+        return TranslationPredictor
 
     def looks_like_panels(self, image: torch.Tensor, info: dict[str, Any]) -> bool:
         """An input and its targets side by side (the aligned layout's files), not an input alone."""
@@ -99,13 +102,19 @@ class TranslationPredictor(Predictor):
 
     def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
         for index, image in zip(indices, images):
-            if self.inference.looks_like_panels(image, self.info):
-                self.panels.append(self.paths[index])
-            for t, out in enumerate(self.outputs(image)):
-                target = self.output / self.inference.task.output_folder(t) / self.names[index]
-                data = png((out.float().cpu() + 1) / 2, min_side=0)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(target, lambda fh, data=data: fh.write(data))
+            self.predict_one(index, image)
+
+    def predict_one(self, index: int, image: torch.Tensor) -> list[torch.Tensor]:
+        """Write one image's outputs (PNGs of what ``pictures.pixels`` makes of them); return them."""
+        if self.inference.looks_like_panels(image, self.info):
+            self.panels.append(self.paths[index])
+        outputs = self.outputs(image)
+        for t, out in enumerate(outputs):
+            target = self.output / self.inference.task.output_folder(t) / self.names[index]
+            data = png((out.float().cpu() + 1) / 2, min_side=0)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, lambda fh, data=data: fh.write(data))
+        return outputs
 
     def outputs(self, image: torch.Tensor) -> list[torch.Tensor]:
         """Every target's output for one image of any size: all of them per tile, in one pass."""
