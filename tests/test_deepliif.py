@@ -241,7 +241,7 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
 
 def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A segmentation as DeepLIIF draws one (red: positive, blue: negative, on black), with cells
-    that touch (a red and a blue disc merged), small ones near the noise and size thresholds, faint
+    that touch (a red and a blue disc merged), specks and small ones near the noise and size thresholds, faint
     ones near the colour threshold, rings (a hole inside a cell), green ones that are no cells, and
     cells cut by the border; a marker image with bright spots; the input."""
     rng = np.random.default_rng(seed)
@@ -255,6 +255,9 @@ def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.n
         level = rng.choice([255, 200, 125, 118, 90])  # some just above, some just below red + blue > 120
         colour = rng.choice(4)
         seg[inside] = [(level, 0, 0), (0, 0, level), (level, 0, level // 3), (level, 120, 0)][colour]
+    for _ in range(8):  # specks of 1 or 2 pixels: noise below noise_thresh
+        cy, cx = rng.integers(1, side - 2, 2)
+        seg[cy, cx:cx + rng.integers(1, 3)] = (255, 0, 0)
     marker = np.clip(rng.normal(40, 30, (side, side, 3)), 0, 255).astype(np.uint8)
     for _ in range(6):
         marker[rng.integers(0, side), rng.integers(0, side)] = 250
