@@ -102,7 +102,8 @@ def run_deepliif(python: str, data: Path, epochs: int, work: Path) -> dict:
             "--net-g", "unet_64", "--net-d", "basic", "--ngf", str(COMMON["ngf"]), "--ndf", str(COMMON["ndf"]),
             "--preprocess", "none", "--no-flip", "--display-id", "0", "--no-html", "--gpu-ids", "-1",
             "--batch-size", str(COMMON["batch"]), "--n-epochs", str(epochs - 1), "--n-epochs-decay", "0",
-            "--num-threads", "0", "--input-nc", "3", "--output-nc", "3"]
+            "--num-threads", "0", "--input-nc", "3", "--output-nc", "3",
+            "--save-epoch-freq", "1"]  # else DeepLIIF writes latest_net_* after its first epoch only
     images = len(list((data / "train").glob("*.png")))
     rate, _ = epoch_rate(argv, env, work, r"^End of epoch", images)
     # DeepLIIF validates nothing: its training-only rate is its wall-clock rate

@@ -1,9 +1,10 @@
 """phalanx ``--task deepliif`` beside DeepLIIF 1.2.7's own trainer on DeepLIIF's own model (run by hand).
 
-    .venv/bin/python benchmarks/deepliif_model.py [--repeats 7] [--epochs 3] [--train 160]
+    .venv/bin/python benchmarks/deepliif_model.py [--repeats 7] [--epochs 3] [--train 64]   # ~30 minutes
 
 The same data (built-in digits as DeepLIIF-shaped samples: a stained, blurred input, 4 modalities
-and a red/blue segmentation, 6 panels of 64 px; ``tests/support/phalanx_testdata.deepliif_samples``),
+and a red/blue segmentation, 6 panels of 64 px, 64 to train, 20 to validate;
+``tests/support/phalanx_testdata.deepliif_samples``),
 the same model (DeepLIIF's defaults but for the size: ``resnet_9blocks`` translation generators,
 ``unet_64`` segmentation generators since ``unet_512`` needs 512 px, 4-layer PatchGANs, 16 filters,
 BatchNorm, dropout, zero padding, vanilla/lsgan GAN losses, SmoothL1 and VGG19 x 100 with the same
@@ -44,13 +45,13 @@ translate_benchmark = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(translate_benchmark)
 
 
-def samples(train: int) -> Path:
-    root = translate_benchmark.DATA / f"deepliif-model-{train}"
+def samples(train: int, val: int = 20) -> Path:
+    root = translate_benchmark.DATA / f"deepliif-model-{train}-{val}"
     if not (root / "done").exists():
         sys.path.insert(0, str(REPO / "tests" / "support"))
         from phalanx_testdata import deepliif_samples
 
-        deepliif_samples(root, size=SIZE, per_split={"train": train, "val": 40})
+        deepliif_samples(root, size=SIZE, per_split={"train": train, "val": val})
         (root / "done").write_text("")
     return root
 
@@ -63,7 +64,8 @@ def run_deepliif(python: str, data: Path, epochs: int, work: Path) -> dict:
             "--checkpoints-dir", str(work), "--model", "DeepLIIF", "--modalities-no", "4", "--net-g", "resnet_9blocks",
             "--net-gs", "unet_64", "--ngf", str(NGF), "--ndf", str(NGF), "--preprocess", "none", "--no-flip",
             "--display-id", "0", "--no-html", "--gpu-ids", "-1", "--batch-size", str(BATCH), "--n-epochs",
-            str(epochs - 1), "--n-epochs-decay", "0", "--num-threads", "0"]
+            str(epochs - 1), "--n-epochs-decay", "0", "--num-threads", "0",
+            "--save-epoch-freq", "1"]  # else DeepLIIF writes latest_net_* after its first epoch only
     images = len(list((data / "train").glob("*.png")))
     rate, _ = translate_benchmark.epoch_rate(argv, env, work, r"^End of epoch", images)
     return {"images_per_s": rate, "training_only": rate, **score(work / "bench", data, hub)}
@@ -143,7 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--train", type=int, default=160)
+    parser.add_argument("--train", type=int, default=64)
     opts = parser.parse_args()
     python = translate_benchmark.deepliif_python()
     data = samples(opts.train)

@@ -26,9 +26,13 @@ def pixels(image: torch.Tensor):
 
 def png(image: torch.Tensor, min_side: int = SHOWN_SIDE) -> bytes:
     """A (C, H, W) image in [0, 1], C = 1 or 3, as PNG bytes."""
+    return png_bytes(pixels(image), min_side)
+
+
+def png_bytes(array, min_side: int = 0) -> bytes:
+    """A uint8 array (H, W) or (H, W, 3) as PNG bytes, enlarged (nearest) to ``min_side`` if smaller."""
     from PIL import Image
 
-    array = pixels(image)
     picture = Image.fromarray(array, "L" if array.ndim == 2 else "RGB")
     if max(picture.size) < min_side:
         factor = min_side // max(picture.size)

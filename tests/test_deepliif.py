@@ -145,6 +145,8 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     ``export --format deepliif`` writes files and a train_opt.txt that DeepLIIF's own option reader
     and ``DeepLIIFModel.load_networks`` take, and DeepLIIF's forward then computes phalanx's outputs."""
     from phalanx.inference.model import load_trained
+    from phalanx.pictures import pixels
+    from phalanx.tasks.deepliif_cells import count
 
     data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 8, "val": 2}, layout="plain")
     run = phalanx("train", *SMALL, "--dataroot", data, "--lambda-feat", 0, "--norm", "instance", "--epochs", 1,
@@ -152,15 +154,27 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     assert run.code == 0, run.err
     assert "plain layout, 4 modalities + segmentation" in run.out
     checkpoint = tmp_path / "ck" / "plain" / "latest.pt"
+    trained = load_trained(str(checkpoint))
+    val = {folder: torch.tensor(np.array([np.asarray(Image.open(p)) for p in sorted((data / "val" / folder).glob("*.png"))]),
+                                dtype=torch.float32).permute(0, 3, 1, 2) / 127.5 - 1 for folder in ("A", "B4", "seg")}
+    with torch.no_grad():
+        outputs = trained.task.generate(trained.models, val["A"])
+    errors = [abs(count(pixels((s + 1) / 2), pixels((k + 1) / 2), "10x")["num_total"] -
+                  count(pixels((t + 1) / 2), pixels((u + 1) / 2), "10x")["num_total"])
+              for s, k, t, u in zip(outputs[4], outputs[3], val["seg"], val["B4"])]
+    assert records(tmp_path / "ck" / "plain", "val")[-1]["cell_count_error"] == sum(errors) / len(errors)
     wide = tmp_path / "wide.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(wide)
     assert phalanx("predict", "--checkpoint", checkpoint, wide, "--output", tmp_path / "out").code == 0
-    for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg"):
+    for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined"):
         assert Image.open(tmp_path / "out" / folder / "wide.png").size == (56, 40)
     counted = json.loads((tmp_path / "out" / "cells.json").read_text())
     seg, marker = (np.asarray(Image.open(tmp_path / "out" / folder / "wide.png")) for folder in ("Seg", "Marker"))
-    theirs = reference.postprocessing().compute_final_results(np.zeros_like(seg), seg.astype(np.int64), marker, "10x")[2]
+    overlaid, refined, theirs = reference.postprocessing().compute_final_results(
+        np.asarray(Image.open(wide)), seg.astype(np.int64), marker, "10x")
     assert counted == [{"image": "wide.png", **{k: theirs[k] for k in counted[0] if k != "image"}}]
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegOverlaid" / "wide.png")), overlaid)
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegRefined" / "wide.png")), refined)
     assert (tmp_path / "out" / "cells.csv").read_text().splitlines()[0].startswith("image,num_total,num_pos")
 
     exported = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
@@ -173,7 +187,6 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     opt.gpu_ids, opt.is_train, opt.use_dp, opt.preprocess, opt.remote_transfer_cmd = [], False, False, None, None
     model = ref.model.DeepLIIFModel(opt)
     model.load_networks("latest")
-    trained = load_trained(str(checkpoint))
     x = torch.rand(2, 3, 32, 32) * 2 - 1
     with torch.no_grad():
         for net in model.model_names:
@@ -202,6 +215,7 @@ def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phala
              (["--lambda-feat", 0, "--weights", tmp_path], "--weights", "no file for generator(s) G1"),
              (["--lambda-feat", 0, "--weights", other], "--weights", "its train_opt.txt says ngf 8"),
              (["--lambda-feat", 0, "--seg-weights", "0.5,0.5"], "--seg-weights", "need 5"),
+             (["--lambda-feat", 0, "--loss-g-weights", "0.2,0.2,0.2,0.2,0.1,0.1"], "--loss-g-weights", "has 6"),
              (["--lambda-feat", 0, "--net-gs", "unet_16"], "--net-gs", "start at unet_32"),
              (["--lambda-feat", 0, "--modalities", 3], "--dataroot", "6 panels where 5 are expected")]
     for extra, option, words in cases:
@@ -266,7 +280,7 @@ def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_cell_counts_equal_deepliifs_compute_final_results(seed):
+def test_cell_counts_and_outlines_equal_deepliifs_compute_final_results(seed):
     from phalanx.tasks.deepliif_cells import count, resolution_of
 
     postprocessing = reference.postprocessing()
@@ -276,7 +290,10 @@ def test_cell_counts_equal_deepliifs_compute_final_results(seed):
     for given in settings:
         for resolution in ("40x", resolution_of(256), resolution_of(128)):
             # seg as int64: numba adds uint8 pixels in 64 bits; the plain-Python stand-in would wrap at 256
-            theirs = postprocessing.compute_final_results(orig, seg.astype(np.int64), marker, resolution, **given)[2]
-            ours = count(seg, marker, resolution, **given)
+            overlaid, refined, theirs = postprocessing.compute_final_results(orig, seg.astype(np.int64), marker,
+                                                                             resolution, **given)
+            images = {"input": orig}
+            ours = count(seg, marker, resolution, **given, images_of=images)
             assert ours == theirs, (seed, given, resolution)
+            assert np.array_equal(images["overlaid"], overlaid) and np.array_equal(images["refined"], refined)
     assert count(seg, marker, "10x")["num_total"] > 5  # the images hold cells worth counting

@@ -29,7 +29,9 @@ import torch
 from torch import nn
 
 from ..errors import PhalanxError
-from .base import Declaration, Task, TaskData, pane
+from ..pictures import pixels
+from .base import Declaration, Evaluation, Task, TaskData, pane
+from .deepliif_cells import count, resolution_of
 from .deepliif_files import load_model_dir
 from .deepliif_inference import DeepLIIFInference
 from .deepliif_nets import VGGLoss, check_vgg, discriminator, freeze_inert_biases, generator
@@ -59,6 +61,7 @@ class DeepLIIFTask(TranslateTask):
         self.seg = self.options.seg
         self.targets = self.modalities + self.seg
         self.vgg: VGGLoss | None = None
+        self.counts_cells = self.seg
 
     # --- names: DeepLIIF's (G1 ... Gm, GS0 ... GSm, D1 ..., DS0 ...; losses *_1 ... *_m, *_S)
     def suffix(self, t: int) -> str:
@@ -116,6 +119,7 @@ class DeepLIIFTask(TranslateTask):
     def restore_info(self, info: dict[str, Any]) -> None:
         self.modalities, self.seg = info["modalities"], info["seg"]
         self.targets = self.modalities + self.seg
+        self.counts_cells = self.seg and info["channels"] == 3  # DeepLIIF's red/blue segmentation images
         self.weights = self._weights()
 
     def _weights(self) -> dict[str, tuple[float, ...]]:
@@ -127,7 +131,8 @@ class DeepLIIFTask(TranslateTask):
                    "loss_g_weights": o.loss_g_weights or equal, "loss_d_weights": o.loss_d_weights or equal}
         for name, values in weights.items():
             wanted = m + 1 if name == "seg_weights" or self.seg else m
-            if len(values) < wanted:
+            given = getattr(o, name)
+            if len(values) < wanted or (given and len(given) != wanted):  # a weight too many is no less a mistake
                 raise PhalanxError(f"has {len(values)} weight(s) where {m} modalities"
                                    f"{' and the segmentation' if self.seg else ''} need {wanted}",
                                    "--" + name.replace("_", "-"))
@@ -223,6 +228,42 @@ class DeepLIIFTask(TranslateTask):
         ctx.backward(g_total, "generator")
         ctx.step("generator")
         return losses
+
+    # --- validation: translate's image metrics, and DeepLIIF's cell counts against the true ones
+    def empty_sums(self) -> dict[str, torch.Tensor]:
+        return {**super().empty_sums(), **({"cells_error": torch.zeros(())} if self.counts_cells else {})}
+
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        inputs, targets = batch
+        outputs = self.generate(models, inputs)
+        sums = self.output_sums(outputs, targets)
+        if self.counts_cells:
+            m, resolution = self.modalities, resolution_of(self.cfg.data.image_size)
+            marker = self.output_folder(m - 1) == "Marker"
+
+            def counted(seg: torch.Tensor, markers: torch.Tensor) -> list[int]:
+                return [count(pixels((s + 1) / 2), pixels((k + 1) / 2) if marker else None, resolution)["num_total"]
+                        for s, k in zip(seg, markers)]
+
+            found, truth = counted(outputs[m], outputs[m - 1]), counted(targets[:, m], targets[:, m - 1])
+            sums["cells_error"] = torch.tensor(float(sum(abs(f - t) for f, t in zip(found, truth))))
+        return sums
+
+    def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
+        evaluation = super().validation_metrics(sums)
+        if self.counts_cells:  # the mean absolute error of each image's cell count (DeepLIIF's postprocessing)
+            evaluation.metrics["cell_count_error"] = float(sums["cells_error"]) / max(float(sums["samples"]), 1.0)
+        return evaluation
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        cells = metrics.get("cell_count_error")
+        return super().summary(metrics) + (f"  val_cell_count_error {cells:.2f}" if cells is not None else "")
+
+    def panes(self, declared: Declaration) -> list[dict[str, Any]]:
+        cells = [pane("val_cell_count_error", "validation: cells counted in the segmentation, mean absolute error "
+                      "against the true segmentation's count", "cells per image", "val",
+                      [("cell_count_error", "|count - true count|")])] if self.counts_cells else []
+        return super().panes(declared) + cells
 
     # --- dashboard
     def loss_panes(self) -> list[dict[str, Any]]:

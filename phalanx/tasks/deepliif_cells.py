@@ -32,8 +32,10 @@ def resolution_of(tile_size: int) -> str:
 
 def cells(seg: np.ndarray, marker: np.ndarray | None, seg_thresh: int = SEG_THRESH,
           noise_thresh: int = NOISE_THRESH, large_noise_thresh: int | None = None) -> dict[str, np.ndarray]:
-    """Every cell of an (H, W, 3) uint8 segmentation image: its size, its positive and negative
-    pixel counts, and its brightest pixel of the marker image (the largest channel of each pixel)."""
+    """Every cell of an (H, W, 3) uint8 segmentation image: its size, whether it holds at least as
+    many positive as negative pixels, its brightest pixel of the marker image (the largest channel
+    of each pixel), its label in ``labels`` (the image's regions, numbered in raster order of their
+    first pixel, 0 the background) and that first pixel's flat index."""
     seg = seg.astype(np.int32)
     cell_pixel = (seg[..., 0] + seg[..., 2] > seg_thresh) & (seg[..., 1] <= GREEN_MAX)
     positive = cell_pixel & (seg[..., 0] >= seg[..., 2])
@@ -50,8 +52,12 @@ def cells(seg: np.ndarray, marker: np.ndarray | None, seg_thresh: int = SEG_THRE
         brightest = np.asarray(ndimage.maximum(gray, labels, np.arange(1, count + 1)), dtype=np.int64).reshape(-1)
     else:
         brightest = np.zeros(count, dtype=np.int64)
+    values, where = np.unique(flat, return_index=True)
+    first = np.zeros(count + 1, dtype=np.int64)
+    first[values] = where
     found = (sizes > noise_thresh) & ((sizes < large_noise_thresh) if large_noise_thresh is not None else True)
-    return {"size": sizes[found], "positive": (positives >= negatives)[found], "marker": brightest[found]}
+    return {"size": sizes[found], "positive": (positives >= negatives)[found], "marker": brightest[found],
+            "label": np.arange(1, count + 1)[found], "first": first[1:][found], "labels": labels}
 
 
 def default_size_thresh(sizes: np.ndarray, resolution: str) -> int:
@@ -85,9 +91,10 @@ def default_marker_thresh(marker: np.ndarray) -> int:
 
 def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", size_thresh: int | str | None = "default",
           marker_thresh: int | str | None = None, size_thresh_upper: int | None = None, seg_thresh: int = SEG_THRESH,
-          noise_thresh: int = NOISE_THRESH) -> dict[str, object]:
+          noise_thresh: int = NOISE_THRESH, images_of: dict[str, np.ndarray] | None = None) -> dict[str, object]:
     """DeepLIIF's scoring of one image: cells counted, positive, negative, percent positive, and the
-    thresholds used (``compute_final_results``' ``scoring``)."""
+    thresholds used (``compute_final_results``' ``scoring``). ``images_of={"input": ...}`` also gets
+    its ``overlaid`` and ``refined`` images (``outlined``)."""
     found = cells(seg, marker, seg_thresh, noise_thresh)
     if size_thresh is None:
         size_thresh = 0
@@ -98,7 +105,65 @@ def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", s
     counted = (found["size"] > size_thresh) & ((found["size"] < size_thresh_upper) if size_thresh_upper is not None else True)
     positive = found["positive"] | ((found["marker"] > marker_thresh) if marker_thresh not in (None, "default") else False)
     num_pos, num_total = int((counted & positive).sum()), int(counted.sum())
+    if images_of is not None:
+        images_of.update(zip(("overlaid", "refined"), outlined(images_of["input"], found, counted, positive)))
     return {"num_total": num_total, "num_pos": num_pos, "num_neg": num_total - num_pos,
             "percent_pos": round(num_pos / num_total * 100, 1) if num_pos > 0 else 0,
             "seg_thresh": seg_thresh, "size_thresh": size_thresh, "size_thresh_upper": size_thresh_upper,
             "marker_thresh": marker_thresh if marker is not None else None}
+
+
+# DeepLIIF's final images: each counted cell outlined (the background beside it, 4-connected, then
+# grown twice by a pixel, 8-connected), red for positive, blue for negative.
+POSITIVE, NEGATIVE, BORDER_POS, BORDER_NEG = 1, 2, 3, 4
+_NEIGHBOURS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]  # in raster order
+
+
+def _shifted(array: np.ndarray, dy: int, dx: int, fill: int = 0) -> np.ndarray:
+    """``out[y, x] = array[y + dy, x + dx]`` (``fill`` outside)."""
+    out = np.full_like(array, fill)
+    height, width = array.shape
+    out[max(0, -dy):height - max(0, dy), max(0, -dx):width - max(0, dx)] = \
+        array[max(0, dy):height - max(0, -dy) or None, max(0, dx):width - max(0, -dx) or None]
+    return out
+
+
+def outlined(image: np.ndarray, found: dict[str, np.ndarray], counted: np.ndarray,
+             positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeepLIIF's ``SegOverlaid`` (the input with each counted cell's outline) and ``SegRefined``
+    (cells red or blue, outlines green), as ``compute_final_results`` draws them: a background pixel
+    beside several cells takes the outline of the first in raster order of their first pixels, and
+    one beside several outlines when they grow, the first of its neighbours in raster order. A
+    cell's first pixel is drawn as outline too, and outlines only its other pixels' neighbours (DeepLIIF's)."""
+    labels = found["labels"]
+    classes = np.zeros(int(labels.max()) + 1 if labels.size else 1, dtype=np.uint8)
+    classes[found["label"][counted]] = np.where(positive[counted], POSITIVE, NEGATIVE)
+    mask = classes[labels]
+    firsts = found["first"][counted]
+    seeds = np.zeros(labels.size, dtype=bool)
+    seeds[firsts] = True
+    seeds = seeds.reshape(labels.shape)
+    # the outline: background pixels 4-beside a counted cell's pixel (not its first), the earliest cell's
+    order = np.zeros_like(classes, dtype=np.int64)
+    order[found["label"][counted]] = np.arange(1, counted.sum() + 1)
+    rank = np.where((mask > 0) & ~seeds, order[labels], 0)
+    best = np.zeros(labels.shape, dtype=np.int64)
+    for dy, dx in [(0, -1), (-1, 0), (1, 0), (0, 1)]:
+        beside = _shifted(rank, dy, dx)
+        best = np.where((beside > 0) & ((best == 0) | (beside < best)), beside, best)
+    outline_class = np.zeros_like(order)
+    outline_class[order[order > 0]] = classes[order > 0]
+    border = (labels == 0) & (best > 0)
+    mask = np.where(border, np.where(outline_class[best] == POSITIVE, BORDER_POS, BORDER_NEG), mask)
+    mask = np.where(seeds & (mask > 0), np.where(mask == POSITIVE, BORDER_POS, BORDER_NEG), mask)
+    for _ in range(2):  # enlarge_cell_boundaries, twice
+        grown = np.zeros_like(mask)
+        for dy, dx in reversed(_NEIGHBOURS):  # the first in raster order is written last, and wins
+            beside = _shifted(mask, dy, dx)
+            grown = np.where((beside == BORDER_POS) | (beside == BORDER_NEG), beside, grown)
+        mask = np.where((mask == 0) & (labels == 0) & (grown > 0), grown, mask)
+    overlaid, refined = image.copy(), np.zeros_like(image)
+    overlaid[mask == BORDER_POS], overlaid[mask == BORDER_NEG] = (255, 0, 0), (0, 0, 255)
+    refined[(mask == BORDER_POS) | (mask == BORDER_NEG), 1] = 255
+    refined[mask == POSITIVE, 0], refined[mask == NEGATIVE, 2] = 255, 255
+    return overlaid, refined

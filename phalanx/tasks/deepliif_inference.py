@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..atomic import atomic_write_text
-from ..pictures import pixels
+from ..atomic import atomic_write, atomic_write_text
+from ..pictures import pixels, png_bytes
 from .deepliif_cells import count, resolution_of
 from .translate_inference import TranslateInference, TranslationPredictor
 
@@ -23,7 +23,7 @@ class DeepLIIFInference(TranslateInference):
     task: DeepLIIFTask
 
     def predictor_class(self) -> type[TranslationPredictor]:
-        return CellCounter if self.task.seg else TranslationPredictor
+        return CellCounter if self.task.counts_cells else TranslationPredictor
 
     def native_files(self, fmt: str) -> dict[str, bytes] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
@@ -43,7 +43,8 @@ class DeepLIIFInference(TranslateInference):
 class CellCounter(TranslationPredictor):
     """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
     (``deepliif_cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
-    modalities, the resolution DeepLIIF assumes for the tile size); OUTPUT/cells.csv and cells.json."""
+    modalities, the resolution DeepLIIF assumes for the tile size): OUTPUT/cells.csv and cells.json,
+    and DeepLIIF's SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images."""
 
     fields = ("image", "num_total", "num_pos", "num_neg", "percent_pos", "size_thresh", "seg_thresh", "marker_thresh")
 
@@ -58,8 +59,13 @@ class CellCounter(TranslationPredictor):
             seg = pixels((outputs[task.modalities] + 1) / 2)
             marker = pixels((outputs[task.modalities - 1] + 1) / 2) if task.output_folder(task.modalities - 1) == "Marker" \
                 else None
-            scoring = count(seg, marker, resolution_of(self.info["size"]))
+            images = {"input": pixels((image.float().cpu() + 1) / 2)}
+            scoring = count(seg, marker, resolution_of(self.info["size"]), images_of=images)
             self.rows.append({"image": str(self.names[index]), **{k: scoring[k] for k in self.fields[1:]}})
+            for folder, key in (("SegOverlaid", "overlaid"), ("SegRefined", "refined")):
+                target = self.output / folder / self.names[index]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, lambda fh, picture=images[key]: fh.write(png_bytes(picture)))
 
     def finish(self) -> None:
         super().finish()

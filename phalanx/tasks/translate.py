@@ -198,8 +198,12 @@ class TranslateTask(Task):
 
     def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         inputs, targets = batch
-        sums: dict[str, torch.Tensor] = {"samples": torch.tensor(float(len(inputs)))}
-        for t, output in enumerate(self.generate(models, inputs)):
+        return self.output_sums(self.generate(models, inputs), targets)
+
+    def output_sums(self, outputs: list[torch.Tensor], targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """L1, PSNR and SSIM of each target's outputs, summed over the batch."""
+        sums: dict[str, torch.Tensor] = {"samples": torch.tensor(float(len(targets)))}
+        for t, output in enumerate(outputs):
             fake = (full_precision(output) + 1) / 2  # [0, 1] intensities
             real = (full_precision(targets[:, t]) + 1) / 2
             sums[f"L1_{t}"] = (fake - real).abs().flatten(1).mean(1).sum()
