@@ -173,7 +173,7 @@ def run_phalanx(data: Path, epochs: int, work: Path, workers: int) -> dict:
         ["train", *common]
     images = len(list((data / "train").glob("*.png")))
     rate, lines = epoch_rate([PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ", images)
-    own = [float(r.replace(",", "")) for r in re.findall(r"([\d,]+) samples/s", "".join(lines))]
+    own = [float(r.replace(",", "")) for r in re.findall(r"(\d[\d,]*(?:\.\d+)?) samples/s", "".join(lines))]
     val = [json.loads(line) for line in (work / "experiment" / "metrics.jsonl").read_text().splitlines()
            if '"kind": "val"' in line][-1]
     return {"images_per_s": rate, "training_only": statistics.median(own[1:]), "PSNR": val["PSNR"],

@@ -84,7 +84,7 @@ def run_phalanx(data: Path, epochs: int, work: Path, workers: int) -> dict:
     images = len(list((data / "train").glob("*.png")))
     rate, lines = translate_benchmark.epoch_rate([PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ",
                                                  images)
-    own = [float(r.replace(",", "")) for r in re.findall(r"([\d,]+) samples/s", "".join(lines))]
+    own = [float(r.replace(",", "")) for r in re.findall(r"(\d[\d,]*(?:\.\d+)?) samples/s", "".join(lines))]
     return {"images_per_s": rate, "training_only": statistics.median(own[1:]),
             **score(work / "experiment" / "latest.pt", data, hub)}
 

@@ -303,6 +303,12 @@ MUTANTS = [
            'size_thresh = default_size_thresh(found["size"], resolution)',
            'size_thresh = default_size_thresh(cells(seg, marker, seg_thresh, 0)["size"], resolution)',
            ("tests/test_deepliif.py -k cell_counts_and",)),
+    Mutant("DeepLIIF's networks predict with BatchNorm's running statistics", "phalanx/tasks/deepliif.py",
+           "with batch_statistics(models[name] for name in self.generator_names()):", "with contextlib.nullcontext():",
+           ("tests/test_deepliif.py -k each_images_statistics",)),
+    Mutant("a serialized DeepLIIF network without running statistics refused", "phalanx/tasks/deepliif_files.py",
+           'if path.suffix == ".pt":  # `deepliif serialize`', 'if False:  # `deepliif serialize`',
+           ("tests/test_deepliif.py -k released",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
 ]

@@ -69,6 +69,19 @@ def postprocessing():
     return sys.modules["deepliif.postprocessing"]
 
 
+def disable_batchnorm_tracking_stats(net):
+    """DeepLIIF's own ``deepliif.util.disable_batchnorm_tracking_stats`` (what its inference and
+    ``serialize`` do to BatchNorm), compiled from its source alone: its module imports Java bridges."""
+    import ast
+
+    source = (ROOT / "deepliif" / "util" / "__init__.py").read_text()
+    function = next(node for node in ast.parse(source).body
+                    if isinstance(node, ast.FunctionDef) and node.name == "disable_batchnorm_tracking_stats")
+    namespace = {"torch": torch}
+    exec(compile(ast.Module([function], []), "deepliif/util/__init__.py", "exec"), namespace)
+    return namespace["disable_batchnorm_tracking_stats"](net)
+
+
 def options(**given) -> SimpleNamespace:
     """``deepliif train``'s options as its ``Options`` holds them, with DeepLIIF's defaults, for
     ``DeepLIIFModel`` on the CPU."""

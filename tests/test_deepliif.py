@@ -197,6 +197,10 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     for k in range(4):
         assert (ours[k] - getattr(model, f"fake_B_{k + 1}")).abs().max() < 1e-5
     assert (ours[4] - model.fake_B_S).abs().max() < 1e-5
+    for name in ("G1", "G4", "GS0", "GS4"):  # what `deepliif test` loads by default: serialized generators
+        with torch.no_grad():
+            scripted = torch.jit.load(str(tmp_path / "model" / f"{name}.pt"))(x)
+            assert (scripted - trained.models[name](x)).abs().max() < 1e-5
 
 
 def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phalanx, monkeypatch):
@@ -226,30 +230,36 @@ def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phala
 
 def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_them(tmp_path):
     """DeepLIIF before 1.2 named the segmentation generators G51 ... G55 (from the input, then each
-    modality); ``deepliif serialize`` writes TorchScript G1.pt ...: each lands in the network it is."""
+    modality; G50 ... where the input's was numbered 0); ``deepliif serialize`` writes TorchScript
+    G1.pt ... without BatchNorm's running statistics: each lands in the network it is."""
     from phalanx.tasks.deepliif_files import load_model_dir
     from phalanx.tasks.deepliif_nets import generator
 
     networks = reference.modules().networks
     torch.manual_seed(0)
-    old, scripted = tmp_path / "old", tmp_path / "scripted"
-    old.mkdir(), scripted.mkdir()
+    old, scripted, zero = tmp_path / "old", tmp_path / "scripted", tmp_path / "zero"
+    old.mkdir(), scripted.mkdir(), zero.mkdir()
     written = {}
     for k in range(1, 3):
         written[f"G{k}"] = networks.define_G(3, 3, 2, "resnet_2blocks", "batch", False, "normal", 0.02, [], "zero")
     for k in range(3):
         written[f"GS{k}"] = networks.define_G(3, 3, 2, "unet_32", "batch", False, "normal", 0.02, [])
+    states = {name: {k: v.clone() for k, v in net.state_dict().items()} for name, net in written.items()}
     for name, net in written.items():
         old_name = name if name[1] != "S" else f"G3{int(name[2:]) + 1}"  # 2 modalities: G31 G32 G33
         torch.save(net.state_dict(), old / f"latest_net_{old_name}.pth")
-        torch.jit.trace(net.eval(), torch.zeros(1, 3, 32, 32)).save(str(scripted / f"{name}.pt"))
-    for folder in (old, scripted):
+        torch.save(net.state_dict(), zero / f"latest_net_{name if name[1] != 'S' else f'G3{name[2:]}'}.pth")  # G30 ...
+        served = reference.disable_batchnorm_tracking_stats(net.eval())  # as `deepliif serialize` does
+        torch.jit.trace(served, torch.zeros(1, 3, 32, 32)).save(str(scripted / f"{old_name}.pt"))
+    for folder in (old, scripted, zero):
         models = {name: generator("resnet_2blocks" if name[1] != "S" else "unet_32", 3, 3, 2, "batch", False, "zero")
                   for name in written}
         notes = load_model_dir(models, folder, list(written), ["D1", "D2", "DS0", "DS1", "DS2"], 2)
         assert "they start from DeepLIIF's initialisation" in notes[-1]
-        for name, net in written.items():
-            for key, value in net.state_dict().items():
+        for name, state in states.items():
+            for key, value in state.items():
+                if folder is scripted and key.endswith(("running_mean", "running_var")):
+                    continue  # not in a serialized network: DeepLIIF's inference never reads them
                 assert torch.equal(models[name].state_dict()[key], value), (folder.name, name, key)
 
 
@@ -297,3 +307,41 @@ def test_cell_counts_and_outlines_equal_deepliifs_compute_final_results(seed):
             assert ours == theirs, (seed, given, resolution)
             assert np.array_equal(images["overlaid"], overlaid) and np.array_equal(images["refined"], refined)
     assert count(seg, marker, "10x")["num_total"] > 5  # the images hold cells worth counting
+
+
+def test_in_eval_mode_batchnorm_takes_each_images_statistics_as_deepliifs_inference(tmp_path):
+    """DeepLIIF predicts with its BatchNorm's running statistics dropped (``disable_batchnorm_tracking_stats``,
+    run here from DeepLIIF's own source): phalanx's ``generate`` in eval mode computes what DeepLIIF's
+    forward then computes, from the same files, and leaves the running statistics as they were."""
+    from phalanx.config import RunConfig
+    from phalanx.tasks.deepliif import DeepLIIFTask
+
+    opt = reference.options(ngf=2, ndf=2, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, no_dropout=True,
+                            checkpoints_dir=str(tmp_path), name="model", lambda_feat=0.0)
+    torch.manual_seed(0)
+    (tmp_path / "model").mkdir()
+    model = reference.modules().model.DeepLIIFModel(opt)
+    model.save_networks("latest")
+    task = DeepLIIFTask(RunConfig.flat(task="deepliif", image_size=32, task_options={
+        "net_g": "resnet_2blocks", "net_gs": "unet_32", "ngf": 2, "ndf": 2, "d_layers": 2, "dropout": False,
+        "lambda_feat": 0.0}))
+    info = {"channels": 3, "modalities": 4, "seg": True}
+    task.restore_info(info)
+    ours = task.build_models(type("Data", (), {"info": info})())
+    task.load_weights(ours, str(tmp_path / "model"), None)
+    before = {k: v.clone() for k, v in ours["G1"].state_dict().items()}
+    x = torch.rand(1, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        for net in ours.values():
+            net.eval()
+        outputs = task.generate(ours, x)
+        for name in model.model_names_g + model.model_names_gs:
+            reference.disable_batchnorm_tracking_stats(getattr(model, f"net{name}").eval())
+        model.set_input({"A": x, "B": [x] * 5, "A_paths": []})
+        model.forward()
+    for k in range(4):
+        assert (outputs[k] - getattr(model, f"fake_B_{k + 1}")).abs().max() < 1e-5
+    assert (outputs[4] - model.fake_B_S).abs().max() < 1e-5
+    assert all(torch.equal(v, ours["G1"].state_dict()[k]) for k, v in before.items())
+    with torch.no_grad():  # the running statistics (0 and 1 here) give other outputs: the test can tell
+        assert (ours["G1"](x) - outputs[0]).abs().max() > 1e-3

@@ -29,12 +29,11 @@ import torch
 from torch import nn
 
 from ..errors import PhalanxError
-from ..pictures import pixels
 from .base import Declaration, Evaluation, Task, TaskData, pane
-from .deepliif_cells import count, resolution_of
+from .deepliif_cells import count, deepliif_pixels, resolution_of
 from .deepliif_files import load_model_dir
 from .deepliif_inference import DeepLIIFInference
-from .deepliif_nets import VGGLoss, check_vgg, discriminator, freeze_inert_biases, generator
+from .deepliif_nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import DeepLIIFOptions
 from .translate import TranslateTask, gan_loss
 from .translate_nets import check_generator, unet_size
@@ -55,8 +54,6 @@ class DeepLIIFTask(TranslateTask):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        if self.options.lambda_feat > 0:
-            check_vgg()
         self.modalities = self.options.modalities or 4
         self.seg = self.options.seg
         self.targets = self.modalities + self.seg
@@ -107,7 +104,12 @@ class DeepLIIFTask(TranslateTask):
         return self.cfg.data.augment == "basic"  # DeepLIIF's default (auto): flips only
 
     def build_data(self) -> TaskData:
+        if self.options.lambda_feat > 0:  # training only: predict, evaluate and export need no VGG
+            check_vgg()
         data = super().build_data()  # sets self.targets from the data
+        if self.options.lambda_feat > 0 and data.info["channels"] != 3:
+            raise PhalanxError(f"{self.cfg.data.dataroot} holds grayscale images; DeepLIIF's VGG19 perceptual loss "
+                               "takes RGB: give RGB images, or train without it: --lambda-feat 0", "--lambda-feat")
         if self.targets - self.seg < 1:
             raise PhalanxError(f"{self.cfg.data.dataroot}: each sample holds {self.targets} target(s); DeepLIIF's model "
                                f"needs at least one modality{' and the segmentation (the last)' if self.seg else ''}",
@@ -130,7 +132,7 @@ class DeepLIIFTask(TranslateTask):
         weights = {"seg_weights": o.seg_weights or (SEG_WEIGHTS_4 if m == 4 else equal),
                    "loss_g_weights": o.loss_g_weights or equal, "loss_d_weights": o.loss_d_weights or equal}
         for name, values in weights.items():
-            wanted = m + 1 if name == "seg_weights" or self.seg else m
+            wanted = m + 1  # DeepLIIF's count, with or without the segmentation (its last is unused without)
             given = getattr(o, name)
             if len(values) < wanted or (given and len(given) != wanted):  # a weight too many is no less a mistake
                 raise PhalanxError(f"has {len(values)} weight(s) where {m} modalities"
@@ -166,11 +168,13 @@ class DeepLIIFTask(TranslateTask):
 
     def generate(self, models: Mapping[str, nn.Module], inputs: torch.Tensor) -> list[torch.Tensor]:
         """Each modality, then the segmentation: GS0 on the input and GSk on generated modality k,
-        weighted and summed (DeepLIIF stacks them and sums, as here)."""
-        fakes = [models[f"G{i + 1}"](inputs) for i in range(self.modalities)]
-        if not self.seg:
-            return fakes
-        parts = [models["GS0"](inputs)] + [models[f"GS{i + 1}"](fake) for i, fake in enumerate(fakes)]
+        weighted and summed (DeepLIIF stacks them and sums, as here). In eval mode BatchNorm takes
+        each batch's (tile's) statistics, as DeepLIIF's inference does."""
+        with batch_statistics(models[name] for name in self.generator_names()):
+            fakes = [models[f"G{i + 1}"](inputs) for i in range(self.modalities)]
+            if not self.seg:
+                return fakes
+            parts = [models["GS0"](inputs)] + [models[f"GS{i + 1}"](fake) for i, fake in enumerate(fakes)]
         seg_weights = self.weights["seg_weights"]
         return fakes + [torch.stack([part * seg_weights[k] for k, part in enumerate(parts)]).sum(0)]
 
@@ -242,7 +246,7 @@ class DeepLIIFTask(TranslateTask):
             marker = self.output_folder(m - 1) == "Marker"
 
             def counted(seg: torch.Tensor, markers: torch.Tensor) -> list[int]:
-                return [count(pixels((s + 1) / 2), pixels((k + 1) / 2) if marker else None, resolution)["num_total"]
+                return [count(deepliif_pixels(s), deepliif_pixels(k) if marker else None, resolution)["num_total"]
                         for s, k in zip(seg, markers)]
 
             found, truth = counted(outputs[m], outputs[m - 1]), counted(targets[:, m], targets[:, m - 1])

@@ -25,6 +25,15 @@ GREEN_MAX = 80
 SIZE_RANGES = {"40x": (4, 7, 10), "20x": (3, 4, 6), "10x": (2, 2, 3)}  # sqrt size: min, default, max
 
 
+def deepliif_pixels(output):
+    """A generator's (C, H, W) output in [-1, 1] as DeepLIIF's ``tensor2im`` makes it an image:
+    (x + 1) / 2 x 255 in float32, truncated to uint8 (not rounded), (H, W, 3)."""
+    array = output.detach().cpu().float().numpy()
+    if array.shape[0] == 1:
+        array = np.tile(array, (3, 1, 1))
+    return ((np.transpose(array, (1, 2, 0)) + 1) / 2.0 * 255.0).astype(np.uint8)
+
+
 def resolution_of(tile_size: int) -> str:
     """The magnification DeepLIIF assumes for its tile size (512: 40x)."""
     return "40x" if tile_size > 384 else "20x" if tile_size > 192 else "10x"

@@ -23,8 +23,9 @@ OPTION = "--weights"
 MAX_BYTES = 2**31  # one network's file; DeepLIIF's largest (unet_512, ngf 64) is 218 MB
 
 
-def phalanx_name(name: str, modalities: int) -> str | None:
-    """A DeepLIIF network name as phalanx names it (None: not one of this model's)."""
+def phalanx_name(name: str, modalities: int, first: int = 1) -> str | None:
+    """A DeepLIIF network name as phalanx names it (None: not one of this model's); ``first``: the
+    number of an old-style segmentation network from the input (1: G51; 0: G50)."""
     match = re.fullmatch(r"([GD])(S?)(\d+)", name)
     if not match:
         return None
@@ -34,8 +35,9 @@ def phalanx_name(name: str, modalities: int) -> str | None:
     if 1 <= int(number) <= modalities:
         return name
     old = str(modalities + 1)  # DeepLIIF before 1.2: G51 ... G55 from the input and each modality
-    if number.startswith(old) and number[len(old):].isdigit() and 1 <= int(number[len(old):]) <= modalities + 1:
-        return f"{kind}S{int(number[len(old):]) - 1}"
+    source = number[len(old):]
+    if number.startswith(old) and source.isdigit() and first <= int(source) <= modalities + first:
+        return f"{kind}S{int(source) - first}"
     return None
 
 
@@ -47,12 +49,14 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
                            "latest_net_G1.pth, ... or G1.pt, ...)", OPTION)
     by_epoch: dict[str, dict[str, Path]] = {}
     scripted: dict[str, Path] = {}
-    for path in sorted(folder.iterdir()):
+    paths = sorted(folder.iterdir())
+    first = 0 if any(re.search(rf"(^|_net_)G{modalities + 1}0\.pth?$", p.name) for p in paths) else 1
+    for path in paths:
         state = re.fullmatch(r"(.+)_net_(\w+)\.pth", path.name)
-        if state and phalanx_name(state.group(2), modalities):
-            by_epoch.setdefault(state.group(1), {})[phalanx_name(state.group(2), modalities)] = path
-        elif path.suffix == ".pt" and phalanx_name(path.stem, modalities):
-            scripted[phalanx_name(path.stem, modalities)] = path
+        if state and phalanx_name(state.group(2), modalities, first):
+            by_epoch.setdefault(state.group(1), {})[phalanx_name(state.group(2), modalities, first)] = path
+        elif path.suffix == ".pt" and phalanx_name(path.stem, modalities, first):
+            scripted[phalanx_name(path.stem, modalities, first)] = path
     if "latest" in by_epoch:
         return by_epoch["latest"]
     if len(by_epoch) > 1:
@@ -83,7 +87,8 @@ def trained_with(folder: Path) -> str:
     found = {}
     for line in path.read_text(errors="replace").splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("netG", "net_g", "net_gs", "ngf", "ndf", "norm", "n_layers_D", "modalities_no"):
+        if key.strip() in ("netG", "net_g", "net_gs", "ngf", "ndf", "norm", "n_layers_D", "modalities_no", "padding",
+                           "no_dropout"):
             found[key.strip()] = value.split("[")[0].strip()
     return f"; its train_opt.txt says {', '.join(f'{k} {v}' for k, v in found.items())}" if found else ""
 
@@ -102,13 +107,15 @@ def load_model_dir(models: Mapping[str, nn.Module], folder: Path, generators: li
             continue
         state = read_state(path)
         own = models[name].state_dict()
+        if path.suffix == ".pt":  # `deepliif serialize` drops BatchNorm's running statistics before tracing
+            state = {**{k: v for k, v in own.items() if k.endswith(("running_mean", "running_var"))}, **state}
         wrong = [k for k in own if k not in state or state[k].shape != own[k].shape]
         if wrong or len(state) != len(own):
             key = wrong[0] if wrong else next(k for k in state if k not in own)
             shape = f" {tuple(state[key].shape)} where {name} has {tuple(own[key].shape)}" \
                 if key in state and key in own else " (not in this run's network)" if key in state else " missing"
-            raise PhalanxError(f"{path}: {key}{shape}: trained with other --net-g/--net-gs/--ngf/--ndf/--d-layers/--norm "
-                               f"than this run{trained_with(folder)}", OPTION)
+            raise PhalanxError(f"{path}: {key}{shape}: trained with other --net-g/--net-gs/--ngf/--ndf/--d-layers/--norm/"
+                               f"--padding/--dropout than this run{trained_with(folder)}", OPTION)
         models[name].load_state_dict(state)
     kinds = "generators and discriminators" if all(d in files for d in discriminators) else "generators"
     lines = [f"weights: {len([n for n in files if n in models])} DeepLIIF networks ({kinds}) from {folder}"]

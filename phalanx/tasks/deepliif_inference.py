@@ -3,16 +3,19 @@ segmentation, tiled, in DeepLIIF's output names) and its export as a DeepLIIF mo
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..atomic import atomic_write, atomic_write_text
 from ..pictures import pixels, png_bytes
-from .deepliif_cells import count, resolution_of
+from .deepliif_cells import count, deepliif_pixels, resolution_of
+from .deepliif_nets import without_running_statistics
 from .translate_inference import TranslateInference, TranslationPredictor
 
 if TYPE_CHECKING:
@@ -23,7 +26,7 @@ class DeepLIIFInference(TranslateInference):
     task: DeepLIIFTask
 
     def predictor_class(self) -> type[TranslationPredictor]:
-        return CellCounter if self.task.counts_cells else TranslationPredictor
+        return CellCounter if self.task.counts_cells else DeepLIIFPictures
 
     def native_files(self, fmt: str) -> dict[str, bytes] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
@@ -36,11 +39,27 @@ class DeepLIIFInference(TranslateInference):
             buffer = io.BytesIO()
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
             files[f"latest_net_{name}.pth"] = buffer.getvalue()
+        size, channels = self.info["size"], self.info["channels"]
+        for name in self.task.generator_names():  # as `deepliif serialize` traces them
+            net = without_running_statistics(copy.deepcopy(self.models[name]).float().eval())
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # TorchScript's deprecation and tracer notes
+                traced = torch.jit.trace(net, torch.zeros(1, channels, size, size))
+            buffer = io.BytesIO()
+            torch.jit.save(traced, buffer)
+            files[f"{name}.pt"] = buffer.getvalue()
         files["train_opt.txt"] = train_opt(self.task, self.info).encode()
         return files
 
 
-class CellCounter(TranslationPredictor):
+class DeepLIIFPictures(TranslationPredictor):
+    """Outputs written as DeepLIIF writes them (``deepliif_pixels``: truncated, not rounded)."""
+
+    def picture(self, output: torch.Tensor) -> bytes:
+        return png_bytes(deepliif_pixels(output))
+
+
+class CellCounter(DeepLIIFPictures):
     """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
     (``deepliif_cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
     modalities, the resolution DeepLIIF assumes for the tile size): OUTPUT/cells.csv and cells.json,
@@ -56,8 +75,8 @@ class CellCounter(TranslationPredictor):
         task = self.inference.task
         for index, image in zip(indices, images):
             outputs = self.predict_one(index, image)
-            seg = pixels((outputs[task.modalities] + 1) / 2)
-            marker = pixels((outputs[task.modalities - 1] + 1) / 2) if task.output_folder(task.modalities - 1) == "Marker" \
+            seg = deepliif_pixels(outputs[task.modalities])
+            marker = deepliif_pixels(outputs[task.modalities - 1]) if task.output_folder(task.modalities - 1) == "Marker" \
                 else None
             images = {"input": pixels((image.float().cpu() + 1) / 2)}
             scoring = count(seg, marker, resolution_of(self.info["size"]), images_of=images)
@@ -91,7 +110,9 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
               "seg_weights": list(task.weights["seg_weights"]), "loss_G_weights": list(task.weights["loss_g_weights"]),
               "loss_D_weights": list(task.weights["loss_d_weights"]), "gan_mode": o.gan_mode, "gan_mode_s": o.gan_mode_s,
               "lambda_L1": o.lambda_l1, "lambda_feat": o.lambda_feat, "gpu_ids": (), "init_type": "normal",
-              "init_gain": 0.02, "optimizer": "adam", "phase": "train", "written_by": "phalanx export"}
+              "init_gain": 0.02, "optimizer": "adam", "phase": "train", "remote_transfer_cmd": None, "load_iter": 0,
+              "verbose": False, "background_colors": [(201, 211, 208), (10, 10, 10), (0, 0, 0), (10, 10, 10)] if m == 4
+              else [(10, 10, 10)] * m, "written_by": "phalanx export"}
     lines = ["----------------- Options ---------------"]
     lines += ["{:>25}: {:<30}".format(key, repr(value) if isinstance(value, str) else str(value))
               for key, value in sorted(values.items())]

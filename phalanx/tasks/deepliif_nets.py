@@ -11,8 +11,10 @@ turns into random steps; ``freeze_inert_biases`` keeps it as loaded instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -141,6 +143,34 @@ def freeze_inert_biases(net: nn.Module) -> int:
                     layer.bias.requires_grad_(False)
                     frozen += 1
     return frozen
+
+
+@contextlib.contextmanager
+def batch_statistics(models: Iterable[nn.Module]) -> Iterator[None]:
+    """BatchNorm in eval mode normalising with each batch's own statistics, as DeepLIIF's inference
+    does (its ``disable_batchnorm_tracking_stats`` drops the running statistics before predicting
+    and serializing); they are put back after, unchanged."""
+    saved = []
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d) and not module.training and module.running_mean is not None:
+                saved.append((module, module.running_mean, module.running_var))
+                module.running_mean = module.running_var = None
+    try:
+        yield
+    finally:
+        for module, mean, var in saved:
+            module.running_mean, module.running_var = mean, var
+
+
+def without_running_statistics(net: nn.Module) -> nn.Module:
+    """A network's BatchNorm made to normalise with each batch's statistics for good (a copy to
+    trace, as ``deepliif serialize`` traces)."""
+    for module in net.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.track_running_stats = False
+            module.running_mean = module.running_var = None
+    return net
 
 
 # --- the perceptual loss ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ class TranslateInference(Inference):
     task: TranslateTask
 
     def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
-        pairs = find_pairs(split, self.task.targets, skip_broken=False)
+        pairs = find_pairs(split, self.task.targets, skip_broken=False, last=self.task.last_target_folder)
         size = self.info["size"]
         return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \
             f"{split} ({len(pairs)} {pairs.layout} pairs)"
@@ -111,10 +111,14 @@ class TranslationPredictor(Predictor):
         outputs = self.outputs(image)
         for t, out in enumerate(outputs):
             target = self.output / self.inference.task.output_folder(t) / self.names[index]
-            data = png((out.float().cpu() + 1) / 2, min_side=0)
+            data = self.picture(out)
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(target, lambda fh, data=data: fh.write(data))
         return outputs
+
+    def picture(self, output: torch.Tensor) -> bytes:
+        """An output in [-1, 1] as PNG bytes."""
+        return png((output.float().cpu() + 1) / 2, min_side=0)
 
     def outputs(self, image: torch.Tensor) -> list[torch.Tensor]:
         """Every target's output for one image of any size: all of them per tile, in one pass."""
