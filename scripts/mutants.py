@@ -292,7 +292,7 @@ MUTANTS = [
            "layer.bias.requires_grad_(False)", "layer.bias.requires_grad_(True)",
            ("tests/test_deepliif.py -k one_process_and_two_ddp",)),
     Mutant("a released DeepLIIF model's G51 read as GS1", "phalanx/tasks/deepliif_files.py",
-           'return f"{kind}S{int(number[len(old):]) - 1}"', 'return f"{kind}S{int(number[len(old):]) % (modalities + 1)}"',
+           'return f"{kind}S{int(source) - first}"', 'return f"{kind}S{(int(source) - first + 1) % (modalities + 1)}"',
            ("tests/test_deepliif.py -k released",)),
     Mutant("DeepLIIF's noise threshold off by one", "phalanx/tasks/deepliif_cells.py",
            "found = (sizes > noise_thresh)", "found = (sizes >= noise_thresh)",
