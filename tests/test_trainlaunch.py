@@ -69,9 +69,10 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
     assert "resumed from" in out and "(elastic restart 1)" in out
     assert err == ""  # the survivor's lost peer is in its log file, not on the console
     # The survivor either saw its peer go (a lost-peer line in its log) or was stopped by torchrun
-    # first (no log): which one is a race between the two, on any machine.
+    # first (no log, or one opened and not yet written: seen once in CI): a race, on any machine.
     log = tmp_path / "killrun/logs/rank0.log"
-    assert not log.exists() or "lost its peers" in log.read_text() or "Connection" in log.read_text()
+    text = log.read_text() if log.exists() else ""
+    assert not text or "lost its peers" in text or "Connection" in text, text
     val_epochs = [r["epoch"] for r in records(tmp_path / "killrun", "val")]
     assert val_epochs == [1, 2, 3, 4]  # none lost, none repeated
     train_steps = [r["step"] for r in records(tmp_path / "killrun", "train")]
