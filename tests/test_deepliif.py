@@ -30,9 +30,9 @@ def panels(folder) -> torch.Tensor:
     return torch.tensor(np.array(found)).double()
 
 
-def random_vgg(torch_home) -> torch.nn.Sequential:
-    """VGG19's features with seeded random weights, as the hub file phalanx reads (ImageNet's are
-    not on this machine); DeepLIIF's Vgg19 is given the same."""
+def random_vgg_features() -> torch.nn.Sequential:
+    """VGG19's features with seeded random weights (ImageNet's are not on this machine), given to
+    DeepLIIF's Vgg19 (which would download ImageNet's)."""
     from torchvision.models.vgg import cfgs, make_layers
 
     torch.manual_seed(1)
@@ -40,10 +40,16 @@ def random_vgg(torch_home) -> torch.nn.Sequential:
     for module in features:
         if isinstance(module, torch.nn.Conv2d):
             torch.nn.init.normal_(module.weight, 0, (2 / (9 * module.in_channels)) ** 0.5)
+    reference.vgg_with(features)
+    return features
+
+
+def random_vgg(torch_home) -> torch.nn.Sequential:
+    """The same features as the hub file phalanx reads, too."""
+    features = random_vgg_features()
     folder = torch_home / "hub" / "checkpoints"
     folder.mkdir(parents=True)
     torch.save({f"features.{k}": v for k, v in features.state_dict().items()}, folder / "vgg19-dcbb9e9d.pth")
-    reference.vgg_with(features)
     return features
 
 
@@ -318,6 +324,7 @@ def test_in_eval_mode_batchnorm_takes_each_images_statistics_as_deepliifs_infere
 
     opt = reference.options(ngf=2, ndf=2, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, no_dropout=True,
                             checkpoints_dir=str(tmp_path), name="model", lambda_feat=0.0)
+    random_vgg_features()  # DeepLIIF's training model builds its VGG loss
     torch.manual_seed(0)
     (tmp_path / "model").mkdir()
     model = reference.modules().model.DeepLIIFModel(opt)
