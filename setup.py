@@ -6,7 +6,7 @@ setup(
     description="Train PyTorch image models on one GPU, many GPUs or many machines, and watch the losses live.",
     packages=find_packages(include=["phalanx", "phalanx.*"]),
     package_data={"phalanx": ["data/*.csv.gz", "data/*.md"]},
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=[
         "torch>=2.4",
         "torchvision>=0.19",
@@ -17,6 +17,7 @@ setup(
         "boto3>=1.28",
         "pycocotools>=2.0.7",  # --task detect's COCO mAP
         "scipy>=1.10",  # --task deepliif's cell counts (connected components)
+        "tifffile>=2025.1", "zarr>=3.0", "imagecodecs>=2025.3",  # whole slides read and written region by region
     ],
     extras_require={"timm": ["timm>=1.0"],  # --model timm/NAME
                     "test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40", "hypothesis>=6",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with phalanx and its dependencies. `--test` adds what the test suite needs.
-# Safe to run again: it only installs what is missing. Needs: Python 3.10+ with venv, the PyPI
+# Safe to run again: it only installs what is missing. Needs: Python 3.11+ with venv, the PyPI
 # registry; npm and the npm registry for visdom's page assets; with --test, root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."

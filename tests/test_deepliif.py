@@ -182,6 +182,8 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegOverlaid" / "wide.png")), overlaid)
     assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegRefined" / "wide.png")), refined)
     assert (tmp_path / "out" / "cells.csv").read_text().splitlines()[0].startswith("image,num_total,num_pos")
+    with pytest.MonkeyPatch.context() as patch:
+        predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, checkpoint, patch)
 
     exported = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
     assert exported.code == 0, exported.err
@@ -207,6 +209,59 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
         with torch.no_grad():
             scripted = torch.jit.load(str(tmp_path / "model" / f"{name}.pt"))(x)
             assert (scripted - trained.models[name](x)).abs().max() < 1e-5
+
+
+def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, checkpoint, monkeypatch):
+    """A TIFF larger than --region-size is read, predicted and written region by region (tiled
+    OME-TIFFs), each output equal pixel for pixel to the same image predicted whole, and its cells
+    counted as the whole image's (``deepliif_slide_cells``). So that there are cells to count (a
+    model trained for an epoch segments none), the segmentation and the marker are the networks'
+    outputs plus cells where the input is red or blue enough, blobs that cross the regions' borders."""
+    import tifffile
+
+    from phalanx.tasks.deepliif import DeepLIIFTask
+
+    generate = DeepLIIFTask.generate
+
+    def with_cells(self, models, inputs):
+        outputs = generate(self, models, inputs)
+        red, blue = (inputs[:, 0:1] > 0.6).to(inputs.dtype), (inputs[:, 2:3] > 0.6).to(inputs.dtype)
+        outputs[-1] = outputs[-1] * 0.05 + torch.cat([red, -torch.ones_like(red), blue], 1) * 1.9 - 0.95
+        outputs[-2] = outputs[-2] * 0.05 + inputs[:, 1:2].expand_as(outputs[-2]) * 0.9
+        return outputs
+
+    monkeypatch.setattr(DeepLIIFTask, "generate", with_cells)
+    rng = np.random.default_rng(1)
+    picture = np.kron(rng.integers(0, 256, (16, 19, 3), dtype=np.uint8), np.ones((10, 10, 1), dtype=np.uint8))
+    picture = np.clip(picture.astype(int) + rng.integers(-20, 20, picture.shape), 0, 255).astype(np.uint8)
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "slides").mkdir()
+    Image.fromarray(picture).save(tmp_path / "whole" / "slide.png")
+    tifffile.imwrite(tmp_path / "slides" / "slide.ome.tif", picture, tile=(32, 32), compression="zlib", photometric="rgb")
+    whole = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "whole", "--output", tmp_path / "out-whole")
+    assert whole.code == 0, whole.err
+    regions = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64,
+                      "--output", tmp_path / "out-slide")
+    assert regions.code == 0, regions.err
+    for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined"):
+        with tifffile.TiffFile(tmp_path / "out-slide" / folder / "slide.ome.tif") as tiff:
+            assert tiff.is_ome and tiff.pages[0].is_tiled, folder
+            written = tiff.asarray()
+        assert np.array_equal(written, np.asarray(Image.open(tmp_path / "out-whole" / folder / "slide.png"))), folder
+    slide, image = (json.loads((tmp_path / out / "cells.json").read_text()) for out in ("out-slide", "out-whole"))
+    assert slide == [{**image[0], "image": "slide.ome.tif"}] and image[0]["num_total"] > 10, image
+    assert sorted(p.name for p in (tmp_path / "out-slide").iterdir()) == sorted(
+        ["Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined", "cells.csv", "cells.json"])
+    cut = tmp_path / "cut" / "cut.tif"  # a slide whose tiles end early: one line, nothing written
+    cut.parent.mkdir()
+    cut.write_bytes((tmp_path / "slides" / "slide.ome.tif").read_bytes()[:5000])
+    failed = phalanx("predict", "--checkpoint", checkpoint, cut, tmp_path / "whole", "--region-size", 64,
+                     "--output", tmp_path / "out-cut")  # skipped, the other image predicted
+    assert failed.code == 0 and failed.err.startswith(f"phalanx: warning: skipped {cut}: cannot read it region by "
+                                                      "region (") and len(failed.err.splitlines()) == 1, failed.err
+    assert "1 image(s) predicted, 1 skipped" in failed.out
+    assert not list((tmp_path / "out-cut").rglob("*.tif")) and not list((tmp_path / "out-cut").glob(".*"))
+    assert (tmp_path / "out-cut" / "Seg" / "whole" / "slide.png").exists()
 
 
 def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phalanx, monkeypatch):
@@ -313,6 +368,46 @@ def test_cell_counts_and_outlines_equal_deepliifs_compute_final_results(seed):
             assert ours == theirs, (seed, given, resolution)
             assert np.array_equal(images["overlaid"], overlaid) and np.array_equal(images["refined"], refined)
     assert count(seg, marker, "10x")["num_total"] > 5  # the images hold cells worth counting
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_slide_counted_block_by_block_equals_the_whole_image(tmp_path, seed):
+    """Cells cut by block borders are joined and counted once, a hole spanning blocks stays inside
+    its cell, background reaching the edge through other blocks stays background, and the
+    thresholds come from the whole slide: the scoring and the outlines equal ``count`` on the
+    whole image (itself equal to DeepLIIF's ``compute_final_results``, above) for blocks of any size."""
+    from phalanx.data.slides import SlideOutputs
+    from phalanx.tasks.deepliif_cells import count
+    from phalanx.tasks.deepliif_slide_cells import SlideCells
+
+    seg, marker, orig = cell_images(seed, side=96)
+    y, x = np.mgrid[0:96, 0:96]
+    distance = (y - 40) ** 2 + (x - 50) ** 2
+    seg[(distance <= 22 ** 2) & (distance > 15 ** 2)] = (200, 0, 0)  # a ring across blocks, cells in its hole
+    seg[64:66, :] = (0, 0, 255)  # a cell from edge to edge, cutting the background in two
+    seg[72:, 20], seg[72:, 40], seg[72, 20:41] = (255, 0, 0), (255, 0, 0), (255, 0, 0)  # background only the bottom edge holds
+    for step in range(30):  # cells joined only diagonally, across block borders
+        seg[2 + step, 60 + step] = seg[30 - step, 20 + step] = (0, 0, 230)
+    settings = [{}, {"marker_thresh": "default"}, {"size_thresh": None, "size_thresh_upper": 50}]
+    for block in (13, 32, 96):
+        outputs = SlideOutputs(tmp_path / f"scratch{block}", 96, 96)
+        outputs.write("Seg", 0, 0, seg)
+        outputs.write("Marker", 0, 0, marker)
+        slide = SlideCells(outputs, "Seg", "Marker", block, seg_thresh=120, noise_thresh=4)
+        for top, left, height, width in slide.blocks():
+            slide.add_block(top, left, seg[top:top + height, left:left + width],
+                            marker[top:top + height, left:left + width])
+        found = slide.found()
+        for given in settings:
+            images = {"input": orig}
+            theirs = count(seg, marker, "40x", **given, images_of=images)
+            scoring, counted, positive = slide.score(found, "40x", given.get("size_thresh", "default"),
+                                                     given.get("marker_thresh"), given.get("size_thresh_upper"))
+            assert scoring == theirs, (block, given)
+            slide.outline(found, counted, positive, lambda t, l, h, w: orig[t:t + h, l:l + w], "over", "refined")
+            assert np.array_equal(outputs.read("over", 0, 0, 96, 96), images["overlaid"]), (block, given)
+            assert np.array_equal(outputs.read("refined", 0, 0, 96, 96), images["refined"]), (block, given)
+    assert count(seg, marker, size_thresh=None)["num_total"] > 5  # cells worth counting
 
 
 def test_in_eval_mode_batchnorm_takes_each_images_statistics_as_deepliifs_inference(tmp_path):

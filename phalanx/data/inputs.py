@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from ..errors import PhalanxError
 from .images import decode, import_decoders, read_bounded
 from .manifest import IMAGE_SUFFIXES
+from .slides import slide_of
 
 
 def image_paths(inputs: tuple[str, ...]) -> list[Path]:
@@ -61,11 +62,14 @@ def why_unreadable(exc: Exception) -> str:
 
 
 class InputImages(Dataset):
-    """``(index, prepared image or None, raw image or None, why it could not be read or None)``."""
+    """``(index, prepared image or None, raw image or None, why it could not be read or None)``;
+    with ``slides_above``, a TIFF larger than that on a side is a ``Slide`` instead, not decoded
+    (the predictor reads it region by region)."""
 
     def __init__(self, paths: list[Path], mode: str, prepare: Callable[[torch.Tensor], torch.Tensor],
-                 min_side: int | None = None, keep_raw: bool = False):
+                 min_side: int | None = None, keep_raw: bool = False, slides_above: int | None = None):
         self.paths, self.mode, self.prepare, self.min_side, self.keep_raw = paths, mode, prepare, min_side, keep_raw
+        self.slides_above = slides_above
         import_decoders()
 
     def __len__(self) -> int:
@@ -73,6 +77,9 @@ class InputImages(Dataset):
 
     def __getitem__(self, index: int):
         try:
+            slide = slide_of(self.paths[index], self.slides_above) if self.slides_above is not None else None
+            if slide is not None:
+                return index, slide, None, None
             image = decode(read_bounded(self.paths[index]), self.mode, self.min_side, fast=True)
             return index, self.prepare(image), image if self.keep_raw else None, None
         except Exception as exc:

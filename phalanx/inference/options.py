@@ -57,10 +57,14 @@ class PredictOptions:
     tile_overlap: str = option("auto", "Translation: images larger than the training size are translated in "
                                "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
                                "the training size).", metavar="PIXELS|auto")
+    region_size: int = option(2048, "Translation: a TIFF (a whole slide: TIFF, OME-TIFF, SVS) larger than this on "
+                              "a side is read, translated and written region by region, OME-TIFF outputs; memory "
+                              "stays about one region's.", metavar="PIXELS")
     overwrite: bool = option(False, OVERWRITE_HELP)
 
     def __post_init__(self) -> None:
         at_least(self.top_k, 1, "--top-k", "how many classes to list per image")
+        at_least(self.region_size, 1, "--region-size", "pixels on a side of a region of a slide")
         at_least(self.batch_size, 1, "--batch-size", "images per batch")
         if not 0 <= self.score_threshold <= 1:
             raise PhalanxError(f"must be between 0 and 1 (a detection's score); got {self.score_threshold}",

@@ -64,11 +64,14 @@ def run(predictor: Predictor, opts: PredictOptions, label: str) -> tuple[int, li
     for indices, images, raws, bad in loader:
         skipped += [(predictor.paths[i], why) for i, why in bad]
         if images:
-            images = [image.to(predictor.dtype) if image.is_floating_point() else image for image in images]
+            images = [image.to(predictor.dtype) if isinstance(image, torch.Tensor) and image.is_floating_point()
+                      else image for image in images]  # (a Slide is read by the predictor itself)
+            failed = len(predictor.unreadable)
             predictor.predict(indices, images, raws)
-            done += len(images)
+            done += len(images) - (len(predictor.unreadable) - failed)
         bar.update(len(indices) + len(bad), lambda: 0.0)
     bar.close()
+    skipped += predictor.unreadable
     if done:
         predictor.finish()
     return done, skipped

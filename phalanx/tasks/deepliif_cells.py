@@ -90,11 +90,34 @@ def default_size_thresh(sizes: np.ndarray, resolution: str) -> int:
     return round(root * root)
 
 
-def default_marker_thresh(marker: np.ndarray) -> int:
-    """DeepLIIF's: 90% of the way from the 0.1 to the 99.9 percentile of the marker's non-zero pixels."""
+def marker_histogram(marker: np.ndarray) -> np.ndarray:
+    """How many pixels of the marker image (the largest channel of each) have each value 0 ... 255:
+    all its thresholds need, and what the regions of a slide add up."""
     gray = marker.max(axis=-1) if marker.ndim == 3 else marker
-    nonzero = gray[gray != 0]
-    low, high = (round(np.percentile(nonzero, 0.1)), round(np.percentile(nonzero, 99.9))) if len(nonzero) else (0, 0)
+    return np.bincount(gray.ravel(), minlength=256)
+
+
+def percentile(histogram: np.ndarray, percent: float) -> float:
+    """``np.percentile`` (its linear method, its arithmetic) of the values a histogram counts."""
+    n = int(histogram.sum())
+    virtual = (n - 1) * np.true_divide(percent, 100)
+    ends = np.cumsum(histogram)  # the sorted values' index just past each value
+
+    def value(index: int) -> np.uint8:
+        return np.uint8(np.searchsorted(ends, min(index, n - 1), side="right"))
+
+    if virtual >= n - 1:
+        return float(value(n - 1))
+    previous = int(np.floor(virtual))
+    gamma = virtual - previous
+    a, b = value(previous), value(previous + 1)
+    return float(b - (b - a) * (1 - gamma) if gamma >= 0.5 else a + (b - a) * gamma)
+
+
+def default_marker_thresh(histogram: np.ndarray) -> int:
+    """DeepLIIF's: 90% of the way from the 0.1 to the 99.9 percentile of the marker's non-zero pixels."""
+    nonzero = np.concatenate([[0], histogram[1:]])
+    low, high = (round(percentile(nonzero, 0.1)), round(percentile(nonzero, 99.9))) if nonzero.sum() else (0, 0)
     return round((high - low) * 0.9) + low
 
 
@@ -105,21 +128,32 @@ def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", s
     thresholds used (``compute_final_results``' ``scoring``). ``images_of={"input": ...}`` also gets
     its ``overlaid`` and ``refined`` images (``outlined``)."""
     found = cells(seg, marker, seg_thresh, noise_thresh)
+    histogram = marker_histogram(marker) if marker is not None else None
+    scoring, counted, positive = score(found, histogram, resolution, size_thresh, marker_thresh, size_thresh_upper,
+                                       seg_thresh)
+    if images_of is not None:
+        images_of.update(zip(("overlaid", "refined"), outlined(images_of["input"], *outline_plan(found, counted, positive))))
+    return scoring
+
+
+def score(found: dict[str, np.ndarray], histogram: np.ndarray | None, resolution: str, size_thresh: int | str | None,
+          marker_thresh: int | str | None, size_thresh_upper: int | None,
+          seg_thresh: int) -> tuple[dict[str, object], np.ndarray, np.ndarray]:
+    """The scoring of the cells ``found`` (in raster order of their first pixels) and the marker's
+    histogram (None without a marker), with which of them are counted and which are positive."""
     if size_thresh is None:
         size_thresh = 0
     elif size_thresh == "default":
         size_thresh = default_size_thresh(found["size"], resolution)
-    if marker_thresh == "default" and marker is not None:
-        marker_thresh = default_marker_thresh(marker)
+    if marker_thresh == "default" and histogram is not None:
+        marker_thresh = default_marker_thresh(histogram)
     counted = (found["size"] > size_thresh) & ((found["size"] < size_thresh_upper) if size_thresh_upper is not None else True)
     positive = found["positive"] | ((found["marker"] > marker_thresh) if marker_thresh not in (None, "default") else False)
     num_pos, num_total = int((counted & positive).sum()), int(counted.sum())
-    if images_of is not None:
-        images_of.update(zip(("overlaid", "refined"), outlined(images_of["input"], found, counted, positive)))
     return {"num_total": num_total, "num_pos": num_pos, "num_neg": num_total - num_pos,
             "percent_pos": round(num_pos / num_total * 100, 1) if num_pos > 0 else 0,
             "seg_thresh": seg_thresh, "size_thresh": size_thresh, "size_thresh_upper": size_thresh_upper,
-            "marker_thresh": marker_thresh if marker is not None else None}
+            "marker_thresh": marker_thresh if histogram is not None else None}, counted, positive
 
 
 # DeepLIIF's final images: each counted cell outlined (the background beside it, 4-connected, then
@@ -137,24 +171,31 @@ def _shifted(array: np.ndarray, dy: int, dx: int, fill: int = 0) -> np.ndarray:
     return out
 
 
-def outlined(image: np.ndarray, found: dict[str, np.ndarray], counted: np.ndarray,
-             positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def outline_plan(found: dict[str, np.ndarray], counted: np.ndarray,
+                 positive: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What ``outlined`` needs of one image's cells: their labels, each label's class (0 where not
+    counted) and rank among the counted cells (raster order of first pixels, from 1), and the
+    counted cells' first pixels."""
+    labels = found["labels"]
+    classes = np.zeros(int(labels.max()) + 1 if labels.size else 1, dtype=np.uint8)
+    classes[found["label"][counted]] = np.where(positive[counted], POSITIVE, NEGATIVE)
+    order = np.zeros_like(classes, dtype=np.int64)
+    order[found["label"][counted]] = np.arange(1, counted.sum() + 1)
+    seeds = np.zeros(labels.size, dtype=bool)
+    seeds[found["first"][counted]] = True
+    return labels, classes, order, seeds.reshape(labels.shape)
+
+
+def outlined(image: np.ndarray, labels: np.ndarray, classes: np.ndarray, order: np.ndarray,
+             seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """DeepLIIF's ``SegOverlaid`` (the input with each counted cell's outline) and ``SegRefined``
     (cells red or blue, outlines green), as ``compute_final_results`` draws them: a background pixel
     beside several cells takes the outline of the first in raster order of their first pixels, and
     one beside several outlines when they grow, the first of its neighbours in raster order. A
-    cell's first pixel is drawn as outline too, and outlines only its other pixels' neighbours (DeepLIIF's)."""
-    labels = found["labels"]
-    classes = np.zeros(int(labels.max()) + 1 if labels.size else 1, dtype=np.uint8)
-    classes[found["label"][counted]] = np.where(positive[counted], POSITIVE, NEGATIVE)
+    cell's first pixel is drawn as outline too, and outlines only its other pixels' neighbours (DeepLIIF's).
+    Each pixel depends on the labels within 3 pixels of it only (``outline_plan`` makes the rest)."""
     mask = classes[labels]
-    firsts = found["first"][counted]
-    seeds = np.zeros(labels.size, dtype=bool)
-    seeds[firsts] = True
-    seeds = seeds.reshape(labels.shape)
     # the outline: background pixels 4-beside a counted cell's pixel (not its first), the earliest cell's
-    order = np.zeros_like(classes, dtype=np.int64)
-    order[found["label"][counted]] = np.arange(1, counted.sum() + 1)
     rank = np.where((mask > 0) & ~seeds, order[labels], 0)
     best = np.zeros(labels.shape, dtype=np.int64)
     for dy, dx in [(0, -1), (-1, 0), (1, 0), (0, 1)]:

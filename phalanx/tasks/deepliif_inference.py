@@ -10,11 +10,14 @@ import json
 import warnings
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..atomic import atomic_write, atomic_write_text
+from ..data.slides import Slide, SlideOutputs, SlideReader
 from ..pictures import pixels, png_bytes
-from .deepliif_cells import count, deepliif_pixels, resolution_of
+from .deepliif_cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
+from .deepliif_slide_cells import SlideCells
 from .deepliif_nets import without_running_statistics
 from .translate_inference import TranslateInference, TranslationPredictor
 
@@ -55,36 +58,54 @@ class DeepLIIFInference(TranslateInference):
 class DeepLIIFPictures(TranslationPredictor):
     """Outputs written as DeepLIIF writes them (``deepliif_pixels``: truncated, not rounded)."""
 
-    def picture(self, output: torch.Tensor) -> bytes:
-        return png_bytes(deepliif_pixels(output))
+    def array(self, output: torch.Tensor) -> np.ndarray:
+        return deepliif_pixels(output)
 
 
 class CellCounter(DeepLIIFPictures):
     """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
     (``deepliif_cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
     modalities, the resolution DeepLIIF assumes for the tile size): OUTPUT/cells.csv and cells.json,
-    and DeepLIIF's SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images."""
+    and DeepLIIF's SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images.
+    A slide's cells are counted block by block as in the whole image (``deepliif_slide_cells``)."""
 
     fields = ("image", "num_total", "num_pos", "num_neg", "percent_pos", "size_thresh", "seg_thresh", "marker_thresh")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.rows: list[dict] = []
-
-    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
         task = self.inference.task
-        for index, image in zip(indices, images):
-            outputs = self.predict_one(index, image)
-            seg = deepliif_pixels(outputs[task.modalities])
-            marker = deepliif_pixels(outputs[task.modalities - 1]) if task.output_folder(task.modalities - 1) == "Marker" \
-                else None
-            images = {"input": pixels((image.float().cpu() + 1) / 2)}
-            scoring = count(seg, marker, resolution_of(self.info["size"]), images_of=images)
-            self.rows.append({"image": str(self.names[index]), **{k: scoring[k] for k in self.fields[1:]}})
-            for folder, key in (("SegOverlaid", "overlaid"), ("SegRefined", "refined")):
-                target = self.output / folder / self.names[index]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(target, lambda fh, picture=images[key]: fh.write(png_bytes(picture)))
+        self.seg, self.marker = task.output_folder(task.modalities), task.output_folder(task.modalities - 1)
+        if self.marker != "Marker":
+            self.marker = None
+
+    def predict_one(self, index: int, image: torch.Tensor) -> list[torch.Tensor]:
+        outputs = super().predict_one(index, image)
+        task = self.inference.task
+        seg = deepliif_pixels(outputs[task.modalities])
+        marker = deepliif_pixels(outputs[task.modalities - 1]) if self.marker else None
+        images = {"input": pixels((image.float().cpu() + 1) / 2)}
+        scoring = count(seg, marker, resolution_of(self.info["size"]), images_of=images)
+        self.rows.append({"image": str(self.names[index]), **{k: scoring[k] for k in self.fields[1:]}})
+        for folder, key in (("SegOverlaid", "overlaid"), ("SegRefined", "refined")):
+            target = self.output / folder / self.names[index]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, lambda fh, picture=images[key]: fh.write(png_bytes(picture)))
+        return outputs
+
+    def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:
+        cells = SlideCells(outputs, self.seg, self.marker, self.region_size, SEG_THRESH, NOISE_THRESH)
+        for top, left, height, width in cells.blocks():
+            cells.add_block(top, left, outputs.read(self.seg, top, left, height, width),
+                            outputs.read(self.marker, top, left, height, width) if self.marker else None)
+        found = cells.found()
+        scoring, counted, positive = cells.score(found, resolution_of(self.info["size"]), "default", None, None)
+        self.rows.append({"image": str(self.slide_name(index)), **{k: scoring[k] for k in self.fields[1:]}})
+
+        def input_region(top: int, left: int, height: int, width: int) -> np.ndarray:
+            return reader.region(top, left, height, width).permute(1, 2, 0).numpy()
+
+        cells.outline(found, counted, positive, input_region, "SegOverlaid", "SegRefined")
 
     def finish(self) -> None:
         super().finish()

@@ -50,6 +50,7 @@ class Predictor:
 
     def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device):
         self.inputs, self.paths, self.device = inputs, paths, device
+        self.unreadable: list[tuple[Path, str]] = []  # (image, why) found unreadable only by ``predict``
 
     def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
         """``images[i]`` is ``paths[indices[i]]`` prepared; ``raws[i]`` its decoded pixels where the

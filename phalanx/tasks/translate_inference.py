@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -15,7 +16,8 @@ from ..atomic import atomic_write
 from ..data.inputs import InputImages, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..errors import PhalanxError
-from ..pictures import png
+from ..data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable
+from ..pictures import pixels, png_bytes
 from .base import Evaluation
 from .inference import Inference, Predictor
 from .tiling import tile_overlap, tiled
@@ -59,8 +61,10 @@ class TranslateInference(Inference):
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
         """Each image translated at its own size (tiles of the training size, blended where they
         overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
-        below the deepest folder holding every input (``output_names``)."""
-        inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0)
+        below the deepest folder holding every input (``output_names``); a TIFF larger than
+        ``--region-size`` (a whole slide) region by region, to OUTPUT/target<N>/<name>.ome.tif."""
+        inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0,
+                             slides_above=opts.region_size)
         generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
         return self.predictor_class()(inputs, paths, device, generators, self, opts)
 
@@ -98,11 +102,15 @@ class TranslationPredictor(Predictor):
         self.generators, self.inference, self.info = generators, inference, inference.info
         self.names = output_names(paths)  # before any work: two images never share an output
         self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
+        self.region_size = opts.region_size
         self.output, self.panels = Path(opts.output), []
 
-    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+    def predict(self, indices: list[int], images: list[torch.Tensor | Slide], raws: list) -> None:
         for index, image in zip(indices, images):
-            self.predict_one(index, image)
+            if isinstance(image, Slide):
+                self.predict_slide(index, image)
+            else:
+                self.predict_one(index, image)
 
     def predict_one(self, index: int, image: torch.Tensor) -> list[torch.Tensor]:
         """Write one image's outputs (PNGs of what ``pictures.pixels`` makes of them); return them."""
@@ -118,7 +126,52 @@ class TranslationPredictor(Predictor):
 
     def picture(self, output: torch.Tensor) -> bytes:
         """An output in [-1, 1] as PNG bytes."""
-        return png((output.float().cpu() + 1) / 2, min_side=0)
+        return png_bytes(self.array(output))
+
+    def array(self, output: torch.Tensor) -> np.ndarray:
+        """An output in [-1, 1] as the pixels written, (H, W) or (H, W, 3) uint8."""
+        return pixels((output.float().cpu() + 1) / 2)
+
+    def predict_slide(self, index: int, slide: Slide) -> None:
+        """A slide translated region by region, with what whole-image prediction computes: each
+        region starts at a multiple of the tile stride, so the tiles fall where they fall in the
+        whole image, and is read with the pixels around it that its tiles cover (``before``: the
+        tiles starting within a tile before it; ``overlap`` after it); the region's part of every
+        output is kept (``SlideOutputs``), then written as OME-TIFF."""
+        size, overlap = self.info["size"], max(0, min(self.overlap, self.info["size"] - 1))
+        stride = size - overlap
+        before = (-(-size // stride) - 1) * stride
+        region = max(stride, self.region_size // stride * stride)
+        name = self.names[index]
+        outputs = SlideOutputs(self.output / f".{name.name}.partial", slide.height, slide.width)
+        try:
+            with SlideReader(slide, self.info["mode"]) as reader:
+                for top in range(0, slide.height, region):
+                    for left in range(0, slide.width, region):
+                        height, width = min(region, slide.height - top), min(region, slide.width - left)
+                        t0, l0 = max(0, top - before), max(0, left - before)
+                        t1, l1 = (after(end, total, size, overlap) for end, total in
+                                  ((top + height, slide.height), (left + width, slide.width)))
+                        window = self.inputs.prepare(reader.region(t0, l0, t1 - t0, l1 - l0)).to(self.dtype)
+                        core = (..., slice(top - t0, top - t0 + height), slice(left - l0, left - l0 + width))
+                        for t, out in enumerate(self.outputs(window)):
+                            outputs.write(self.inference.task.output_folder(t), top, left, self.array(out[core]))
+                self.slide_predicted(index, slide, outputs, reader)
+            for folder in outputs.outputs():
+                outputs.finish(folder, self.output / folder / self.slide_name(index))
+        except SlideUnreadable as exc:
+            self.unreadable.append((slide.path, str(exc)))
+        finally:
+            outputs.discard()
+
+    def slide_name(self, index: int) -> Path:
+        """Where a slide's outputs go in each output folder: its name as an OME-TIFF."""
+        name = self.names[index]
+        stem = name.name[:-len(".ome.png")] if name.name.endswith(".ome.png") else name.stem
+        return name.with_name(f"{stem}.ome.tif")
+
+    def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:
+        """What a task adds to a slide's outputs once every region is predicted (nothing here)."""
 
     def outputs(self, image: torch.Tensor) -> list[torch.Tensor]:
         """Every target's output for one image of any size: all of them per tile, in one pass."""
@@ -134,3 +187,9 @@ class TranslationPredictor(Predictor):
 
     def finish(self) -> None:
         self.inference.warn_of_panels(self.panels)
+
+
+def after(end: int, total: int, size: int, overlap: int) -> int:
+    """Where a slide region ending at ``end`` (of ``total``) is read to: the overlap of its last tiles,
+    or the slide's end where the whole image's last tile (which ends there) reaches into the region."""
+    return total if total - size < end else min(total, end + overlap)
