@@ -259,7 +259,7 @@ def entry() -> None:
     """The ``phalanx`` console script."""
     code = main()
     if "phalanx.parallel" in sys.modules:  # a run happened in this process
-        from .parallel import exit_process
+        from .strategies import exit_process
 
         exit_process(code)
     sys.exit(code)

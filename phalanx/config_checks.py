@@ -49,6 +49,10 @@ def check_config(cfg: RunConfig) -> None:
         raise bad("sync_bn", "torch's SyncBatchNorm runs on GPUs only; give --gpu-ids, or train without it")
     if cfg.devices.backend == "nccl" and cfg.devices.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
+    if cfg.devices.strategy == "fsdp":
+        for name, on in (("ema_decay", cfg.optim.ema_decay), ("compile", cfg.network.compile)):
+            if on:
+                raise bad(name, "with --strategy fsdp is not built yet; use --strategy ddp")
     ids = cfg.devices.gpu_ids
     if len(set(ids)) != len(ids):
         raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")

@@ -162,6 +162,10 @@ class DeviceOptions:
                                  "or lost worker ends the run instead of blocking it forever.",
                                  identity=False, metavar="SECONDS", above=0)
     sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
+    strategy: str = option("ddp", "How DDP workers hold the networks: ddp, a whole copy on each; fsdp, each worker "
+                           "a shard of every network's weights, gradients and optimizer state (torch's FSDP2), for "
+                           "networks that do not fit one device. The same training either way; checkpoints hold "
+                           "the networks whole and resume under either.", choices=("ddp", "fsdp"), identity=False)
 
     def __post_init__(self) -> None:
         check_fields(self)

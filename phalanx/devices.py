@@ -128,6 +128,9 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     """The plan of this process: a DDP worker of ``env``, DataParallel over several ids, or one device."""
     from .optim import effective_lr
 
+    if env is None and cfg.devices.strategy == "fsdp":
+        raise PhalanxError("shards the networks over DDP workers: launch with trainlaunch (or under torchrun, "
+                           "SLURM or MPI)", "--strategy")
     if env is not None:
         device = worker_device(cfg.devices, env)
         backend = cfg.devices.backend or ("nccl" if device.type == "cuda" else "gloo")

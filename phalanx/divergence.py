@@ -22,12 +22,17 @@ def first_non_finite(losses: dict[str, torch.Tensor], models: dict[str, nn.Modul
     """The first loss or weight with an inf or nan in it, named; None when all are finite. One host
     sync, however many tensors."""
     named = [(f"train {loss_name(name)}", value.detach()) for name, value in losses.items()]
-    named += [(f"weight {model}.{name}", param.detach()) for model, network in models.items()
+    named += [(f"weight {model}.{name}", _local(param.detach())) for model, network in models.items()
               for name, param in network.named_parameters()]
     if not named:
         return None
     finite = torch.stack([torch.isfinite(value).all().to(device) for _, value in named]).tolist()
     return next((name for (name, _), ok in zip(named, finite) if not ok), None)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded weight (``--strategy fsdp``; each rank checks its own shard)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def non_finite_metric(metrics: dict[str, Any]) -> str | None:

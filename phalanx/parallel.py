@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import traceback
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 
 from .cluster import Placement
 from .config import RunConfig
-from .devices import RunPlan, check_gpu_ids, cpu_threads_per_worker, elastic_restart_count, plan_run, \
-    tune_cpu_allocator
+from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
+from .gather_rows import GatherRows
 
 
 def prepare_model(model: nn.Module, sync_bn: bool) -> nn.Module:
@@ -90,6 +88,24 @@ class Strategy:
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce on accumulation steps that do not end in an optimizer step."""
+        return contextlib.nullcontext()
+
+    # --- what a checkpoint holds of sharded networks (``sharded.FSDPStrategy``); here, as they are
+    gathers_state = False  # whether every rank takes part in making a checkpoint's state (full_state)
+
+    def full_state(self, state: Any) -> Any:
+        """A run's state as a checkpoint holds it: every network and optimizer state whole."""
+        return state
+
+    def local_model_state(self, saved: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+        """A checkpoint's weights of a network as this rank's wrapped network takes them."""
+        return saved
+
+    def local_optimizer_state(self, saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return saved
+
+    def whole_networks(self, models: Iterable[nn.Module]) -> contextlib.AbstractContextManager:
+        """The networks whole on every rank inside the block (validation, pictures drawn by rank 0)."""
         return contextlib.nullcontext()
 
     def close(self) -> None:
@@ -161,7 +177,7 @@ class DDPStrategy(Strategy):
         counts[self.rank] = rows
         dist.all_reduce(counts)
         counts_list = counts.tolist()
-        return _GatherRows.apply(tensor, rows, counts_list, self.rank), sum(counts_list[:self.rank])
+        return GatherRows.apply(tensor, rows, counts_list, self.rank), sum(counts_list[:self.rank])
 
     def all_gather_objects(self, items: list[Any]) -> list[Any]:
         import torch.distributed as dist
@@ -212,88 +228,3 @@ class DDPStrategy(Strategy):
         count = torch.get_num_threads()
         threads = f" ({count} thread{'s' if count != 1 else ''} per worker)" if self.device.type == "cpu" else ""
         return f"DDP rank {self.rank}/{self.world_size} on {self.device} ({self.backend}){threads}"
-
-
-class _GatherRows(torch.autograd.Function):
-    """all_gather with gradients. Forward: every rank's rows (padded to the largest share for the
-    collective, the padding dropped). Backward: the gradient of every rank's loss with respect to
-    this rank's rows is the sum over ranks, so it is all-reduced before this rank takes its own
-    rows. Without that sum each rank would keep only its own loss's share (the bug of Lightly's
-    GatherLayer, lightly-ai/lightly#1528)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int) -> torch.Tensor:
-        import torch.distributed as dist
-
-        most = max(counts)
-        padded = tensor.new_zeros((most, *tensor.shape[1:]))
-        padded[:rows] = tensor[:rows]
-        parts = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(parts, padded)
-        ctx.rows, ctx.counts, ctx.rank, ctx.most, ctx.local_rows = rows, counts, rank, most, tensor.shape[0]
-        return torch.cat([part[:n] for part, n in zip(parts, counts)])
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        import torch.distributed as dist
-
-        padded = grad.new_zeros((len(ctx.counts), ctx.most, *grad.shape[1:]))
-        at = 0
-        for index, count in enumerate(ctx.counts):
-            padded[index, :count] = grad[at:at + count]
-            at += count
-        dist.all_reduce(padded)
-        mine = grad.new_zeros((ctx.local_rows, *grad.shape[1:]))
-        mine[:ctx.rows] = padded[ctx.rank, :ctx.rows]
-        return mine, None, None, None
-
-
-def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
-    check_gpu_ids(cfg.devices.gpu_ids)
-    plan = plan_run(cfg, env)
-    if cfg.devices.uses_cpu:
-        tune_cpu_allocator()
-    if plan.mode == "ddp":
-        strategy: Strategy = DDPStrategy(cfg, env, plan)
-    elif plan.mode == "dataparallel":
-        strategy = DataParallelStrategy(tuple(device.index for device in plan.devices))
-    else:
-        if plan.device.type == "cuda":
-            torch.cuda.set_device(plan.device)
-        strategy = Strategy(plan.device)
-    strategy.plan = plan
-    return strategy
-
-
-_joined_process_group = False
-
-
-def exit_process(code: int) -> None:
-    """Exit; after a process group, skip interpreter finalisation.
-
-    Gloo's worker threads can still hold tensors when Python tears itself down, and the process
-    then aborts (SIGABRT, "terminate called without an active exception") after a successful
-    run even with destroy_process_group() called (pytorch/pytorch#179291). By now every file is
-    written and closed, so flushing and ``os._exit`` loses nothing.
-    """
-    if not _joined_process_group:
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-@contextlib.contextmanager
-def strategy_for(cfg: RunConfig, env: Placement | None) -> Iterator[Strategy]:
-    """The strategy for this process, torn down (process group destroyed) however the run ends."""
-    global _joined_process_group
-    strategy = make_strategy(cfg, env)
-    _joined_process_group = _joined_process_group or isinstance(strategy, DDPStrategy)
-    try:
-        yield strategy
-    except BaseException as exc:
-        # Free the failed run's locals (a DDP model among them) before its process group goes.
-        traceback.clear_frames(exc.__traceback__)
-        raise
-    finally:
-        strategy.close()

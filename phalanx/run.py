@@ -21,7 +21,8 @@ from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
 from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run
-from .parallel import Strategy, strategy_for
+from .parallel import Strategy
+from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
 from . import tasks
 from .tasks import task_class

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .best import Best
+from .parallel import Strategy
 from .recipe import ModelEma
 from .tasks.base import Task
 from .train_losses import TrainLosses
@@ -58,11 +59,16 @@ def load_for_inference(state: dict[str, Any], models: dict[str, nn.Module], task
 class RunState:
     def __init__(self, bare_models: Callable[[], dict[str, nn.Module]], optimizers: dict[str, torch.optim.Optimizer],
                  scalers: dict[str, torch.amp.GradScaler], ema: dict[str, ModelEma], task: Task, best: Best,
-                 losses: TrainLosses):
+                 losses: TrainLosses, strategy: Strategy):
         self.bare_models, self.optimizers, self.scalers, self.ema, self.task = bare_models, optimizers, scalers, ema, task
-        self.best, self.losses = best, losses
+        self.best, self.losses, self.strategy = best, losses, strategy
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds: the networks and optimizer states whole (``Strategy.full_state``:
+        under FSDP every rank takes part, and rank 0 alone gets the tensors)."""
+        return self.strategy.full_state(self._state_dict())
+
+    def _state_dict(self) -> dict[str, Any]:
         return {"models": {name: model.state_dict() for name, model in self.bare_models().items()},
                 "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
                 "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
@@ -71,9 +77,9 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, model in self.bare_models().items():
-            model.load_state_dict(saved_network(state, name))
+            model.load_state_dict(self.strategy.local_model_state(saved_network(state, name), model))
         for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
+            optimizer.load_state_dict(self.strategy.local_optimizer_state(state["optimizers"][name], optimizer))
         for name, scaler in self.scalers.items():
             if state.get("scalers", {}).get(name):
                 scaler.load_state_dict(state["scalers"][name])

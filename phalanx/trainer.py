@@ -52,11 +52,13 @@ class Trainer(Validation):
         self.world_size, self.rank = strategy.world_size, strategy.rank
         if cfg.optim.precision == "fp64":
             models = {name: model.double() for name, model in models.items()}
-        groups = task.param_groups(models)  # before compilation renames the parameters' owner
         self.ema = {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models} \
             if cfg.optim.ema_decay else {}
         self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile), declared.find_unused_parameters)
                        for name, model in models.items()}
+        # The parameters the optimizers step are the wrapped networks' (FSDP replaces each with its
+        # shard), named as in the bare networks (compilation and DDP only add prefixes).
+        groups = task.param_groups(self.bare_models())
         for ema in self.ema.values():
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
@@ -79,7 +81,8 @@ class Trainer(Validation):
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
         self.losses, self.times = TrainLosses(self.loss_names, self.device), StepTimes()
-        self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses)
+        self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses,
+                              strategy)
         self.val_samples, self.first_step_pending = 0, True  # the first step's checks and latency
 
     def bare_models(self) -> dict[str, nn.Module]:
@@ -104,8 +107,9 @@ class Trainer(Validation):
             paths.append(run_dir / checkpoint.BEST)
         if self.cfg.output.save_epoch_freq and self.epoch % self.cfg.output.save_epoch_freq == 0:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
+        state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
-            checkpoint.save(paths, self.state_dict())
+            checkpoint.save(paths, state)
             self.outputs.files_written(paths)
 
     # --- the loop
@@ -239,9 +243,10 @@ class Trainer(Validation):
     def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
         self._stop_if_diverged(epoch)
+        state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
             path = self.cfg.run_dir / checkpoint.LATEST
-            checkpoint.save([path], self.state_dict())
+            checkpoint.save([path], state)
             self.outputs.files_written([path])
         raise Preempted(self.stop.signum or signal.SIGTERM,
                         f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")

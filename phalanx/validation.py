@@ -19,15 +19,16 @@ class Validation:
     def _validate(self: Trainer, epoch: int) -> dict[str, float]:
         """The epoch's validation metrics (and the moving average's), checked finite, and the task's
         records and pictures of them."""
-        evaluation = self.evaluate()
-        metrics = dict(evaluation.metrics)
-        if self.ema:
-            averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
-            metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
-        bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
-        if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
-            raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
-        self._record_epoch(epoch, evaluation)
+        with self.strategy.whole_networks(self.models.values()):  # (sharded networks: whole until the pictures)
+            evaluation = self.evaluate()
+            metrics = dict(evaluation.metrics)
+            if self.ema:
+                averaged = self.evaluate({**self.eval_models(), **{n: e.module for n, e in self.ema.items()}})
+                metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
+            bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
+            if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
+                raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
+            self._record_epoch(epoch, evaluation)
         return metrics
 
     def _record_epoch(self: Trainer, epoch: int, evaluation: Evaluation) -> None:

@@ -323,6 +323,15 @@ MUTANTS = [
            "else min(total, end + overlap)", "else end", ("tests/test_deepliif.py -k plain_layout",)),
     Mutant("a slide's last regions predicted without the whole image's last tile", "phalanx/tasks/translate_inference.py",
            "return total if total - size < end else", "return total if False else", ("tests/test_deepliif.py -k plain_layout",)),
+    # --- --strategy fsdp
+    Mutant("fsdp leaves the weights outside the blocks whole on every rank", "phalanx/sharded.py",
+           "        fully_shard(model)\n", "        pass\n", ("tests/test_fsdp.py -k holds_half",)),
+    Mutant("fsdp saves rank 0's shard for the whole network", "phalanx/sharded.py",
+           "whole = state.full_tensor()", "whole = state.to_local()", ("tests/test_fsdp.py -k holds_half",)),
+    Mutant("fsdp loads a checkpoint's optimizer state without cutting it into shards", "phalanx/sharded.py",
+           "return {**saved, \"state\": state}", "return saved", ("tests/test_fsdp.py -k resumes_at_another",)),
+    Mutant("fsdp keeps in-place activations", "phalanx/sharded.py", "module.inplace = False", "pass",
+           ("tests/test_translate.py -k float64",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
 ]

@@ -36,11 +36,12 @@ def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: floa
     return 1.0
 
 
-def train(model: nn.Module, dataset, *, epochs: int, global_batch: int, lr: float, momentum: float = 0.9,
+def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[int], lr: float, momentum: float = 0.9,
           weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine", ema_decay: float = 0.0,
           ema: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Mean cross-entropy over each global batch of the documented order, plain SGD. With
-    ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights."""
+    ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights.
+    ``global_batch`` may be a list, one per epoch (a run resumed at another world size)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     if ema is not None:
         ema.update({k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -50,9 +51,10 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int, lr: floa
     model.train()
     for epoch in range(1, epochs + 1):
         order = epoch_order(n, seed, epoch)
-        for start in range(0, n, global_batch):
-            batch = order[start:start + global_batch]
-            end = min(n, start + global_batch)
+        size = global_batch[epoch - 1] if isinstance(global_batch, list) else global_batch
+        for start in range(0, n, size):
+            batch = order[start:start + size]
+            end = min(n, start + size)
             factor = lr_factor(schedule, epochs, epoch - 1 + start / n, epoch - 1 + end / n)
             for group in optimizer.param_groups:
                 group["lr"] = lr * factor

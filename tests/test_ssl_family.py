@@ -98,7 +98,7 @@ def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
 
     from phalanx.config import RunConfig
     from phalanx.context import RunContext
-    from phalanx.parallel import make_strategy
+    from phalanx.strategies import make_strategy
     from phalanx.tasks.dino import DINOTask
 
     cfg = RunConfig.flat(task="dino", task_options={"output_dim": 6})
@@ -142,7 +142,7 @@ def step_context(models: dict, optimizers: dict | None = None):
     """A real training context of one process (no trainer): a micro-batch of 4 samples, epoch 1."""
     from phalanx.config import RunConfig
     from phalanx.context import StepContext
-    from phalanx.parallel import make_strategy
+    from phalanx.strategies import make_strategy
     from phalanx.sampling import MicroBatch
 
     optimizers = optimizers or {}

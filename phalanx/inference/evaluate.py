@@ -18,7 +18,7 @@ from ..context import RunContext
 from ..data import loader_workers
 from ..errors import PhalanxError
 from ..devices import placement
-from ..parallel import strategy_for
+from ..strategies import strategy_for
 from ..sampling import ShardSampler
 from .model import load_trained
 from .options import EvaluateOptions
@@ -28,7 +28,7 @@ from .outputs import check_file, evaluate_results
 def config_changes(opts: EvaluateOptions) -> dict[str, Any]:
     """This command's devices, batch size and data over the training configuration."""
     changes: dict[str, Any] = {"gpu_ids": opts.gpu_ids, "num_workers": opts.num_workers, "resume": None,
-                               "overwrite": False, "sync_bn": False}
+                               "overwrite": False, "sync_bn": False, "strategy": "ddp"}  # (whole networks)
     if opts.batch_size:
         changes["batch_size"] = opts.batch_size
     if opts.dataroot:

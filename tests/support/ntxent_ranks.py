@@ -11,7 +11,7 @@ import torch.distributed as dist
 from lightly.loss import NTXentLoss
 from phalanx.config import RunConfig
 from phalanx.devices import placement
-from phalanx.parallel import make_strategy
+from phalanx.strategies import make_strategy
 from phalanx.tasks.simclr import SimCLRTask
 
 strategy = make_strategy(RunConfig.flat(task="simclr"), placement())

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from lightly.loss import BarlowTwinsLoss, DINOLoss, SwaVLoss, VICRegLoss
 from phalanx.config import RunConfig
 from phalanx.devices import placement
-from phalanx.parallel import make_strategy
+from phalanx.strategies import make_strategy
 from phalanx.context import RunContext
 from phalanx.tasks.decorrelation import BarlowTwinsTask, VICRegTask
 from phalanx.tasks.dino import DINOTask

@@ -1,0 +1,87 @@
+"""``--strategy fsdp`` (torch's FSDP2 over gloo on the CPU, real torchrun processes): each rank holds
+its share of every network's weights and optimizer state, the training is the one process's and
+the hand-written loop's (float64), and checkpoints hold the networks whole, so a run resumes at
+another world size under either strategy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, USER_MODELS, run_phalanx
+from test_equivalence import reference_weights, weights
+import reference
+
+
+@pytest.mark.slow
+def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole(tmp_path):
+    """A torchvision ResNet-18 and translate's U-Net and PatchGAN on 2 ranks: each rank's weights
+    and Adam state are half of the network's (as the shards are cut: within a few percent for
+    small layers), and the state gathered for a checkpoint (rank 0 keeps it, rank 1 drops it) loads
+    back into fresh sharded networks."""
+    env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                           str(REPO / "tests/support/fsdp_ranks.py"), str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    for name in ("resnet18", "G", "D"):
+        held = [found[name]["weights"] for found in ranks]
+        assert sum(held) == ranks[0][name]["total"], name
+        assert all(0.45 < h / ranks[0][name]["total"] < 0.55 for h in held), (name, held)
+        assert [found[name]["optimizer"] for found in ranks] == [2 * h for h in held], name  # Adam's two moments
+        whole = ranks[0][name]["whole"]["model"]
+        assert all(torch.is_tensor(v) for v in whole.values())
+        reloaded = ranks[0][name]["reloaded"]
+        assert all(torch.equal(whole[k], reloaded[k]) for k in whole), name
+        moments = ranks[0][name]["whole"]["optimizer"]["state"]
+        assert sum(v.numel() for s in moments.values() for k, v in s.items() if k != "step") == \
+            2 * ranks[0][name]["total"], name
+        dropped = [k for k, v in ranks[1][name]["whole"]["model"].items() if v is None]  # rank 1 keeps no gathered weight
+        assert dropped == ranks[1][name]["parameters"], name
+
+
+@pytest.mark.slow
+def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_world_size(tmp_path, phalanx):
+    """float64: 2 FSDP workers x 16 equal the hand-written loop on batches of 32 (1e-12) for two
+    epochs. Its epoch-1 checkpoint resumes in one process, and one process's resumes in 2 FSDP
+    workers with accumulation: each continues as the loop does with that epoch's global batch."""
+    import phalanx_testmodels
+
+    common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--batch-size", 16, "--save-epoch-freq", 1,
+              "--checkpoints-dir", tmp_path, "--no-progress"]
+    sharded = run_phalanx("trainlaunch", "--name", "fsdp", "--strategy", "fsdp", *common, "--use-torchrun",
+                          "--nproc-per-node=2", env=USER_MODELS)
+    assert sharded.code == 0, sharded.err
+    assert "FSDP rank 0/2" in sharded.out
+    expected = reference_weights(phalanx_testmodels.double, epochs=2, global_batch=32, lr=0.1)
+    assert reference.max_difference(weights(tmp_path / "fsdp/latest.pt"), expected) < 1e-12
+    single = phalanx("train", "--name", "single", "--grad-accum", 2, *common)
+    assert single.code == 0, single.err
+
+    for run, source in (("to-one", "fsdp"), ("to-fsdp", "single")):
+        (tmp_path / run).mkdir()
+        shutil.copy(tmp_path / source / "epoch_0001.pt", tmp_path / run / "latest.pt")
+    one = phalanx("train", "--name", "to-one", *common, "--resume", "auto")
+    assert one.code == 0, one.err
+    assert reference.max_difference(weights(tmp_path / "to-one/latest.pt"), reference_weights(
+        phalanx_testmodels.double, epochs=2, global_batch=[32, 16], lr=0.1)) < 1e-12
+    two = run_phalanx("trainlaunch", "--name", "to-fsdp", "--strategy", "fsdp", "--grad-accum", 2, *common,
+                      "--resume", "auto", "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+    assert two.code == 0, two.err
+    assert reference.max_difference(weights(tmp_path / "to-fsdp/latest.pt"), reference_weights(
+        phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1)) < 1e-12
+
+
+def test_fsdp_outside_a_process_group_or_with_what_it_lacks_is_one_line(phalanx):
+    alone = phalanx("train", "--strategy", "fsdp", "--epochs", 1)
+    assert alone.code == 2 and alone.err.startswith("phalanx: --strategy: shards the networks over DDP workers")
+    for option in (["--ema-decay", 0.9], ["--compile"]):
+        refused = phalanx("trainlaunch", "--strategy", "fsdp", *option, "--use-torchrun", "--nproc-per-node=2")
+        assert refused.code == 2 and "with --strategy fsdp is not built yet" in refused.err, refused.err
+        assert len(refused.err.strip().splitlines()) == 1
