@@ -131,7 +131,8 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
         from .run import describe_checks
 
-        data, checked = describe_checks(cfg)  # data, networks and run directory, as train --dry-run checks them
+        # (memory per rank at the fewest nodes: the most each rank holds)
+        data, checked = describe_checks(cfg, plan.nnodes[0] * plan.nproc_per_node)
         print("\n".join(describe(cfg, plan, len(data.train)) + checked))
         missing = missing_gpus(cfg.devices.gpu_ids)
         if missing:

@@ -21,6 +21,7 @@ from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
 from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run
+from .memory_plan import memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
@@ -118,7 +119,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
              f"devices: {plan.describe()}"]
-    data, checked = describe_checks(cfg)
+    data, checked = describe_checks(cfg, plan.world_size)
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
@@ -126,9 +127,10 @@ def describe_run(cfg: RunConfig) -> list[str]:
     return lines
 
 
-def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
+def describe_checks(cfg: RunConfig, world_size: int) -> tuple[TaskData, list[str]]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
-    input fails here as it would), and the run directory (said, as a real run would stop there)."""
+    input fails here as it would; their memory per rank under each strategy), and the run directory
+    (said, as a real run would stop there)."""
     check_batch_memory(cfg)
     task = build_task(cfg)
     data = task.build_data()
@@ -145,6 +147,7 @@ def describe_checks(cfg: RunConfig) -> tuple[TaskData, list[str]]:
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    lines += memory_lines(cfg, models, world_size)
     try:
         resume = rundir.plan(cfg)
         action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume

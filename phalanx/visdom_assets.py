@@ -81,9 +81,10 @@ def install(root: Path | None = None, log=print) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         specs = [f"{name}@{version}" for name, version in packages]
         log(f"visdom assets: npm pack {len(specs)} packages")
-        # Bounded: two retries of a request at most, and a deadline for the whole download.
-        env = {**os.environ, "npm_config_fetch_retries": "2", "npm_config_fetch_retry_maxtimeout": "20000",
-               "npm_config_fetch_timeout": "60000"}
+        # Bounded: two retries of a request at most, and a deadline for the whole download (a
+        # user's own npm settings in the environment come first).
+        env = {"npm_config_fetch_retries": "2", "npm_config_fetch_retry_maxtimeout": "20000",
+               "npm_config_fetch_timeout": "60000", **os.environ}
         try:
             subprocess.run(["npm", "pack", "--silent", "--pack-destination", tmp, *specs], check=True, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=NPM_TIMEOUT)

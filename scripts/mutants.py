@@ -332,6 +332,9 @@ MUTANTS = [
            "return {**saved, \"state\": state}", "return saved", ("tests/test_fsdp.py -k resumes_at_another",)),
     Mutant("fsdp keeps in-place activations", "phalanx/sharded.py", "module.inplace = False", "pass",
            ("tests/test_translate.py -k float64",)),
+    Mutant("the dry run's memory counts one Adam moment", "phalanx/memory_plan.py",
+           'if cfg.optim.optimizer in ("adam", "adamw"):\n        return 2', 'if cfg.optim.optimizer in ("adam", "adamw"):\n        return 1',
+           ("tests/test_fsdp.py -k dry_run",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
 ]

@@ -47,10 +47,11 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
 
 
 @pytest.mark.slow
-def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_world_size(tmp_path, phalanx):
+def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_world_size_or_preempted(tmp_path, phalanx):
     """float64: 2 FSDP workers x 16 equal the hand-written loop on batches of 32 (1e-12) for two
     epochs. Its epoch-1 checkpoint resumes in one process, and one process's resumes in 2 FSDP
-    workers with accumulation: each continues as the loop does with that epoch's global batch."""
+    workers with accumulation: each continues as the loop does with that epoch's global batch. A
+    run preempted mid-epoch resumes bitwise."""
     import phalanx_testmodels
 
     common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--batch-size", 16, "--save-epoch-freq", 1,
@@ -77,6 +78,19 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     assert reference.max_difference(weights(tmp_path / "to-fsdp/latest.pt"), reference_weights(
         phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1)) < 1e-12
 
+    # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, the
+    # shards are gathered and saved, and the resume ends bitwise where the straight run did.
+    stop = {**USER_MODELS, "PHALANX_TEST_STOP_STEP": "30"}
+    cut = ["trainlaunch", "--name", "cut", "--strategy", "fsdp", "--task", "phalanx_testtasks:StoppingClassify", *common,
+           "--use-torchrun", "--nproc-per-node=2"]
+    stopped = run_phalanx(*cut, env=stop)
+    assert stopped.code == 143 and "stopped by SIGTERM at step 30" in stopped.err, stopped.err
+    assert 0 < torch.load(tmp_path / "cut/latest.pt", weights_only=False)["position"] < 1438
+    resumed = run_phalanx(*cut, "--resume", "auto", env=USER_MODELS)
+    assert resumed.code == 0, resumed.err
+    final, straight = weights(tmp_path / "cut/latest.pt"), weights(tmp_path / "fsdp/latest.pt")
+    assert all(torch.equal(final[k], straight[k]) for k in straight)
+
 
 def test_fsdp_outside_a_process_group_or_with_what_it_lacks_is_one_line(phalanx):
     alone = phalanx("train", "--strategy", "fsdp", "--epochs", 1)
@@ -85,3 +99,19 @@ def test_fsdp_outside_a_process_group_or_with_what_it_lacks_is_one_line(phalanx)
         refused = phalanx("trainlaunch", "--strategy", "fsdp", *option, "--use-torchrun", "--nproc-per-node=2")
         assert refused.code == 2 and "with --strategy fsdp is not built yet" in refused.err, refused.err
         assert len(refused.err.strip().splitlines()) == 1
+
+
+def test_dry_run_says_what_each_rank_holds_under_each_strategy(phalanx):
+    """Counted from the parameters: the built-in SmallCNN with Adam (weights, gradients, two
+    moments), whole on each rank under ddp, a quarter on each of 4 under fsdp, plus its largest
+    block (the first Linear layer) gathered whole with its gradient."""
+    from phalanx.models import SmallCNN
+
+    weights = sum(p.numel() for p in SmallCNN(10, 1).parameters())
+    whole, largest = weights * 4 * 4, (64 * 16 * 128 + 128) * 4 * 2
+    plan = phalanx("trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--use-torchrun",
+                   "--nproc-per-node=4")
+    assert plan.code == 0, plan.err
+    assert (f"memory per rank for weights, gradients and optimizer state (adam; activations not counted): ddp "
+            f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + {largest / 2**20:.2f} MiB "
+            "for the largest block gathered whole") in plan.out, plan.out

@@ -159,6 +159,10 @@ class StoppingGatherTask(StopAtStep, GatherTask):
     """The gather task, stopped by a SIGTERM at a chosen step."""
 
 
+class StoppingClassify(StopAtStep, ClassifyTask):
+    """Classification, stopped by a SIGTERM at a chosen step."""
+
+
 class Incomplete(Task):
     """Declares a training step but no data or networks: refused before anything is written."""
 
