@@ -66,13 +66,21 @@ def check_loadable(value: Any, where: str = "checkpoint") -> None:
 
 def save(paths: list[Path], state: dict[str, Any]) -> None:
     """Serialise once, then write each path atomically (latest, best, and epoch copies)."""
+    write(paths, serialise(state))
+
+
+def serialise(state: dict[str, Any]) -> memoryview:
+    """A checkpoint's bytes: a copy of the state as it is now (training may go on changing it)."""
     for key, item in state.items():
         check_loadable(item, SOURCES.get(key, f"checkpoint[{key!r}]"))
     buffer = io.BytesIO()
     # Tensors are written from the CPU: a checkpoint of a CUDA run then opens with plain
     # torch.load on a machine without a GPU (CUDA tensors would need map_location there).
     torch.save(_on_cpu({"format": FORMAT, "version": VERSION, **state}), buffer)
-    data = buffer.getbuffer()
+    return buffer.getbuffer()
+
+
+def write(paths: list[Path], data: memoryview) -> None:
     for path in paths:
         atomic_write(path, lambda fh: fh.write(data))
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from . import checkpoint
 from .best import Best
+from .checkpoint_writer import CheckpointWriter
 from .config import RunConfig
 from .context import RunContext, StepContext
 from .data import loader_workers, run_loaders
@@ -84,6 +85,7 @@ class Trainer(Validation):
         self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses,
                               strategy)
         self.val_samples, self.first_step_pending = 0, True  # the first step's checks and latency
+        self.writer = CheckpointWriter(outputs.files_written)
 
     def bare_models(self) -> dict[str, nn.Module]:
         return {name: self.strategy.unwrap(model) for name, model in self.models.items()}
@@ -109,11 +111,20 @@ class Trainer(Validation):
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
         state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
-            checkpoint.save(paths, state)
-            self.outputs.files_written(paths)
+            self.writer.save(paths, state)  # written off the training thread
 
     # --- the loop
     def fit(self) -> dict[str, Any]:
+        """Train to the last epoch; however it ends, the last checkpoint is on disk first."""
+        try:
+            summary = self._fit()
+        except BaseException:
+            self.writer.wait(quiet=True)
+            raise
+        self.writer.wait()
+        return summary
+
+    def _fit(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"epochs": self.epoch}
         for epoch in range(self.epoch + 1, self.cfg.schedule.epochs + 1):
             started = time.perf_counter()
@@ -245,9 +256,8 @@ class Trainer(Validation):
         self._stop_if_diverged(epoch)
         state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
-            path = self.cfg.run_dir / checkpoint.LATEST
-            checkpoint.save([path], state)
-            self.outputs.files_written([path])
+            self.writer.save([self.cfg.run_dir / checkpoint.LATEST], state)
+            self.writer.wait()  # on disk before the process stops
         raise Preempted(self.stop.signum or signal.SIGTERM,
                         f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")
 

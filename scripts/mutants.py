@@ -335,6 +335,8 @@ MUTANTS = [
     Mutant("the dry run's memory counts one Adam moment", "phalanx/memory_plan.py",
            'if cfg.optim.optimizer in ("adam", "adamw"):\n        return 2', 'if cfg.optim.optimizer in ("adam", "adamw"):\n        return 1',
            ("tests/test_fsdp.py -k dry_run",)),
+    Mutant("checkpoints written on the training thread", "phalanx/checkpoint_writer.py",
+           "self.thread.start()", "self.thread.run()", ("tests/test_reliability.py -k holds_its_own_moment",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
 ]

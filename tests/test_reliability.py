@@ -308,3 +308,41 @@ def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_pa
     assert "a collective timed out" in result.err and "--dist-timeout" in result.err
     assert time.monotonic() - started < 900  # well below torch's default of 30 minutes: --dist-timeout 5 held
     wait_until(lambda: processes_with("hangrun") == [], 30, "no orphan worker")
+
+
+def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_moment(tmp_path, phalanx,
+                                                                                       monkeypatch):
+    """Epoch 1's checkpoint files are written on the writer thread while epoch 2 trains: their write
+    waits here until epoch 2 has logged a step (a write in line with training would wait for ever:
+    60 s fail it instead). They hold the state of the end of epoch 1: resumed, epoch 2 ends bitwise
+    where the run did."""
+    import shutil
+    import threading
+
+    from phalanx import checkpoint, outputs
+
+    stepped, writers = threading.Event(), set()
+    write, record = checkpoint.write, outputs.RunOutputs.record
+
+    def held_write(paths, data):
+        writers.add(threading.current_thread().name)
+        if any(p.name == "epoch_0001.pt" for p in paths) and not stepped.wait(60):
+            raise RuntimeError("epoch 2 never stepped while epoch 1's checkpoint was being written")
+        write(paths, data)
+
+    def noted(self, entry, flush=False):
+        if entry.get("kind") == "train" and entry.get("epoch") == 2:
+            stepped.set()
+        return record(self, entry, flush)
+
+    monkeypatch.setattr(checkpoint, "write", held_write)
+    monkeypatch.setattr(outputs.RunOutputs, "record", noted)
+    common = ["--epochs", 2, "--save-epoch-freq", 1, "--log-every", 1, "--no-progress", "--checkpoints-dir", tmp_path]
+    run = phalanx("train", *common)
+    assert run.code == 0, run.err
+    assert writers == {"phalanx-checkpoint"} and stepped.is_set()
+    (tmp_path / "again").mkdir()
+    shutil.copy(tmp_path / "experiment/epoch_0001.pt", tmp_path / "again/latest.pt")
+    assert phalanx("train", "--name", "again", "--resume", "auto", *common).code == 0
+    ours, theirs = (torch.load(tmp_path / name / "latest.pt")["model"] for name in ("experiment", "again"))
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
