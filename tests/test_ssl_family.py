@@ -25,11 +25,12 @@ class _TaskInfo:
 
 SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-dim", 32, "--head-norm", "none"]
 # MoCo's queue of 50 keys wraps inside a batch of 32: its order is one process's or the test fails.
-# DINO: two local crops of 8 px beside the two global ones, and a small head.
+# DINO: two local crops of 8 px beside the two global ones, and a small head. SwAV: a queue of 40
+# features, full after 2 steps of 32 and in the codes of the 4 after them.
 SIZES = {"moco": [*SMALL, "--queue-size", 50],
          "dino": ["--image-size", 16, "--no-progress", "--output-dim", 64, "--hidden-dim", 32, "--bottleneck-dim", 16,
                   "--local-views", 2],
-         "swav": [*SMALL, "--prototypes", 30, "--local-views", 2]}
+         "swav": [*SMALL, "--prototypes", 30, "--local-views", 2, "--queue-length", 40, "--queue-start-epoch", 1]}
 # 161 training images of the built-in digits: 5 steps of 32, then 1 image, which one rank of two
 # trains and the other takes part in as a padding sample.
 PADDED = ["--val-fraction", 0.9104]
@@ -136,6 +137,42 @@ def test_swav_codes_and_loss_equal_lightlys_with_local_crops():
     expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:])
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(mine, torch.autograd.grad(expected, scores)))
+
+
+
+def test_swavs_queue_balances_the_codes_as_lightlys_queue_outputs_and_keeps_the_newest_features():
+    """With --queue-length, the codes are balanced with the queue's scores (Lightly's
+    ``queue_outputs``: same loss and gradients); the queue keeps the latest global batches' features
+    newest first, and joins the codes from --queue-start-epoch once it is full."""
+    from lightly.loss import SwaVLoss
+
+    from phalanx.config import RunConfig
+    from phalanx.tasks.swav import SwAVTask
+
+    task = SwAVTask(RunConfig.flat(task="swav", task_options={"temperature": 0.1, "queue_length": 5,
+                                                                 "queue_start_epoch": 2}))
+    scores = [*embeddings(50, rows=6), *embeddings(51, rows=6)]
+    queued = embeddings(52, rows=5)
+    codes = [task.codes(s.detach(), q.detach()) for s, q in zip(scores[:2], queued)]
+    loss = task.swav_loss(scores, codes).mean()
+    expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:], queue_outputs=[q.detach() for q in queued])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(torch.autograd.grad(loss, scores),
+                                                                 torch.autograd.grad(expected, scores)))
+    assert not torch.allclose(codes[0], task.codes(scores[0].detach(), None))  # the queue changed the codes
+
+    prototypes = torch.nn.Linear(3, 4, bias=False).double()
+    first, second = (torch.arange(k, k + 9, dtype=torch.float64).reshape(3, 3) for k in (0, 9))
+    task.enqueue([first, -first])
+    assert task.queued == 3 and task.queued_scores(0, prototypes, epoch=2) is None  # not full yet
+    task.enqueue([second, -second])
+    assert task.queued == 5 and torch.equal(task.queue[0], torch.cat([second, first])[:5])
+    assert torch.equal(task.queue[1], -task.queue[0])
+    assert task.queued_scores(0, prototypes, epoch=1) is None  # before --queue-start-epoch
+    assert torch.allclose(task.queued_scores(1, prototypes, epoch=2), prototypes(task.queue[1]))
+    again = SwAVTask(RunConfig.flat(task="swav", task_options={"queue_length": 5}))
+    again.load_state_dict(task.state_dict())
+    assert torch.equal(again.queue, task.queue) and again.queued == 5
 
 
 def step_context(models: dict, optimizers: dict | None = None):
@@ -256,6 +293,9 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
         assert torch.equal(a["projector"]["last_layer"], a["teacher"]["1.last_layer"])
         assert records(tmp_path / "single", "val")[-1]["view_loss"] > 0.01  # its own loss, not a near-0 alignment
         assert not torch.equal(a["projector"]["layers.0.weight"], a["teacher"]["1.layers.0.weight"])
+    if task == "swav":  # the queue (full after 2 steps: in the codes of the next 4) the same in both
+        assert states[0]["queued"] == states[1]["queued"] == 40
+        assert (states[0]["queue"] - states[1]["queue"]).abs().max() < 1e-12
     if task == "swav":  # the prototypes frozen in epoch 1 (renormalised only) and unit vectors
         from phalanx.config import RunConfig
         from phalanx.run import build_networks, build_task

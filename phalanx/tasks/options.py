@@ -212,6 +212,11 @@ class SwAVOptions(MultiCropOptions):
     sinkhorn_iterations: int = option(3, "Sinkhorn-Knopp iterations of the codes.", metavar="N", above=0)
     sinkhorn_epsilon: float = option(0.05, "Sinkhorn-Knopp's entropy weight.", metavar="E", above=0)
     freeze_prototypes: int = option(1, "Epochs during which the prototypes do not train.", metavar="N", at_least=0)
+    queue_length: int = option(0, "Features of earlier global batches that join each step's Sinkhorn-Knopp codes "
+                               "(SwAV's queue, for small batches: 3840 in its paper; 0: none).", metavar="N",
+                               at_least=0)
+    queue_start_epoch: int = option(15, "The first epoch whose codes use the queue (once it is full; SwAV's 15).",
+                                    metavar="N", above=0)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``--task swav`` (Caron et al. 2020, as Lightly's ``SwaVLoss`` computes it, without its queue):
+"""``--task swav`` (Caron et al. 2020, as Lightly's ``SwaVLoss`` computes it):
 each image's crops are scored against learned prototypes; the scores of each global crop are
 turned into codes by Sinkhorn-Knopp (equal use of the prototypes over the batch), and every other
 crop predicts them. The prototypes are unit vectors (renormalised after every step) and do not
@@ -7,7 +7,10 @@ train in the first ``--freeze-prototypes`` epochs.
 Sinkhorn-Knopp balances the prototypes over the **global** batch: every rank's scores are
 gathered (without gradients) and the codes computed once for all of them, so 2 workers x B train
 what one process x 2B does, uneven shares included; Lightly's distributed Sinkhorn assumes every
-rank holds as many samples.
+rank holds as many samples. With ``--queue-length``, the features of the latest global batches
+(each global crop's, in the samples' order, the same on every rank) are scored by the current
+prototypes and join the codes' balance (Lightly's ``queue_outputs``), from ``--queue-start-epoch``
+once the queue is full; the queue is the task's state, checkpointed.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 from torch import nn
 
-from .base import Batch, TaskData
+from .base import Batch, Plain, TaskData
 from .options import SwAVOptions
 from .ssl import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:
+    from ..config import RunConfig
     from ..context import StepContext
 
 
@@ -64,6 +68,42 @@ class SwAVTask(SelfSupervisedTask):
     def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
         return {"model": [{"params": [p for m in models.values() for p in m.parameters()], "lr_mult": 1.0}]}
 
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.queue: torch.Tensor | None = None  # (2, --queue-length, projection) features, newest first
+        self.queued = 0
+
+    @torch.no_grad()
+    def codes(self, everyone: torch.Tensor, queued: torch.Tensor | None) -> torch.Tensor:
+        """Sinkhorn-Knopp's codes of the global batch's scores, balanced with the queue's scores
+        beside them (their own codes dropped), as Lightly's ``SwaVLoss`` with ``queue_outputs``."""
+        scores = everyone if queued is None else torch.cat([everyone, queued])
+        return sinkhorn(scores, self.options.sinkhorn_iterations, self.options.sinkhorn_epsilon)[:len(everyone)]
+
+    def queued_scores(self, crop: int, prototypes: nn.Module, epoch: int) -> torch.Tensor | None:
+        length = self.options.queue_length
+        if not length or epoch < self.options.queue_start_epoch or self.queued < length:
+            return None
+        with torch.no_grad():
+            return prototypes(self.queue[crop].to(next(prototypes.parameters())))
+
+    @torch.no_grad()
+    def enqueue(self, features: list[torch.Tensor]) -> None:
+        """The global batch's features (each global crop's) in front, the oldest dropped."""
+        length = self.options.queue_length
+        new = torch.stack(features)
+        if self.queue is None:
+            self.queue = new.new_zeros((len(features), length, new.shape[-1]))
+        self.queue = torch.cat([new.to(self.queue), self.queue], dim=1)[:, :length]
+        self.queued = min(length, self.queued + new.shape[1])
+
+    def state_dict(self) -> dict[str, Plain]:
+        return {} if self.queue is None else {"queue": self.queue.detach().cpu().clone(), "queued": self.queued}
+
+    def load_state_dict(self, state: dict[str, Plain]) -> None:
+        if "queue" in state:
+            self.queue, self.queued = state["queue"], int(state["queued"])
+
     def swav_loss(self, scores: list[torch.Tensor], codes: list[torch.Tensor]) -> torch.Tensor:
         """Per sample: for each global crop's codes, the cross-entropy of every other crop's
         prediction, averaged as Lightly's ``SwaVLoss`` averages it."""
@@ -77,13 +117,18 @@ class SwAVTask(SelfSupervisedTask):
 
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         views = list(batch)
-        scores = [ctx.models["prototypes"](nn.functional.normalize(self.embed(ctx.models, v), dim=1)) for v in views]
+        features = [nn.functional.normalize(self.embed(ctx.models, v), dim=1) for v in views]
+        scores = [ctx.models["prototypes"](f) for f in features]
         codes, used = [], []
-        for score in scores[:2]:  # the global crops' codes, from the global batch's scores
+        for crop, score in enumerate(scores[:2]):  # the global crops' codes, from the global batch's scores
             everyone, start = ctx.all_gather(score.detach())
-            code = sinkhorn(everyone, self.options.sinkhorn_iterations, self.options.sinkhorn_epsilon)
+            with ctx.frozen("prototypes") as prototypes:  # (outside DDP's bookkeeping)
+                queued = self.queued_scores(crop, prototypes, ctx.epoch)
+            code = self.codes(everyone, queued)
             used.append(code.argmax(1))
             codes.append(code[start:start + len(score)] if ctx.samples else torch.zeros_like(score))
+        if self.options.queue_length:  # this global batch's features, in the samples' order, on every rank
+            self.enqueue([ctx.all_gather_in_order(f.detach()) for f in features[:2]])
         loss = self.swav_loss(scores, codes)
         ctx.backward(loss, "model")
         if ctx.epoch <= self.options.freeze_prototypes:
