@@ -20,19 +20,37 @@ def optimizer_copies(cfg: RunConfig) -> int:
     return 1 if cfg.optim.momentum > 0 else 0
 
 
+def gathered(model: nn.Module) -> int:
+    """Weights FSDP holds whole at once at most, in one network: its own (outside every block: they
+    stay gathered through forward and backward) and two blocks' own (the one running and the next,
+    prefetched), each block's own being its weights outside the blocks nested in it."""
+    owner: dict[int, int] = {}
+    found = blocks(model)
+    for index, block in enumerate(found):  # outer blocks first: a nested block takes its weights over
+        for param in block.parameters():
+            owner[id(param)] = index
+    own = [0] * len(found)
+    root = 0
+    for param in model.parameters():
+        if id(param) in owner:
+            own[owner[id(param)]] += param.numel()
+        else:
+            root += param.numel()
+    return root + sum(sorted(own)[-2:])
+
+
 def memory_lines(cfg: RunConfig, models: dict[str, nn.Module], world_size: int) -> list[str]:
-    """DDP's (a whole copy on each rank) and FSDP's (a shard of each, and the largest block gathered
-    whole while it runs, its weights and their gradients) bytes per rank."""
+    """DDP's (a whole copy on each rank) and FSDP's (a shard of each, and what is gathered whole while
+    a network runs, weights and their gradients) bytes per rank."""
     width = 8 if cfg.optim.precision == "fp64" else 4  # weights stay float32 under bf16/fp16 autocast
     weights = sum(p.numel() for model in models.values() for p in model.parameters())
     trained = sum(p.numel() for model in models.values() for p in model.parameters() if p.requires_grad)
     whole = (weights + trained * (1 + optimizer_copies(cfg))) * width
-    largest = max((sum(p.numel() for p in block.parameters()) for model in models.values() for block in blocks(model)),
-                  default=0) * width
+    running = 2 * width * max((gathered(model) for model in models.values()), default=0)
     shard = -(-whole // world_size)
     return [f"memory per rank for weights, gradients and optimizer state ({cfg.optim.optimizer}; activations not "
             f"counted): ddp {size(whole)}; fsdp over {world_size} rank{'s' if world_size != 1 else ''} "
-            f"{size(shard)} + {size(2 * largest)} for the largest block gathered whole"]
+            f"{size(shard)} + up to {size(running)} gathered whole while a network runs"]
 
 
 def size(count: int) -> str:

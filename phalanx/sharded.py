@@ -124,9 +124,12 @@ class FSDPStrategy(DDPStrategy):
         try:
             yield
         finally:
+            roots = {id(model) for model in models}
             for module in sharded:
                 module.reshard()
-                module.set_reshard_after_forward(True, recurse=False)
+                # FSDP2 keeps a network's own weights (its root) gathered after forward, for backward
+                if id(module) not in roots:
+                    module.set_reshard_after_forward(True, recurse=False)
 
     def full_state(self, state: Any) -> Any:
         """Each sharded tensor gathered whole (a collective per tensor, in the state's order, which is

@@ -118,8 +118,11 @@ class Trainer(Validation):
         """Train to the last epoch; however it ends, the last checkpoint is on disk first."""
         try:
             summary = self._fit()
+        except Preempted:
+            self.writer.wait()  # a checkpoint that could not be written is the stop's news
+            raise
         except BaseException:
-            self.writer.wait(quiet=True)
+            self.writer.wait(quiet=True)  # the failure's own error is the news; the previous file is whole
             raise
         self.writer.wait()
         return summary

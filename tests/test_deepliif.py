@@ -232,14 +232,20 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
 
     monkeypatch.setattr(DeepLIIFTask, "generate", with_cells)
     rng = np.random.default_rng(1)
-    picture = np.kron(rng.integers(0, 256, (16, 19, 3), dtype=np.uint8), np.ones((10, 10, 1), dtype=np.uint8))
+    # 150 x 190 in regions of 48 px (the 32 px tiles' stride of 24, twice): the last rows a strip of 6,
+    # thinner than a tile past the tiles before it, where the whole image's last tile reaches back
+    picture = np.kron(rng.integers(0, 256, (15, 19, 3), dtype=np.uint8), np.ones((10, 10, 1), dtype=np.uint8))
     picture = np.clip(picture.astype(int) + rng.integers(-20, 20, picture.shape), 0, 255).astype(np.uint8)
     (tmp_path / "whole").mkdir()
     (tmp_path / "slides").mkdir()
     Image.fromarray(picture).save(tmp_path / "whole" / "slide.png")
     tifffile.imwrite(tmp_path / "slides" / "slide.ome.tif", picture, tile=(32, 32), compression="zlib", photometric="rgb")
+    tifffile.imwrite(tmp_path / "slides" / "slide.tif", picture)  # would be written as slide.ome.tif too
     whole = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "whole", "--output", tmp_path / "out-whole")
     assert whole.code == 0, whole.err
+    twice = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--output", tmp_path / "out-slide")
+    assert twice.code == 2 and "two slides would both be written as slide.ome.tif" in twice.err, twice.err
+    (tmp_path / "slides" / "slide.tif").unlink()
     regions = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64,
                       "--output", tmp_path / "out-slide")
     assert regions.code == 0, regions.err

@@ -23,7 +23,8 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
     """A torchvision ResNet-18 and translate's U-Net and PatchGAN on 2 ranks: each rank's weights
     and Adam state are half of the network's (as the shards are cut: within a few percent for
     small layers), and the state gathered for a checkpoint (rank 0 keeps it, rank 1 drops it) loads
-    back into fresh sharded networks."""
+    back into fresh sharded networks. Validation sees rank 0's BatchNorm statistics on every rank,
+    as under DDP."""
     env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                            str(REPO / "tests/support/fsdp_ranks.py"), str(tmp_path)], env=env, capture_output=True,
@@ -44,6 +45,9 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
             2 * ranks[0][name]["total"], name
         dropped = [k for k, v in ranks[1][name]["whole"]["model"].items() if v is None]  # rank 1 keeps no gathered weight
         assert dropped == ranks[1][name]["parameters"], name
+    own, validated = zip(*(found["resnet18"]["statistics"] for found in ranks))
+    assert not torch.equal(own[0], own[1])  # each rank's batch moved its statistics its own way...
+    assert torch.equal(validated[0], own[0]) and torch.equal(validated[1], own[0])  # ...validation takes rank 0's
 
 
 @pytest.mark.slow
@@ -103,15 +107,16 @@ def test_fsdp_outside_a_process_group_or_with_what_it_lacks_is_one_line(phalanx)
 
 def test_dry_run_says_what_each_rank_holds_under_each_strategy(phalanx):
     """Counted from the parameters: the built-in SmallCNN with Adam (weights, gradients, two
-    moments), whole on each rank under ddp, a quarter on each of 4 under fsdp, plus its largest
-    block (the first Linear layer) gathered whole with its gradient."""
+    moments), whole on each rank under ddp, a quarter on each of 4 under fsdp, plus what is
+    gathered whole while it runs: its two largest blocks (the first Linear layer and the second
+    convolution; it has no weights outside its blocks) with their gradients."""
     from phalanx.models import SmallCNN
 
     weights = sum(p.numel() for p in SmallCNN(10, 1).parameters())
-    whole, largest = weights * 4 * 4, (64 * 16 * 128 + 128) * 4 * 2
+    whole, largest = weights * 4 * 4, ((64 * 16 * 128 + 128) + (32 * 64 * 9 + 64)) * 4 * 2
     plan = phalanx("trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--use-torchrun",
                    "--nproc-per-node=4")
     assert plan.code == 0, plan.err
     assert (f"memory per rank for weights, gradients and optimizer state (adam; activations not counted): ddp "
-            f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + {largest / 2**20:.2f} MiB "
-            "for the largest block gathered whole") in plan.out, plan.out
+            f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + up to {largest / 2**20:.2f} "
+            "MiB gathered whole while a network runs") in plan.out, plan.out

@@ -321,8 +321,12 @@ def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_m
 
     from phalanx import checkpoint, outputs
 
-    stepped, writers = threading.Event(), set()
-    write, record = checkpoint.write, outputs.RunOutputs.record
+    stepped, writers, serialisers = threading.Event(), set(), set()
+    write, record, serialise = checkpoint.write, outputs.RunOutputs.record, checkpoint.serialise
+
+    def noted_serialise(state):  # the bytes are made where the epoch ends, on the training thread
+        serialisers.add(threading.current_thread().name)
+        return serialise(state)
 
     def held_write(paths, data):
         writers.add(threading.current_thread().name)
@@ -336,11 +340,12 @@ def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_m
         return record(self, entry, flush)
 
     monkeypatch.setattr(checkpoint, "write", held_write)
+    monkeypatch.setattr(checkpoint, "serialise", noted_serialise)
     monkeypatch.setattr(outputs.RunOutputs, "record", noted)
     common = ["--epochs", 2, "--save-epoch-freq", 1, "--log-every", 1, "--no-progress", "--checkpoints-dir", tmp_path]
     run = phalanx("train", *common)
     assert run.code == 0, run.err
-    assert writers == {"phalanx-checkpoint"} and stepped.is_set()
+    assert writers == {"phalanx-checkpoint"} and serialisers == {"MainThread"} and stepped.is_set()
     (tmp_path / "again").mkdir()
     shutil.copy(tmp_path / "experiment/epoch_0001.pt", tmp_path / "again/latest.pt")
     assert phalanx("train", "--name", "again", "--resume", "auto", *common).code == 0

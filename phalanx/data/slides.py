@@ -6,13 +6,14 @@ into place when complete. Memory stays about one region (and one tile row of an 
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..atomic import atomic_write
 
 SLIDE_SUFFIXES = {".tif", ".tiff", ".svs"}
 TILE = 512  # the OME-TIFF tiles written, as DeepLIIF writes its slides' (its tile size)
@@ -66,11 +67,14 @@ class SlideReader:
         import zarr
 
         self.slide, self.mode = slide, mode
+        self.tiff = None
         try:
             self.tiff = tifffile.TiffFile(slide.path)
             self.axes, _, series = _series(self.tiff)
             self.pixels = zarr.open(series.aszarr(level=0), mode="r")
         except Exception as exc:
+            if self.tiff is not None:
+                self.tiff.close()
             raise self.unreadable(exc) from None
 
     def __enter__(self) -> SlideReader:
@@ -151,14 +155,12 @@ class SlideOutputs:
                     yield row[:, left:left + TILE]
 
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        try:
-            tifffile.imwrite(partial, tiles(), shape=array.shape, dtype=array.dtype, tile=(TILE, TILE),
-                             compression="zlib", photometric="rgb" if array.ndim == 3 and array.shape[2] == 3
-                             else "minisblack", ome=True)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+
+        def write(fh) -> None:
+            tifffile.imwrite(fh, tiles(), shape=array.shape, dtype=array.dtype, tile=(TILE, TILE), compression="zlib",
+                             photometric="rgb" if array.ndim == 3 and array.shape[2] == 3 else "minisblack", ome=True)
+
+        atomic_write(target, write)  # synced and renamed into place; a full disk is one line
 
     def discard(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -100,12 +100,12 @@ class CellCounter(DeepLIIFPictures):
                             outputs.read(self.marker, top, left, height, width) if self.marker else None)
         found = cells.found()
         scoring, counted, positive = cells.score(found, resolution_of(self.info["size"]), "default", None, None)
-        self.rows.append({"image": str(self.slide_name(index)), **{k: scoring[k] for k in self.fields[1:]}})
 
         def input_region(top: int, left: int, height: int, width: int) -> np.ndarray:
             return reader.region(top, left, height, width).permute(1, 2, 0).numpy()
 
         cells.outline(found, counted, positive, input_region, "SegOverlaid", "SegRefined")
+        self.rows.append({"image": str(self.slide_name(index)), **{k: scoring[k] for k in self.fields[1:]}})
 
     def finish(self) -> None:
         super().finish()

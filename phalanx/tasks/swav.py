@@ -94,15 +94,16 @@ class SwAVTask(SelfSupervisedTask):
         new = torch.stack(features)
         if self.queue is None:
             self.queue = new.new_zeros((len(features), length, new.shape[-1]))
-        self.queue = torch.cat([new.to(self.queue), self.queue], dim=1)[:, :length]
+        self.queue = torch.cat([new, self.queue.to(new)], dim=1)[:, :length]  # (a resumed queue: to the device)
         self.queued = min(length, self.queued + new.shape[1])
 
     def state_dict(self) -> dict[str, Plain]:
         return {} if self.queue is None else {"queue": self.queue.detach().cpu().clone(), "queued": self.queued}
 
     def load_state_dict(self, state: dict[str, Plain]) -> None:
-        if "queue" in state:
-            self.queue, self.queued = state["queue"], int(state["queued"])
+        if "queue" in state:  # (a run resumed with a shorter --queue-length keeps the newest)
+            length = self.options.queue_length
+            self.queue, self.queued = state["queue"][:, :length], min(int(state["queued"]), length)
 
     def swav_loss(self, scores: list[torch.Tensor], codes: list[torch.Tensor]) -> torch.Tensor:
         """Per sample: for each global crop's codes, the cross-entropy of every other crop's

@@ -16,7 +16,7 @@ from ..atomic import atomic_write
 from ..data.inputs import InputImages, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..errors import PhalanxError
-from ..data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable
+from ..data.slides import SLIDE_SUFFIXES, Slide, SlideOutputs, SlideReader, SlideUnreadable
 from ..pictures import pixels, png_bytes
 from .base import Evaluation
 from .inference import Inference, Predictor
@@ -101,6 +101,11 @@ class TranslationPredictor(Predictor):
         super().__init__(inputs, paths, device)
         self.generators, self.inference, self.info = generators, inference, inference.info
         self.names = output_names(paths)  # before any work: two images never share an output
+        slides = [self.slide_name(i) for i, p in enumerate(paths) if p.suffix.lower() in SLIDE_SUFFIXES]
+        if len(set(slides)) != len(slides):
+            twice = next(name for name in slides if slides.count(name) > 1)
+            raise PhalanxError(f"two slides would both be written as {twice}; predict them in separate runs (or "
+                               "rename one)", "IMAGES")
         self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
         self.region_size = opts.region_size
         self.output, self.panels = Path(opts.output), []
@@ -149,7 +154,8 @@ class TranslationPredictor(Predictor):
                 for top in range(0, slide.height, region):
                     for left in range(0, slide.width, region):
                         height, width = min(region, slide.height - top), min(region, slide.width - left)
-                        t0, l0 = max(0, top - before), max(0, left - before)
+                        t0, l0 = (start(begin, total, size, stride, before) for begin, total in
+                                  ((top, slide.height), (left, slide.width)))
                         t1, l1 = (after(end, total, size, overlap) for end, total in
                                   ((top + height, slide.height), (left + width, slide.width)))
                         window = self.inputs.prepare(reader.region(t0, l0, t1 - t0, l1 - l0)).to(self.dtype)
@@ -187,6 +193,13 @@ class TranslationPredictor(Predictor):
 
     def finish(self) -> None:
         self.inference.warn_of_panels(self.panels)
+
+
+def start(begin: int, total: int, size: int, stride: int, before: int) -> int:
+    """Where a slide region starting at ``begin`` (of ``total``) is read from: the tiles that start
+    within a tile before it, and the whole image's last tile (it starts at ``total - size``, off
+    the stride, and reaches into a region thinner than a tile at the slide's end); on the stride's grid."""
+    return max(0, min(begin - before, (total - size) // stride * stride))
 
 
 def after(end: int, total: int, size: int, overlap: int) -> int:

@@ -2,7 +2,8 @@
 pix2pix's U-Net generator and PatchGAN (translate's networks), takes one Adam step each, and writes
 $OUT/rank<R>.pt: how many weights and optimizer-state values this rank holds of each network, of
 how many, and (rank 0) the state gathered whole for a checkpoint, with the networks' weights as
-they were loaded back from it into fresh sharded networks."""
+they were loaded back from it into fresh sharded networks; and the ResNet's BatchNorm statistics
+before and inside ``whole_networks`` (validation)."""
 
 import os
 import sys
@@ -39,6 +40,10 @@ for name, model in models.items():
                    "optimizer": sum(v.to_local().numel() for s in state["state"].values()
                                     for k, v in s.items() if k != "step"),
                    "whole": strategy.full_state({"model": model.state_dict(), "optimizer": state})}
+    if name == "resnet18":  # BatchNorm's statistics of each rank's own batch, then rank 0's in validation
+        found[name]["statistics"] = [model.bn1.running_mean.clone()]
+        with strategy.whole_networks([model]):
+            found[name]["statistics"].append(model.bn1.running_mean.clone())
     again = networks()[name]
     again = strategy.wrap(again)
     saved = found[name]["whole"]["model"] if rank == 0 else None
