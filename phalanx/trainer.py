@@ -102,6 +102,10 @@ class Trainer(Validation):
         self.parts.load_state_dict(state)
         self.epoch, self.step, self.position = state["epoch"], state["step"], state["position"]
 
+    def _checkpoint_state(self) -> dict[str, Any] | None:
+        """The state rank 0 saves (None elsewhere); under FSDP every rank takes part in gathering it."""
+        return self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
+
     def _save(self, metrics: dict[str, float] | None) -> None:
         run_dir = self.cfg.run_dir
         paths = [run_dir / checkpoint.LATEST]
@@ -109,7 +113,7 @@ class Trainer(Validation):
             paths.append(run_dir / checkpoint.BEST)
         if self.cfg.output.save_epoch_freq and self.epoch % self.cfg.output.save_epoch_freq == 0:
             paths.append(run_dir / checkpoint.epoch_name(self.epoch))
-        state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
+        state = self._checkpoint_state()
         if self.strategy.is_main:
             self.writer.save(paths, state)  # written off the training thread
 
@@ -257,7 +261,7 @@ class Trainer(Validation):
     def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
         self._stop_if_diverged(epoch)
-        state = self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
+        state = self._checkpoint_state()
         if self.strategy.is_main:
             self.writer.save([self.cfg.run_dir / checkpoint.LATEST], state)
             self.writer.wait()  # on disk before the process stops

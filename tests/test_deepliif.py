@@ -243,7 +243,8 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
     tifffile.imwrite(tmp_path / "slides" / "slide.tif", picture)  # would be written as slide.ome.tif too
     whole = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "whole", "--output", tmp_path / "out-whole")
     assert whole.code == 0, whole.err
-    twice = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--output", tmp_path / "out-slide")
+    twice = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64, "--output",
+                    tmp_path / "out-slide")
     assert twice.code == 2 and "two slides would both be written as slide.ome.tif" in twice.err, twice.err
     (tmp_path / "slides" / "slide.tif").unlink()
     regions = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64,

@@ -16,7 +16,7 @@ from ..atomic import atomic_write
 from ..data.inputs import InputImages, output_names
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..errors import PhalanxError
-from ..data.slides import SLIDE_SUFFIXES, Slide, SlideOutputs, SlideReader, SlideUnreadable
+from ..data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable, slide_of
 from ..pictures import pixels, png_bytes
 from .base import Evaluation
 from .inference import Inference, Predictor
@@ -101,7 +101,7 @@ class TranslationPredictor(Predictor):
         super().__init__(inputs, paths, device)
         self.generators, self.inference, self.info = generators, inference, inference.info
         self.names = output_names(paths)  # before any work: two images never share an output
-        slides = [self.slide_name(i) for i, p in enumerate(paths) if p.suffix.lower() in SLIDE_SUFFIXES]
+        slides = [self.slide_name(i) for i, p in enumerate(paths) if slide_of(p, opts.region_size)]  # (headers)
         if len(set(slides)) != len(slides):
             twice = next(name for name in slides if slides.count(name) > 1)
             raise PhalanxError(f"two slides would both be written as {twice}; predict them in separate runs (or "
