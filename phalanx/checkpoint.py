@@ -12,6 +12,10 @@ Format 3 holds any task: its name (``task``), each network (``models``), each op
 scaler by name, the moving averages by network, the task's own state (``task_state``) and the best
 validation metric so far (``best``); ``model`` is the task's primary network, as before. Formats 1
 and 2 (classification only) load as format 3.
+
+Format 4 adds sharded checkpoints (``sharded_checkpoint``): the networks and optimizer states in a
+directory of shards the file names under ``sharded`` (relative to the file's folder), the primary
+network's name under ``primary``. A whole checkpoint is format 3's.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from .tasks import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: th
 from .errors import PhalanxError, RunFailed
 
 FORMAT = "phalanx-checkpoint"
-VERSION = 3
+VERSION = 4  # the newest this phalanx reads
+WHOLE_VERSION = 3  # a checkpoint that holds its networks: older phalanx versions read it too
 LATEST, BEST = "latest.pt", "best.pt"
 
 
@@ -76,7 +81,8 @@ def serialise(state: dict[str, Any]) -> memoryview:
     buffer = io.BytesIO()
     # Tensors are written from the CPU: a checkpoint of a CUDA run then opens with plain
     # torch.load on a machine without a GPU (CUDA tensors would need map_location there).
-    torch.save(_on_cpu({"format": FORMAT, "version": VERSION, **state}), buffer)
+    version = VERSION if state.get("sharded") else WHOLE_VERSION
+    torch.save(_on_cpu({"format": FORMAT, "version": version, **state}), buffer)
     return buffer.getbuffer()
 
 
@@ -121,6 +127,12 @@ def load(path: Path, option: str = "--resume") -> dict[str, Any]:
         raise PhalanxError(f"{path} is not a phalanx checkpoint", option)
     if state.get("version", 0) > VERSION:
         raise PhalanxError(f"{path} was written by a newer phalanx (format {state['version']})", option)
+    if state.get("sharded"):
+        shards = path.parent / state["sharded"]
+        if not (shards / ".metadata").is_file():
+            raise PhalanxError(f"checkpoint {path} names shards {shards} that are not there (a sharded checkpoint is "
+                               "the file and that directory: copy both)", option)
+        return {**state, "sharded": str(shards)}
     return _upgrade(path, state)
 
 
@@ -168,7 +180,7 @@ def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
         state = {**state, "position": 0, "epoch_sums": [0.0, 0.0]}
     loss_sum, samples = state.get("epoch_sums") or [0.0, 0.0]
     best = state.get("best_val_acc")
-    return {**state, "version": VERSION, "task": FORMAT_2_TASK, "models": {"model": state["model"]},
+    return {**state, "version": WHOLE_VERSION, "task": FORMAT_2_TASK, "models": {"model": state["model"]},
             "optimizers": {"model": state["optimizer"]}, "scalers": {"model": state.get("scaler")},
             "ema": {"model": state["ema"]} if state.get("ema") else None, "task_state": {},
             "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},

@@ -16,6 +16,7 @@ import click
 from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
                       training_options)
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
+from .cli_tools import consolidate, scale
 from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
 
 
@@ -198,6 +199,10 @@ def export(**values: Any) -> None:
     from .inference.export import export as run_export  # imports torch
 
     run_export(build_options(ExportOptions, values))
+
+
+for _command in (scale, consolidate):  # the tools beside training (cli_tools)
+    cli.add_command(_command)
 
 
 def say_error(message: str) -> None:

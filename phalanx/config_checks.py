@@ -3,7 +3,7 @@ options that no one field's bounds can say."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from . import tasks
 from .errors import PhalanxError
@@ -50,9 +50,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.devices.backend == "nccl" and cfg.devices.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     if cfg.devices.strategy == "fsdp":
-        for name, on in (("ema_decay", cfg.optim.ema_decay), ("compile", cfg.network.compile)):
-            if on:
-                raise bad(name, "with --strategy fsdp is not built yet; use --strategy ddp")
+        _check_fsdp(cfg, bad)
     ids = cfg.devices.gpu_ids
     if len(set(ids)) != len(ids):
         raise bad("gpu_ids", f"lists an id twice ({' '.join(map(str, ids))}); give each GPU once")
@@ -63,3 +61,13 @@ def check_config(cfg: RunConfig) -> None:
     if len(ids) > 1 and cfg.optim.batch_size < len(ids):
         raise bad("batch_size", f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; "
                   f"use at least {len(ids)}")
+
+
+def _check_fsdp(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:
+    """What --strategy fsdp does not do yet, refused before anything runs."""
+    for name, on in (("ema_decay", cfg.optim.ema_decay), ("compile", cfg.network.compile)):
+        if on:
+            raise bad(name, "with --strategy fsdp is not built yet; use --strategy ddp")
+    if cfg.devices.fsdp_checkpoints == "sharded" and (cfg.storage.remote_transfer or cfg.storage.remote_transfer_cmd):
+        raise bad("fsdp_checkpoints", "uploading sharded checkpoints is not built yet; add --fsdp-checkpoints whole "
+                  "to upload whole ones")

@@ -94,6 +94,9 @@ class ModelOptions:
                                  identity=False)
     compile: bool = option(False, "torch.compile the model (slow first steps; see the README's measurements).",
                            identity=False)
+    activation_checkpointing: bool = option(False, "Keep no activations inside each block of every network (the "
+                                            "blocks --strategy fsdp shards): recompute them in backward. Less "
+                                            "memory, more compute; the same training.", identity=False)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -138,6 +141,9 @@ class ScheduleOptions:
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
                                  metavar="N", above=0)
     warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.", at_least=0)
+    max_steps: int = option(0, "Stop at optimizer step N (counting resumed steps; 0: train all --epochs), saving "
+                            "latest.pt mid-epoch as a preempted run does: --resume auto continues. The learning rate "
+                            "keeps the schedule of --epochs.", identity=False, metavar="N", at_least=0)
     scale_lr: str = option("none", "'linear': multiply --lr by the number of devices that share a step "
                            "(linear scaling rule).", choices=("none", "linear"),
                            launch_help="'linear': multiply --lr by the world size (linear scaling rule).")
@@ -164,8 +170,16 @@ class DeviceOptions:
     sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
     strategy: str = option("ddp", "How DDP workers hold the networks: ddp, a whole copy on each; fsdp, each worker "
                            "a shard of every network's weights, gradients and optimizer state (torch's FSDP2), for "
-                           "networks that do not fit one device. The same training either way; checkpoints hold "
-                           "the networks whole and resume under either.", choices=("ddp", "fsdp"), identity=False)
+                           "networks that do not fit one device. The same training either way; checkpoints "
+                           "resume under either.", choices=("ddp", "fsdp"), identity=False)
+    fsdp_checkpoints: str = option("sharded", "How --strategy fsdp saves: sharded, each worker writes its own "
+                                   "shard (torch.distributed.checkpoint, into <run dir>/shards, which every worker "
+                                   "must reach); whole, rank 0 gathers every network into one file (which must fit "
+                                   "its memory). Either resumes at any world size under either strategy.",
+                                   choices=("sharded", "whole"), identity=False)
+    reshard_after_forward: bool = option(True, "Under --strategy fsdp, free a block's gathered weights after its "
+                                         "forward and gather them again for backward (--no-reshard-after-forward: "
+                                         "keep them, less communication, more memory).", identity=False)
 
     def __post_init__(self) -> None:
         check_fields(self)

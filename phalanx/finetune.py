@@ -88,6 +88,10 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
         raise PhalanxError(f"{path} does not load as weights: {unloadable(path, exc)}", OPTION) from None
     classes, note = None, ""
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
+        if state.get("sharded"):
+            from .sharded_checkpoint import load_whole
+
+            state = load_whole(path, OPTION, optimizers=False)
         task = state.get("task")
         # One whole network (formats 1 and 2 hold nothing else): its head ends in the data's classes.
         if list(state.get("models") or {"model": None}) == ["model"]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import RunConfig
-from .sharded import blocks
+from .blocks import blocks
 
 GIB = 2 ** 30
 
@@ -46,7 +46,8 @@ def memory_lines(cfg: RunConfig, models: dict[str, nn.Module], world_size: int) 
     weights = sum(p.numel() for model in models.values() for p in model.parameters())
     trained = sum(p.numel() for model in models.values() for p in model.parameters() if p.requires_grad)
     whole = (weights + trained * (1 + optimizer_copies(cfg))) * width
-    running = 2 * width * max((gathered(model) for model in models.values()), default=0)
+    gathered_width = 2 if cfg.optim.precision == "bf16" else width  # fsdp gathers bf16 runs' blocks in bfloat16
+    running = 2 * gathered_width * max((gathered(model) for model in models.values()), default=0)
     shard = -(-whole // world_size)
     return [f"memory per rank for weights, gradients and optimizer state ({cfg.optim.optimizer}; activations not "
             f"counted): ddp {size(whole)}; fsdp over {world_size} rank{'s' if world_size != 1 else ''} "

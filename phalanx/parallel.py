@@ -92,6 +92,7 @@ class Strategy:
 
     # --- what a checkpoint holds of sharded networks (``sharded.FSDPStrategy``); here, as they are
     gathers_state = False  # whether every rank takes part in making a checkpoint's state (full_state)
+    writes_shards = False  # whether every rank writes its own shard of the networks (sharded_checkpoint)
 
     def full_state(self, state: Any) -> Any:
         """A run's state as a checkpoint holds it: every network and optimizer state whole."""

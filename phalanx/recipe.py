@@ -11,6 +11,8 @@ import copy
 import torch
 from torch import nn
 
+from .blocks import checkpoint_activations
+
 
 class ModelEma:
     """An exponential moving average of a model's weights and buffers (timm's model EMA): after
@@ -38,8 +40,10 @@ def ema_update(average: nn.Module, model: nn.Module, decay: float) -> None:
             e.copy_(m)
 
 
-def prepare(model: nn.Module, channels_last: bool, compile: bool) -> nn.Module:
+def prepare(model: nn.Module, channels_last: bool, compile: bool, activation_checkpointing: bool = False) -> nn.Module:
     """The network as it trains, before the parallel wrapper (an EMA copies it first)."""
+    if activation_checkpointing:
+        model = checkpoint_activations(model)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return torch.compile(model) if compile else model

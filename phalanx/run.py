@@ -225,7 +225,13 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
                        step=trainer.step, world_size=strategy.world_size, devices=strategy.describe(),
                        samples_per_epoch=trainer.num_train, epochs=cfg.schedule.epochs)
         summary = trainer.fit()
-    if "metrics" in summary:
+    if "stopped_at_step" in summary:
+        where = f"{summary['position']} samples into epoch {summary['epochs'] + 1}" if summary["position"] else \
+            f"after epoch {summary['epochs']}"
+        say(f"phalanx: stopped at step {summary['stopped_at_step']} (--max-steps), {where}; --resume auto continues; "
+            f"checkpoints in {cfg.run_dir}")
+        say(f"phalanx: time per step: {summary['step_times']} (mean over ranks; the dashboard's step-time pane)")
+    elif "metrics" in summary:
         best = summary["best"]
         last = summary["metrics"][best["metric"]]
         left_out = f"; {len(data.skipped)} unreadable image(s) were left out (--skip-broken)" if data.skipped else ""

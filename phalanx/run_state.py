@@ -6,11 +6,13 @@ training (epoch, samples, steps) is the trainer's, beside these."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from . import sharded_checkpoint
 from .best import Best
 from .parallel import Strategy
 from .recipe import ModelEma
@@ -64,28 +66,33 @@ class RunState:
         self.best, self.losses, self.strategy = best, losses, strategy
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds: the networks and optimizer states whole (``Strategy.full_state``:
-        under FSDP every rank takes part, and rank 0 alone gets the tensors)."""
-        return self.strategy.full_state(self._state_dict())
-
-    def _state_dict(self) -> dict[str, Any]:
-        return {"models": {name: model.state_dict() for name, model in self.bare_models().items()},
-                "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
-                "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
+        """What a checkpoint file holds: the networks and optimizer states whole (``Strategy.full_state``:
+        under FSDP every rank takes part, and rank 0 alone gets the tensors), or none of them where
+        each rank writes its shard of them apart (``sharded_checkpoint``)."""
+        rest = {"scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
                 "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
                 "task_state": self.task.state_dict(), "best": self.best.state(), "epoch_sums": self.losses.state()}
+        if self.strategy.writes_shards:
+            return rest
+        return self.strategy.full_state({
+            "models": {name: model.state_dict() for name, model in self.bare_models().items()},
+            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}, **rest})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, model in self.bare_models().items():
-            model.load_state_dict(self.strategy.local_model_state(saved_network(state, name), model))
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(self.strategy.local_optimizer_state(state["optimizers"][name], optimizer))
+        bare = self.bare_models()
+        if state.get("sharded"):  # each rank reads its part, whatever the world size and strategy that wrote it
+            sharded_checkpoint.restore(Path(state["sharded"]), bare, self.optimizers)
+        else:
+            for name, model in bare.items():
+                model.load_state_dict(self.strategy.local_model_state(saved_network(state, name), model))
+            for name, optimizer in self.optimizers.items():
+                optimizer.load_state_dict(self.strategy.local_optimizer_state(state["optimizers"][name], optimizer))
         for name, scaler in self.scalers.items():
             if state.get("scalers", {}).get(name):
                 scaler.load_state_dict(state["scalers"][name])
         saved_ema = state.get("ema") or {}
         for name, ema in self.ema.items():  # a checkpoint from before --ema-decay starts the average at its weights
-            ema.module.load_state_dict(saved_ema.get(name) or saved_network(state, name))
+            ema.module.load_state_dict(saved_ema.get(name) or bare[name].state_dict())
         self.task.load_state_dict(state.get("task_state") or {})
         self.best.restore(state.get("best") or {})
         self.losses.restore(state["epoch_sums"])

@@ -4,11 +4,13 @@ replicating them, for networks that do not fit one device.
 
 What DDP guarantees holds unchanged: FSDP2's reduce-scatter averages the gradients over the ranks
 as DDP's all-reduce does, so a step is the same step; accumulation skips the gradient sync until
-the last micro-batch. A checkpoint holds every network and optimizer state whole, gathered from
-the shards (every rank takes part, rank 0 writes), in the format of any other run: it resumes at
-any world size and under either strategy, and evaluate, predict and export read it as any other.
-Validation and the pictures see every network whole on every rank (ranks may validate different
-numbers of batches, and rank 0 alone draws), with rank 0's BatchNorm statistics, as under DDP.
+the last micro-batch. Each rank writes its own shard of a checkpoint (``sharded_checkpoint``), or
+with ``--fsdp-checkpoints whole`` every rank helps gather the networks and optimizer states whole
+for rank 0 to write (``full_state``); either resumes at any world size under either strategy.
+Under ``--precision bf16`` each block is gathered in bfloat16 and its gradients averaged in
+float32. Validation and the pictures see every network whole on every rank (ranks may validate
+different numbers of batches, and rank 0 alone draws), with rank 0's BatchNorm statistics, as
+under DDP.
 """
 
 from __future__ import annotations
@@ -19,44 +21,9 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from .blocks import blocks
 from .errors import PhalanxError
 from .parallel import DDPStrategy, prepare_model
-
-CONTAINERS = (nn.Sequential, nn.ModuleList)
-
-
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules sharded apart from the network itself, each gathered whole only while it runs:
-    a model's own ``fsdp_blocks()`` where it has one, else the elements (with weights) of the
-    outermost Sequential and ModuleList containers (ResNet's and ViT's blocks, the layers of a
-    network that is one Sequential) and, inside each, an element that holds at least half of its
-    weights (a U-Net's inner levels, one in the next). The rest stays with the network's group."""
-    declared = getattr(model, "fsdp_blocks", None)
-    if callable(declared):
-        return list(declared())
-    found: list[nn.Module] = []
-
-    def visit(module: nn.Module, least: int) -> None:
-        children = list(module.children()) if isinstance(module, CONTAINERS) else []
-        if not children:
-            for child in module.children():
-                visit(child, least)
-            return
-        for element in children:
-            size = _size(element)
-            if size and size >= least:
-                found.append(element)
-                visit(element, (size + 1) // 2)
-            elif size:
-                visit(element, least)
-
-    visit(model, 1)
-    return found
-
-
-def _size(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
 
 def _sharded_modules(models: Iterable[nn.Module]) -> list[nn.Module]:
     from torch.distributed.fsdp import FSDPModule
@@ -71,10 +38,19 @@ def _dtensor() -> type:
 
 
 class FSDPStrategy(DDPStrategy):
-    gathers_state = True
+    def __init__(self, cfg: Any, env: Any, plan: Any):
+        super().__init__(cfg, env, plan)
+        self.reshard_after_forward = cfg.devices.reshard_after_forward
+        # --precision bf16: each block gathered in bfloat16 for its forward and backward (half the
+        # traffic and memory of its float32 weights), its gradients averaged in float32, and the
+        # weights and optimizer state kept in float32 (torchtitan's and Lightning's default policy)
+        self.gathered_dtype = torch.bfloat16 if cfg.optim.precision == "bf16" else None
+        # sharded: each rank writes its shard (sharded_checkpoint); whole: every rank helps gather it for rank 0
+        self.writes_shards = cfg.devices.fsdp_checkpoints == "sharded"
+        self.gathers_state = not self.writes_shards
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = prepare_model(model, self.sync_bn).to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
@@ -83,9 +59,11 @@ class FSDPStrategy(DDPStrategy):
         for module in model.modules():  # FSDP2 hands a block its inputs as views, which may not change in place
             if getattr(module, "inplace", False) is True:
                 module.inplace = False
+        policy = MixedPrecisionPolicy(param_dtype=self.gathered_dtype, reduce_dtype=torch.float32) \
+            if self.gathered_dtype else MixedPrecisionPolicy()
         for block in reversed(blocks(model)):  # inner blocks first, as fully_shard needs
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         return model
 
     def forward_only(self, model: nn.Module) -> nn.Module:
@@ -129,7 +107,7 @@ class FSDPStrategy(DDPStrategy):
                 module.reshard()
                 # FSDP2 keeps a network's own weights (its root) gathered after forward, for backward
                 if id(module) not in roots:
-                    module.set_reshard_after_forward(True, recurse=False)
+                    module.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
 
     def full_state(self, state: Any) -> Any:
         """Each sharded tensor gathered whole (a collective per tensor, in the state's order, which is

@@ -74,6 +74,11 @@ def segment_name(index: int) -> str:
     return f"segment_{index:06d}.pkl"
 
 
+def holds_snapshots(directory: Path) -> bool:
+    """Whether a run's snapshot history is in ``directory`` (its first segment)."""
+    return (directory / segment_name(1)).exists()
+
+
 def dumps(segment: dict[str, Any]) -> bytes:
     _check_plain(segment)
     return pickle.dumps(segment, protocol=4)

@@ -2,7 +2,7 @@
 printing of its own: what to print goes through ``say``, what to record (metrics, snapshots,
 uploads) through ``RunOutputs``.
 
-The trainer owns progress, accumulation, precision, checkpoints and resume; the task (``tasks/``)
+The trainer owns progress, accumulation, precision, checkpoints and resume (``checkpointing``); the task (``tasks/``)
 owns its networks, losses, metrics and pictures; the strategy (``parallel``) owns devices,
 wrapping and collectives. The trainer never asks which task it runs.
 
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
+from .checkpointing import Checkpointing
 from .best import Best
 from .checkpoint_writer import CheckpointWriter
 from .config import RunConfig
@@ -43,7 +44,11 @@ from .train_losses import TrainLosses
 from .validation import Validation
 
 
-class Trainer(Validation):
+class StepLimit(Exception):
+    """--max-steps reached mid-epoch."""
+
+
+class Trainer(Checkpointing, Validation):
     def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
                  models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
                  stop: StopRequest | None = None):
@@ -55,7 +60,8 @@ class Trainer(Validation):
             models = {name: model.double() for name, model in models.items()}
         self.ema = {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models} \
             if cfg.optim.ema_decay else {}
-        self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile), declared.find_unused_parameters)
+        self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile, cfg.network.activation_checkpointing),
+                                           declared.find_unused_parameters)
                        for name, model in models.items()}
         # The parameters the optimizers step are the wrapped networks' (FSDP replaces each with its
         # shard), named as in the bare networks (compilation and DDP only add prefixes).
@@ -90,33 +96,6 @@ class Trainer(Validation):
     def bare_models(self) -> dict[str, nn.Module]:
         return {name: self.strategy.unwrap(model) for name, model in self.models.items()}
 
-    # --- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        parts = self.parts.state_dict()
-        return {**parts, "task": self.cfg.task, "epoch": self.epoch, "position": self.position, "step": self.step,
-                "world_size": self.world_size, "effective_batch": self.strategy.plan.effective_batch,
-                "run_id": self.run_id, "model": parts["models"][self.declared.primary_model],
-                "config": self.cfg.to_dict(), "data": self.data_info}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.parts.load_state_dict(state)
-        self.epoch, self.step, self.position = state["epoch"], state["step"], state["position"]
-
-    def _checkpoint_state(self) -> dict[str, Any] | None:
-        """The state rank 0 saves (None elsewhere); under FSDP every rank takes part in gathering it."""
-        return self.state_dict() if self.strategy.is_main or self.strategy.gathers_state else None
-
-    def _save(self, metrics: dict[str, float] | None) -> None:
-        run_dir = self.cfg.run_dir
-        paths = [run_dir / checkpoint.LATEST]
-        if metrics is not None and self.best.improves(metrics):
-            paths.append(run_dir / checkpoint.BEST)
-        if self.cfg.output.save_epoch_freq and self.epoch % self.cfg.output.save_epoch_freq == 0:
-            paths.append(run_dir / checkpoint.epoch_name(self.epoch))
-        state = self._checkpoint_state()
-        if self.strategy.is_main:
-            self.writer.save(paths, state)  # written off the training thread
-
     # --- the loop
     def fit(self) -> dict[str, Any]:
         """Train to the last epoch; however it ends, the last checkpoint is on disk first."""
@@ -129,13 +108,22 @@ class Trainer(Validation):
             self.writer.wait(quiet=True)  # the failure's own error is the news; the previous file is whole
             raise
         self.writer.wait()
+        self._collect_shards()
         return summary
 
     def _fit(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"epochs": self.epoch}
+        limit = self.cfg.schedule.max_steps
         for epoch in range(self.epoch + 1, self.cfg.schedule.epochs + 1):
+            if limit and self.step >= limit:
+                break
             started = time.perf_counter()
-            train_losses, rate = self._train_epoch(epoch)
+            try:
+                train_losses, rate = self._train_epoch(epoch)
+            except StepLimit:  # mid-epoch: saved as a preempted run saves, without validation
+                self._stop_if_diverged(epoch)
+                self._write_checkpoint([self.cfg.run_dir / checkpoint.LATEST])
+                break
             self._stop_if_diverged(epoch)  # before the weights are evaluated or saved
             train = {f"train_{name}": value for name, value in train_losses.items()}
             summary = {"epochs": epoch, **train}
@@ -157,6 +145,8 @@ class Trainer(Validation):
                      f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
             if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
+        if limit and self.step >= limit and (self.epoch < self.cfg.schedule.epochs or self.position):  # not the end
+            summary["stopped_at_step"], summary["epochs"], summary["position"] = self.step, self.epoch, self.position
         summary["best"], summary["step_times"] = self.best.state(), self.times.shares()
         summary["max_rank_divergence"], warning = rank_divergence(self.strategy, self.bare_models().values())
         if warning:
@@ -208,20 +198,30 @@ class Trainer(Validation):
                 self._stop_if_diverged(epoch, {name: losses[name] for name in self.loss_names})
             self.times.lap("optimizer")
             steps_left -= 1
-            # A lone process stops at the very next step; DDP ranks agree at the next log step,
-            # where the stop flag rides along with the loss all-reduce (no extra collective).
-            stop_now = self.stop.signum != 0 and self.world_size == 1
-            # No window of less than half --log-every steps at an epoch's end (a spike of a few
-            # samples on the dashboard): the last log step before it waits for the epoch's end.
-            log_step = self.step % self.cfg.output.log_every == 0 and steps_left >= self.cfg.output.log_every / 2
-            if log_step or micro.end == total or stop_now:
-                if self._log_train(epoch) and micro.end < total:
-                    progress.close()
-                    self._preempt(epoch)
-                self.times.lap("logging")
+            self._after_step(epoch, micro.end, steps_left, progress)
         progress.close()
         self.position = 0
         return self.losses.end_epoch(), trained / (time.perf_counter() - started)
+
+    def _after_step(self, epoch: int, end: int, steps_left: int, progress: ProgressLog) -> None:
+        """What an optimizer step that ends at sample ``end`` leads to: a log window, a stop."""
+        total = self.num_train
+        # A lone process stops at the very next step; DDP ranks agree at the next log step,
+        # where the stop flag rides along with the loss all-reduce (no extra collective).
+        stop_now = self.stop.signum != 0 and self.world_size == 1
+        # No window of less than half --log-every steps at an epoch's end (a spike of a few
+        # samples on the dashboard): the last log step before it waits for the epoch's end.
+        log_step = self.step % self.cfg.output.log_every == 0 and steps_left >= self.cfg.output.log_every / 2
+        # --max-steps mid-epoch (at an epoch's end the epoch ends as any other, then training does)
+        at_limit = self.step == self.cfg.schedule.max_steps and end < total
+        if log_step or end == total or stop_now or at_limit:
+            if self._log_train(epoch) and end < total:
+                progress.close()
+                self._preempt(epoch)
+            self.times.lap("logging")
+        if at_limit:
+            progress.close()
+            raise StepLimit
 
     def _forward_backward(self, epoch: int, micro: MicroBatch, batch: Any, manual: bool) -> dict[str, torch.Tensor]:
         """One micro-batch through the task's step (and backward, unless the step does its own)."""
@@ -261,10 +261,9 @@ class Trainer(Validation):
     def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
         self._stop_if_diverged(epoch)
-        state = self._checkpoint_state()
-        if self.strategy.is_main:
-            self.writer.save([self.cfg.run_dir / checkpoint.LATEST], state)
-            self.writer.wait()  # on disk before the process stops
+        self._write_checkpoint([self.cfg.run_dir / checkpoint.LATEST])
+        self.writer.wait()  # on disk before the process stops
+        self._collect_shards()
         raise Preempted(self.stop.signum or signal.SIGTERM,
                         f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")
 

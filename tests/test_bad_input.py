@@ -191,6 +191,27 @@ CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for
     ("export", "export-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/m.ts"],
      "--output", "/nope does not exist"),
 ]
+CASES += [("trainlaunch", "fsdp-sharded-upload", ["--strategy", "fsdp", "--remote-transfer", "s3://bucket/runs"],
+           "--fsdp-checkpoints", "uploading sharded checkpoints is not built yet")]
+CASES += [("consolidate", *case) for case in [
+    ("consolidate-missing", ["--checkpoint", "{w}/nope.pt", "--output", "{w}/whole.pt"], "--checkpoint", "does not exist"),
+    ("consolidate-garbage", ["--checkpoint", "{w}/garbage.pt", "--output", "{w}/whole.pt"], "--checkpoint",
+     "not a torch checkpoint"),
+    ("consolidate-output-exists", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
+     "--output", "exists; give a new file name"),
+    ("consolidate-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/w.pt"],
+     "--output", "/nope does not exist"),
+]]
+CASES += [("scale", *case) for case in [
+    ("scale-workers-zero", ["--workers", "0"], "--workers", "1 or more"),
+    ("scale-workers-word", ["--workers", "two"], "--workers", "expected world sizes"),
+    ("scale-strong-uneven", ["--workers", "2", "--scaling", "strong", "--batch-size", "15"], "--workers",
+     "strong scaling splits --batch-size 15 over 2 workers"),
+    ("scale-steps-zero", ["--steps", "0"], "--steps", "1 or more"),
+    ("scale-repeats-zero", ["--repeats", "0"], "--steps", "--repeats are 1 or more"),
+    ("scale-pickle-dir-taken", ["--scale-pickle-dir", "{w}/ck/done/pickle"], "--scale-pickle-dir",
+     "holds snapshots already"),
+]]
 CASES += [("visualize", *case) for case in [
     ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
     ("pickle-dir-file", ["--pickle_dir", "{w}/bad.yaml", "--once"], "--pickle-dir", "is a file, not a folder of snapshots"),

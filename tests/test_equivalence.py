@@ -11,8 +11,10 @@ same batch cost on this machine, and holds DDP to a small multiple of that.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
+
 import torch
 
 from conftest import USER_MODELS, records, run_phalanx
@@ -48,7 +50,10 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
 
 
 def weights(path):
-    return torch.load(path, weights_only=True)["model"]
+    """The primary network's weights in a checkpoint of either format (a sharded one read whole)."""
+    from phalanx.sharded_checkpoint import load_whole
+
+    return load_whole(Path(path), "--checkpoint")["model"]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ another world size under either strategy."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, USER_MODELS, run_phalanx
+from conftest import REPO, USER_MODELS, records, run_phalanx
 from test_equivalence import reference_weights, weights
 import reference
 
@@ -24,7 +25,9 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
     and Adam state are half of the network's (as the shards are cut: within a few percent for
     small layers), and the state gathered for a checkpoint (rank 0 keeps it, rank 1 drops it) loads
     back into fresh sharded networks. Validation sees rank 0's BatchNorm statistics on every rank,
-    as under DDP."""
+    as under DDP. A block's weights stay gathered after its forward with
+    --no-reshard-after-forward only; under --precision bf16 a block runs in bfloat16 and its
+    gradients are averaged in float32."""
     env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                            str(REPO / "tests/support/fsdp_ranks.py"), str(tmp_path)], env=env, capture_output=True,
@@ -48,14 +51,23 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
     own, validated = zip(*(found["resnet18"]["statistics"] for found in ranks))
     assert not torch.equal(own[0], own[1])  # each rank's batch moved its statistics its own way...
     assert torch.equal(validated[0], own[0]) and torch.equal(validated[1], own[0])  # ...validation takes rank 0's
+    assert [found["gathered_after_forward"] for found in ranks] == [{True: False, False: True}] * 2
+    mixed = ranks[0]["mixed"]  # --precision bf16: gathered in bfloat16, kept and averaged in float32
+    assert mixed["gathered"] == (torch.bfloat16, torch.bfloat16) and mixed["kept"] == {torch.float32}
+    for name, mean in mixed["means"].items():
+        assert torch.equal(mixed["grads"][name], mean), name
+    assert any(not torch.equal(m.bfloat16().float(), m) for m in mixed["means"].values())  # a bf16 average would differ
 
 
 @pytest.mark.slow
 def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_world_size_or_preempted(tmp_path, phalanx):
     """float64: 2 FSDP workers x 16 equal the hand-written loop on batches of 32 (1e-12) for two
-    epochs. Its epoch-1 checkpoint resumes in one process, and one process's resumes in 2 FSDP
-    workers with accumulation: each continues as the loop does with that epoch's global batch. A
-    run preempted mid-epoch resumes bitwise."""
+    epochs, each worker writing its half of every checkpoint. Its epoch-1 checkpoint resumes in one
+    process and in 2 DDP workers, and one process's in 2 FSDP workers with accumulation (and
+    --no-reshard-after-forward, --fsdp-checkpoints whole): each continues as the loop does with that
+    epoch's global batch. A
+    run preempted mid-epoch resumes bitwise. `phalanx consolidate` makes one file that evaluates as
+    the run's last validation did."""
     import phalanx_testmodels
 
     common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--batch-size", 16, "--save-epoch-freq", 1,
@@ -66,34 +78,78 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     assert "FSDP rank 0/2" in sharded.out
     expected = reference_weights(phalanx_testmodels.double, epochs=2, global_batch=32, lr=0.1)
     assert reference.max_difference(weights(tmp_path / "fsdp/latest.pt"), expected) < 1e-12
+    # Each epoch's shards, one file per rank, each about half of the weights and optimizer state
+    shards = sorted((tmp_path / "fsdp/shards").iterdir())
+    assert [d.name for d in shards] == ["epoch0001-step00000045", "epoch0002-step00000090"]
+    for directory in shards:
+        sizes = [(directory / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
+        assert all(0.4 < size / sum(sizes) < 0.6 for size in sizes), sizes
+    assert "model" not in torch.load(tmp_path / "fsdp/latest.pt", weights_only=True)  # in the shards alone
+
     single = phalanx("train", "--name", "single", "--grad-accum", 2, *common)
     assert single.code == 0, single.err
-
-    for run, source in (("to-one", "fsdp"), ("to-fsdp", "single")):
+    for run, source in (("to-one", "fsdp"), ("to-ddp", "fsdp"), ("to-fsdp", "single")):
         (tmp_path / run).mkdir()
         shutil.copy(tmp_path / source / "epoch_0001.pt", tmp_path / run / "latest.pt")
+        if source == "fsdp":  # a sharded checkpoint is its file and its shards
+            shutil.copytree(tmp_path / "fsdp/shards/epoch0001-step00000045",
+                            tmp_path / run / "shards/epoch0001-step00000045")
     one = phalanx("train", "--name", "to-one", *common, "--resume", "auto")
     assert one.code == 0, one.err
     assert reference.max_difference(weights(tmp_path / "to-one/latest.pt"), reference_weights(
         phalanx_testmodels.double, epochs=2, global_batch=[32, 16], lr=0.1)) < 1e-12
+    ddp = run_phalanx("trainlaunch", "--name", "to-ddp", *common, "--resume", "auto", "--use-torchrun",
+                      "--nproc-per-node=2", env=USER_MODELS)
+    assert ddp.code == 0, ddp.err
+    assert reference.max_difference(weights(tmp_path / "to-ddp/latest.pt"), expected) < 1e-12
     two = run_phalanx("trainlaunch", "--name", "to-fsdp", "--strategy", "fsdp", "--grad-accum", 2, *common,
-                      "--resume", "auto", "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+                      "--no-reshard-after-forward", "--fsdp-checkpoints", "whole", "--resume", "auto", "--use-torchrun",
+                      "--nproc-per-node=2", env=USER_MODELS)
     assert two.code == 0, two.err
+    assert "model" in torch.load(tmp_path / "to-fsdp/latest.pt", weights_only=True)  # gathered whole by rank 0
     assert reference.max_difference(weights(tmp_path / "to-fsdp/latest.pt"), reference_weights(
         phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1)) < 1e-12
 
-    # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, the
-    # shards are gathered and saved, and the resume ends bitwise where the straight run did.
+    # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, each
+    # saves its shard, and the resume ends bitwise where the straight run did. Shards no checkpoint
+    # names (a write cut short, an old save) are gone after the resumed run's first save.
     stop = {**USER_MODELS, "PHALANX_TEST_STOP_STEP": "30"}
     cut = ["trainlaunch", "--name", "cut", "--strategy", "fsdp", "--task", "phalanx_testtasks:StoppingClassify", *common,
            "--use-torchrun", "--nproc-per-node=2"]
     stopped = run_phalanx(*cut, env=stop)
     assert stopped.code == 143 and "stopped by SIGTERM at step 30" in stopped.err, stopped.err
-    assert 0 < torch.load(tmp_path / "cut/latest.pt", weights_only=False)["position"] < 1438
+    assert 0 < torch.load(tmp_path / "cut/latest.pt", weights_only=True)["position"] < 1438
+    for leftover in (".writing", "epoch0000-step00000001"):
+        (tmp_path / "cut/shards" / leftover).mkdir()
+        (tmp_path / "cut/shards" / leftover / "__0_0.distcp").write_bytes(b"cut short")
     resumed = run_phalanx(*cut, "--resume", "auto", env=USER_MODELS)
     assert resumed.code == 0, resumed.err
     final, straight = weights(tmp_path / "cut/latest.pt"), weights(tmp_path / "fsdp/latest.pt")
     assert all(torch.equal(final[k], straight[k]) for k in straight)
+    assert sorted(d.name for d in (tmp_path / "cut/shards").iterdir()) == ["epoch0001-step00000045",
+                                                                           "epoch0002-step00000090"]
+
+    made = phalanx("consolidate", "--checkpoint", tmp_path / "fsdp/latest.pt", "--output", tmp_path / "whole.pt")
+    assert made.code == 0, made.err
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)  # one file, the networks and Adam's state in it
+    assert all(torch.equal(whole["model"][k], straight[k]) for k in straight) and "sharded" not in whole
+    # its optimizer state numbered as the optimizer numbers it: the one process's (the same training) to rounding
+    alone = torch.load(tmp_path / "single/latest.pt", weights_only=True)["optimizers"]["model"]
+    assert [g["params"] for g in whole["optimizers"]["model"]["param_groups"]] == [g["params"] for g in alone["param_groups"]]
+    for index, moments in alone["state"].items():
+        assert reference.max_difference(whole["optimizers"]["model"]["state"][index], moments) < 1e-12, index
+    # a sharded checkpoint copied in part is one line, for inference and for a resume alike
+    shutil.copytree(tmp_path / "fsdp", tmp_path / "part", ignore=shutil.ignore_patterns("pickle", "metrics.jsonl"))
+    (tmp_path / "part/shards/epoch0002-step00000090/__1_0.distcp").unlink()
+    for command in (["evaluate", "--checkpoint", tmp_path / "part/latest.pt"],
+                    ["train", "--name", "part", *common, "--epochs", 3, "--resume", "auto"]):
+        broken = phalanx(*command)
+        assert broken.code == 2 and len(broken.err.strip().splitlines()) == 1, broken.err
+        assert "epoch0002-step00000090 do not load: __1_0.distcp is missing" in broken.err, broken.err
+    evaluated = phalanx("evaluate", "--checkpoint", tmp_path / "whole.pt", "--output", tmp_path / "eval.json")
+    assert evaluated.code == 0, evaluated.err
+    last = records(tmp_path / "fsdp", "val")[-1]
+    assert json.loads((tmp_path / "eval.json").read_text())["metrics"]["acc"] == pytest.approx(last["acc"], abs=1e-9)
 
 
 def test_fsdp_outside_a_process_group_or_with_what_it_lacks_is_one_line(phalanx):
@@ -120,3 +176,41 @@ def test_dry_run_says_what_each_rank_holds_under_each_strategy(phalanx):
     assert (f"memory per rank for weights, gradients and optimizer state (adam; activations not counted): ddp "
             f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + up to {largest / 2**20:.2f} "
             "MiB gathered whole while a network runs") in plan.out, plan.out
+    mixed = phalanx("trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--precision", "bf16",
+                    "--use-torchrun", "--nproc-per-node=4")
+    assert f"+ up to {largest / 2 / 2**20:.2f} MiB gathered" in mixed.out, mixed.out  # blocks gathered in bfloat16
+
+
+def test_activation_checkpointing_keeps_only_block_inputs_and_trains_the_same():
+    """--activation-checkpointing on a network of blocks with BatchNorm and dropout (float64): the
+    gradients, the BatchNorm statistics and the random draws are those of the plain network,
+    bitwise, while the tensors kept for backward outside the recomputed blocks are a fraction."""
+    from torch import nn
+
+    from phalanx.blocks import checkpoint_activations
+
+    def network():
+        torch.manual_seed(0)
+        block = lambda a, b: nn.Sequential(nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.ReLU(), nn.Dropout(0.3))
+        return nn.Sequential(block(3, 8), block(8, 8), block(8, 8), nn.Flatten(), nn.Linear(8 * 8 * 8, 4)).double()
+
+    def kept_bytes(model):
+        kept = []
+
+        def pack(tensor):
+            kept.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        torch.manual_seed(1)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = model(torch.randn(6, 3, 8, 8, dtype=torch.float64)).square().mean()
+        loss.backward()
+        return sum(kept)
+
+    plain, recomputed = network(), checkpoint_activations(network())
+    whole, kept = kept_bytes(plain), kept_bytes(recomputed)
+    assert kept < whole / 4, (kept, whole)
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    for (name, a), b in zip(plain.named_buffers(), recomputed.buffers()):
+        assert torch.equal(a, b), name  # counted once: the second forward's update is put back

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .. import checkpoint
+from ..sharded_checkpoint import load_whole
 from ..run_state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
@@ -23,7 +23,7 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
     """Rebuild the task's networks by name and load their weights and the task's own state (a
     momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
     ``changes``: this command's options over the run's (devices, batch size, data)."""
-    state = checkpoint.load(Path(path), OPTION)
+    state = load_whole(Path(path), OPTION, optimizers=False)  # a sharded checkpoint: its networks read whole
     try:
         cfg = from_mapping(state["config"], source=OPTION)
     except (KeyError, TypeError, PhalanxError) as exc:
