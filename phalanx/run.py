@@ -17,6 +17,7 @@ from . import checkpoint, rundir
 from .cluster import launcher_name
 from .config import RunConfig
 from .config_sections import means_cpu
+from .data import close_loaders
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
@@ -224,7 +225,10 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
         outputs.status("restarted" if elastic_restart_count() else "running", epoch=trainer.epoch,
                        step=trainer.step, world_size=strategy.world_size, devices=strategy.describe(),
                        samples_per_epoch=trainer.num_train, epochs=cfg.schedule.epochs)
-        summary = trainer.fit()
+        try:
+            summary = trainer.fit()
+        finally:
+            close_loaders(trainer.train_loader, trainer.val_loader)
     if "stopped_at_step" in summary:
         where = f"{summary['position']} samples into epoch {summary['epochs'] + 1}" if summary["position"] else \
             f"after epoch {summary['epochs']}"

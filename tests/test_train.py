@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import sys
 
 import pytest
@@ -65,6 +66,8 @@ def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
     result = phalanx("train", "--dataroot", root, "--num-workers", 2, "--epochs", 2, "--checkpoints-dir", tmp_path / "ck")
     assert result.code == 0, result.err
     assert "2 loader workers" in result.out  # what the DataLoader was given, not the CPU default (none)
+    # stopped as the run ends, not when garbage-collected during a later run (which then waited 20 s)
+    assert multiprocessing.active_children() == []
     auto = phalanx("train", "--dataroot", root, "--epochs", 1, "--checkpoints-dir", tmp_path / "ck", "--name", "auto")
     assert auto.code == 0 and "0 loader workers" in auto.out  # on the CPU the compute threads take the cores
     assert [r["epoch"] for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"] == [1, 2]
