@@ -214,3 +214,17 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_trains_the_same():
         assert torch.equal(a.grad, b.grad), name
     for (name, a), b in zip(plain.named_buffers(), recomputed.buffers()):
         assert torch.equal(a, b), name  # counted once: the second forward's update is put back
+
+
+def test_consolidate_copies_a_whole_checkpoint_and_never_writes_over_a_file(tmp_path, phalanx):
+    """The quick suite's `phalanx consolidate`: a whole checkpoint (no shards to read) comes out as
+    it went in, loadable with plain torch.load; an existing --output is refused, untouched."""
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress", "--num-workers", 0).code == 0
+    made = phalanx("consolidate", "--checkpoint", tmp_path / "experiment/latest.pt", "--output", tmp_path / "one.pt")
+    assert made.code == 0 and "model whole, epoch 1" in made.out, made.err
+    source, copy = (torch.load(p, weights_only=True) for p in (tmp_path / "experiment/latest.pt", tmp_path / "one.pt"))
+    assert all(torch.equal(source["model"][k], copy["model"][k]) for k in source["model"])
+    assert copy["optimizers"]["model"]["param_groups"] == source["optimizers"]["model"]["param_groups"]
+    before = (tmp_path / "one.pt").read_bytes()
+    again = phalanx("consolidate", "--checkpoint", tmp_path / "experiment/latest.pt", "--output", tmp_path / "one.pt")
+    assert again.code == 2 and "exists; give a new file name" in again.err and (tmp_path / "one.pt").read_bytes() == before
