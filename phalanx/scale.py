@@ -120,16 +120,22 @@ def measure(point: Point, records: list[dict[str, Any]], warmup: int) -> Point:
                  seconds / count, parts)
 
 
+def speedup(point: Point, points: list[Point]) -> tuple[float, float]:
+    """A point's rate over its scaling's 1-worker rate, and that over its workers (efficiency)."""
+    base = next(p for p in points if p.scaling == point.scaling and p.workers == 1)
+    ratio = point.rate / base.rate
+    return ratio, ratio / point.workers
+
+
 def table(points: list[Point]) -> list[str]:
     """One row a point: rate, speedup and efficiency over the same scaling's 1 worker, breakdown."""
-    base = {p.scaling: p for p in points if p.workers == 1}
     lines = ["scaling  workers  batch/worker  samples/s  speedup  efficiency  step (s)  data  compute  optimizer  logging"]
     for p in points:
-        speedup = p.rate / base[p.scaling].rate
+        ratio, efficiency = speedup(p, points)
         shares = "  ".join(f"{100 * (p.parts or {}).get(k, 0.0) / p.step_s:>{len(k) - 1}.0f}%"
                            for k in ("data", "compute", "optimizer", "logging"))
-        lines.append(f"{p.scaling:<7}  {p.workers:>7}  {p.batch:>12}  {p.rate:>9.1f}  {speedup:>6.2f}x  "
-                     f"{100 * speedup / p.workers:>9.0f}%  {p.step_s:>8.4f}  {shares}")
+        lines.append(f"{p.scaling:<7}  {p.workers:>7}  {p.batch:>12}  {p.rate:>9.1f}  {ratio:>6.2f}x  "
+                     f"{100 * efficiency:>9.0f}%  {p.step_s:>8.4f}  {shares}")
     return lines
 
 
@@ -138,8 +144,8 @@ def verdict(points: list[Point]) -> str:
     scaling = "weak" if any(p.scaling == "weak" for p in points) else "strong"
     ours = [p for p in points if p.scaling == scaling]
     base, top = ours[0], max(ours, key=lambda p: p.workers)
-    speedup = top.rate / base.rate
-    line = (f"{top.workers} workers ({scaling} scaling): {speedup:.2f}x, {100 * speedup / top.workers:.0f}% efficient")
+    ratio, efficiency = speedup(top, points)
+    line = f"{top.workers} workers ({scaling} scaling): {ratio:.2f}x, {100 * efficiency:.0f}% efficient"
     if scaling == "weak" and top.workers > 1:
         beyond = max(0.0, top.step_s - base.step_s) / top.step_s
         line += f"; {100 * beyond:.0f}% of a step beyond 1 worker's (communication, contention)"
@@ -148,13 +154,12 @@ def verdict(points: list[Point]) -> str:
 
 def rows(points: list[Point]) -> list[list[str]]:
     """The dashboard's table: a row a point, then the verdict."""
-    base = {p.scaling: p for p in points if p.workers == 1}
     found = []
     for p in points:
-        speedup = p.rate / base[p.scaling].rate
+        ratio, efficiency = speedup(p, points)
         shares = ", ".join(f"{k} {100 * v / p.step_s:.0f}%" for k, v in (p.parts or {}).items())
         found.append([f"{p.scaling}, {p.workers} worker{'s' if p.workers > 1 else ''} x {p.batch}",
-                      f"{p.rate:.1f} samples/s, {speedup:.2f}x, {100 * speedup / p.workers:.0f}% efficient; "
+                      f"{p.rate:.1f} samples/s, {ratio:.2f}x, {100 * efficiency:.0f}% efficient; "
                       f"step {p.step_s:.4f} s ({shares})"])
     return found + [["verdict", verdict(points)]]
 

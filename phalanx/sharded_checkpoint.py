@@ -78,15 +78,10 @@ def save(run_dir: Path, tag: str, models: dict[str, nn.Module], optimizers: dict
 def _check_complete(directory: Path) -> None:
     """Every file the metadata names is here: ranks on other machines write to their own disks
     unless the run directory is shared."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    metadata = FileSystemReader(directory).read_metadata()
-    missing = sorted({item.relative_path for item in (metadata.storage_data or {}).values()
-                      if not (directory / item.relative_path).is_file()})
+    missing = _incomplete(directory)
     if missing:
-        raise RunFailed(f"the shards of {', '.join(missing)} are not in {directory}: with --fsdp-checkpoints sharded "
-                        "every worker writes its shard into the run directory, which must be shared by all machines "
-                        "(or use --fsdp-checkpoints whole)")
+        raise RunFailed(f"{missing} in {directory}: with --fsdp-checkpoints sharded every worker writes its shard into "
+                        "the run directory, which must be shared by all machines (or use --fsdp-checkpoints whole)")
 
 
 def collect(run_dir: Path) -> None:
@@ -141,15 +136,26 @@ def _stored_keys(directory: Path, option: str = "--resume") -> set[str]:
         metadata = FileSystemReader(directory).read_metadata()
     except Exception as exc:
         raise PhalanxError(f"the shards in {directory} do not load: {_first_line(exc)}", option) from None
+    missing = _incomplete(directory, metadata)
+    if missing:
+        raise PhalanxError(f"the shards in {directory} do not load: {missing}", option)
+    return set(metadata.state_dict_metadata)
+
+
+def _incomplete(directory: Path, metadata: Any = None) -> str:
+    """The first file the shards' metadata names that is missing or shorter than it says, in words
+    ("" when every one is whole)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = metadata or FileSystemReader(directory).read_metadata()
     ends: dict[str, int] = {}
     for item in (metadata.storage_data or {}).values():
         ends[item.relative_path] = max(ends.get(item.relative_path, 0), item.offset + item.length)
     for name, end in sorted(ends.items()):
         size = (directory / name).stat().st_size if (directory / name).is_file() else None
         if size is None or size < end:
-            what = "is missing" if size is None else f"is cut short ({size} of {end} bytes)"
-            raise PhalanxError(f"the shards in {directory} do not load: {name} {what}", option)
-    return set(metadata.state_dict_metadata)
+            return f"{name} {'is missing' if size is None else f'is cut short ({size} of {end} bytes)'}"
+    return ""
 
 
 @contextlib.contextmanager

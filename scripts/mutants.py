@@ -355,7 +355,7 @@ MUTANTS = [
            "checkpoint(block, context_fn=", "checkpoint(block, preserve_rng_state=False, context_fn=",
            ("tests/test_fsdp.py -k activation",)),
     Mutant("scale's speedup over the first point, not the 1-worker one", "phalanx/scale.py",
-           "    base = {p.scaling: p for p in points if p.workers == 1}\n    lines", "    base = {p.scaling: points[-1] for p in points}\n    lines",
+           "base = next(p for p in points if p.scaling == point.scaling and p.workers == 1)", "base = points[-1]",
            ("tests/test_scale.py -k own_records",)),
     Mutant("scale counts the warm-up", "phalanx/scale.py", 'windows = [r for r in train if r["step"] > warmup]',
            "windows = train", ("tests/test_scale.py -k own_records",)),
