@@ -1,19 +1,26 @@
-"""Self-supervised pretraining: phalanx ``--task simclr`` against the same SimCLR written with Lightly,
-and what the pretraining gives a classifier with few labels (run by hand; about 30 minutes on 2 cores).
+"""Self-supervised pretraining: phalanx's eight methods against the same methods written with Lightly,
+and what SimCLR's pretraining gives a classifier with few labels (run by hand; about 45 minutes on 2
+cores for the speed runs, 7 repeats, and 15 for the transfer).
 
-    .venv/bin/python benchmarks/selfsupervised.py [--repeats 7] [--only speed|transfer]
+    .venv/bin/python benchmarks/selfsupervised.py [--repeats 7] [--only speed|transfer] [--methods simclr,moco]
 
-Speed and kNN accuracy: the built-in digits as 32x32 RGB PNG folders (1,438 to train, 359 to
-validate), the backbone phalanx's smallcnn without its last layer, a projection head Linear-BN-ReLU-
-Linear (128-128-128), NT-Xent at temperature 0.5, SGD 0.06 (momentum 0.9, weight decay 5e-4, cosine),
-batch 128 (2 x 64 under DDP), 10 epochs, one compute thread a process. The Lightly contender is a plain
-loop (and a DDP loop under torchrun) with Lightly's SimCLRTransform, SimCLRProjectionHead, NTXentLoss
-(``gather_distributed=True``) and its benchmarks' kNN (k 200, temperature 0.1). samples/s of the
-epochs after the first; kNN accuracy after the last epoch.
+Speed and kNN accuracy, for simclr, byol, moco, dino, swav, simsiam, barlowtwins and vicreg: the
+built-in digits as 32x32 RGB PNG folders (718 to train, every second of the 1,437; 360 to
+validate), phalanx's smallcnn without its last layer as the backbone, heads of 128 (hidden and
+output; DINO's bottleneck 64 and 1,024 outputs, SwAV's 300 prototypes, MoCo's queue 1,024, SimSiam's
+predictor 64), SGD 0.06 (momentum 0.9, weight decay 5e-4, cosine), batch 128 (2 x 64 under DDP),
+2 epochs, one compute thread a process. The Lightly contender (benchmarks/ssl_lightly.py) is each
+method as Lightly's examples write it, in a plain loop and in a DDP loop under torchrun, with
+Lightly's heads (its SimCLR and SimSiam heads end in a BatchNorm, phalanx's in a Linear), losses
+(gathered over ranks where they can be), momentum updates and transforms at phalanx's settings
+(SimCLR's colour jitter at 0.4, no blur; for DINO and SwAV the same at their crop sizes and scales,
+2 global and 6 local crops), the learning rate's cosine stepped as phalanx's. samples/s of the
+epochs after the first; kNN accuracy (k 200, temperature 0.1) after the last epoch. The contenders
+run interleaved, their order rotated each repeat.
 
 Transfer: the digits with 10% of the training split labelled (144 images): a linear probe (frozen
-backbone, 20 epochs) and a fine-tune (20 epochs) from the SimCLR backbone above and from a random
-one; three seeds each. Results: benchmarks/results/selfsupervised.{json,md}.
+backbone, 20 epochs) and a fine-tune (20 epochs) from a SimCLR backbone and from a random one;
+three seeds each. Results: benchmarks/results/selfsupervised.{json,md}.
 """
 
 from __future__ import annotations
@@ -34,68 +41,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PYTHON = sys.executable
 DATA = HERE / ".data"
-EPOCHS, BATCH = 10, 128
-
-LIGHTLY_LOOP = r'''
-import json, os, sys, time, torch
-import torch.distributed as dist
-from torch import nn
-from torchvision.datasets import ImageFolder
-from lightly.loss import NTXentLoss
-from lightly.models.modules import SimCLRProjectionHead
-from lightly.transforms import SimCLRTransform
-from lightly.utils.benchmarking import knn_predict
-from phalanx.models import SmallCNN
-root, epochs, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-distributed = "RANK" in os.environ
-if distributed:
-    dist.init_process_group("gloo")
-rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-torch.set_num_threads(1)
-torch.manual_seed(0)
-backbone = SmallCNN(num_classes=10, in_channels=3)
-backbone.classifier[3] = nn.Identity()
-head = SimCLRProjectionHead(128, 128, 128)
-model = nn.Sequential(backbone, head)
-if distributed:
-    model = nn.parallel.DistributedDataParallel(model)
-transform = SimCLRTransform(input_size=32, gaussian_blur=0.0, min_scale=0.08)
-train = ImageFolder(root + "/train", transform=transform)
-sampler = torch.utils.data.DistributedSampler(train, shuffle=True, seed=0) if distributed else None
-loader = torch.utils.data.DataLoader(train, batch_size=batch // world, shuffle=sampler is None, sampler=sampler,
-                                     drop_last=True, num_workers=0)
-criterion = NTXentLoss(temperature=0.5, gather_distributed=True)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.06, momentum=0.9, weight_decay=5e-4)
-schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs)
-rates = []
-for epoch in range(epochs):
-    if sampler is not None:
-        sampler.set_epoch(epoch)
-    started, count = time.perf_counter(), 0
-    for (x0, x1), _ in loader:
-        loss = criterion(model(x0), model(x1))
-        optimizer.zero_grad(); loss.backward(); optimizer.step()
-        count += len(x0) * world
-    schedule.step()
-    rates.append(count / (time.perf_counter() - started))
-if rank == 0:
-    from torchvision.transforms import v2
-    plain = v2.Compose([v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
-                        v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-    def features(split):
-        data = ImageFolder(root + "/" + split, transform=plain)
-        xs, ys = zip(*[(x, y) for x, y in data])
-        with torch.no_grad():
-            return nn.functional.normalize(backbone.eval()(torch.stack(xs)), dim=1), torch.tensor(ys)
-    bank, bank_labels = features("train")
-    query, labels = features("val")
-    predicted = knn_predict(query, bank.T, bank_labels, 10, 200, 0.1)[:, 0]
-    print(json.dumps({"epoch_rates": rates,
-                      "knn_acc": (predicted == labels).float().mean().item()}))
-if distributed:
-    dist.destroy_process_group()
-'''
-
+EPOCHS, BATCH = 2, 128
+METHODS = ("simclr", "byol", "moco", "dino", "swav", "simsiam", "barlowtwins", "vicreg")
+HEADS = ["--hidden-dim", "128", "--projection-dim", "128"]
+# Each method's sizes, the ones benchmarks/ssl_lightly.py gives Lightly's heads and losses.
+OPTIONS = {"simclr": [*HEADS, "--temperature", "0.5"], "byol": HEADS,
+           "moco": [*HEADS, "--head-norm", "none", "--queue-size", "1024"],
+           "dino": ["--hidden-dim", "128", "--bottleneck-dim", "64", "--output-dim", "1024"],
+           "swav": [*HEADS, "--prototypes", "300"], "simsiam": [*HEADS, "--predictor-dim", "64"],
+           "barlowtwins": HEADS, "vicreg": HEADS}
+CONTENDERS = ("Lightly loop", "phalanx", "Lightly DDP loop, 2 workers", "phalanx DDP, 2 workers")
 
 def after_first(epoch_rates: list[float]) -> float:
     """The median samples/s of the epochs after the first: one statistic, computed here for both
@@ -118,32 +73,45 @@ def digit_folders() -> Path:
     return root
 
 
+def half_of(root: Path) -> Path:
+    """Every second training image of ``root`` (718 of 1,437; the same 360 to validate): the eight
+    methods' runs, short enough for 7 repeats of 32 runs."""
+    half = DATA / f"{root.name}-half"
+    if not (half / "done").exists():
+        for split in ("train", "val"):
+            for index, png in enumerate(sorted((root / split).rglob("*.png"))):
+                if split == "val" or index % 2:
+                    target = half / split / png.parent.name / png.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(png.read_bytes())
+        (half / "done").write_text("")
+    return half
+
+
 def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PHALANX_CACHE": str(DATA / "cache")}
 
 
-def phalanx_simclr(root: Path, work: Path, workers: int) -> dict:
-    common = ["--task", "simclr", "--dataroot", str(root), "--image-size", "32", "--hidden-dim", "128",
-              "--temperature", "0.5", "--blur", "0", "--normalize", "imagenet", "--epochs", str(EPOCHS), "--batch-size",
-              str(BATCH // workers), "--num-workers", "0", "--checkpoints-dir", str(work), "--no-progress"]
+def phalanx_method(method: str, root: Path, work: Path, workers: int, epochs: int) -> dict:
+    common = ["--task", method, "--dataroot", str(root), "--image-size", "32", *OPTIONS[method], "--blur", "0",
+              "--normalize", "imagenet", "--epochs", str(epochs), "--batch-size", str(BATCH // workers), "--num-workers",
+              "0", "--checkpoints-dir", str(work), "--no-progress"]
     command = ["trainlaunch", *common, "--use-torchrun", f"--nproc-per-node {workers}"] if workers > 1 else \
         ["train", *common]
     done = subprocess.run([PYTHON, "-m", "phalanx.cli", *command], env=env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,]+) samples/s", done.stdout)]
+    # "1,234 samples/s", "83.1 samples/s" under 100
+    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,]+(?:\.\d+)?) samples/s", done.stdout)]
     val = [json.loads(line) for line in (work / "experiment/metrics.jsonl").read_text().splitlines()
            if '"kind": "val"' in line][-1]
     return {"samples_per_s": after_first(rates), "knn_acc": val["knn_acc"]}
 
 
-def lightly_simclr(root: Path, workers: int) -> dict:
-    argv = [PYTHON, "-c", LIGHTLY_LOOP, str(root), str(EPOCHS), str(BATCH)]
-    if workers > 1:
-        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
-            script.write(LIGHTLY_LOOP)
-        argv = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}", script.name,
-                str(root), str(EPOCHS), str(BATCH)]
+def lightly_method(method: str, root: Path, workers: int, epochs: int) -> dict:
+    script = [str(HERE / "ssl_lightly.py"), method, str(root), str(epochs), str(BATCH)]
+    argv = [PYTHON, *script] if workers == 1 else \
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}", *script]
     done = subprocess.run(argv, env=env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
@@ -155,18 +123,27 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def speed(repeats: int) -> dict:
-    root = digit_folders()
-    raw: dict[str, list[dict]] = {}
+def spread(stats: dict, spec: str) -> str:
+    """median (min-max)"""
+    return f"{stats['median']:{spec}} ({stats['min']:{spec}}-{stats['max']:{spec}})"
+
+
+def speed(repeats: int, methods: list[str], epochs: int) -> dict:
+    """raw[method][contender]: one result a repeat; the contenders interleaved, their order rotated
+    each repeat."""
+    root = half_of(digit_folders())
+    raw: dict[str, dict[str, list[dict]]] = {}
     for rep in range(repeats):
-        for name in ("Lightly loop", "phalanx --task simclr", "Lightly DDP loop, 2 workers", "phalanx DDP, 2 workers"):
-            workers = 2 if "2 workers" in name else 1
-            with tempfile.TemporaryDirectory() as tmp:
-                result = lightly_simclr(root, workers) if name.startswith("Lightly") else \
-                    phalanx_simclr(root, Path(tmp), workers)
-            raw.setdefault(name, []).append(result)
-            print(f"[{rep + 1}/{repeats}] {name}: {result['samples_per_s']:.0f} samples/s, kNN "
-                  f"{100 * result['knn_acc']:.1f}%", flush=True)
+        order = CONTENDERS[rep % 4:] + CONTENDERS[:rep % 4]
+        for method in methods:
+            for name in order:
+                workers = 2 if "2 workers" in name else 1
+                with tempfile.TemporaryDirectory() as tmp:
+                    result = lightly_method(method, root, workers, epochs) if name.startswith("Lightly") \
+                        else phalanx_method(method, root, Path(tmp), workers, epochs)
+                raw.setdefault(method, {}).setdefault(name, []).append(result)
+                print(f"[{rep + 1}/{repeats}] {method}, {name}: {result['samples_per_s']:.0f} samples/s, kNN "
+                      f"{100 * result['knn_acc']:.1f}%", flush=True)
     return raw
 
 
@@ -184,8 +161,10 @@ def transfer(seeds: int) -> dict:
                                  ("fine-tune, random init", []),
                                  ("fine-tune, SimCLR init", ["--weights", f"{tmp}/ssl{seed}/best.pt"])):
                 name = f"{label}-{seed}".replace(" ", "_").replace(",", "")
+                # The pretraining's normalisation for every contender (--weights alone would take ImageNet's).
                 argv = ["train", "--image-size", "16", "--epochs", "20", "--val-fraction", "0.9", "--batch-size", "16",
-                        "--seed", str(seed), "--checkpoints-dir", tmp, "--name", name, "--no-progress", *extra]
+                        "--mean", "0.5", "--std", "0.5", "--seed", str(seed), "--checkpoints-dir", tmp, "--name", name,
+                        "--no-progress", *extra]
                 subprocess.run([PYTHON, "-m", "phalanx.cli", *argv], env=env(), check=True, capture_output=True)
                 val = [json.loads(line) for line in Path(tmp, name, "metrics.jsonl").read_text().splitlines()
                        if '"kind": "val"' in line][-1]
@@ -198,23 +177,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help="of each speed run (its first is not timed)")
     parser.add_argument("--only", choices=("speed", "transfer"))
+    parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
+                        help="comma-separated, of " + ",".join(METHODS))
     opts = parser.parse_args()
     results: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     lines = [f"{results['date']}, {results['machine']}"]
     if opts.only in (None, "speed"):
-        raw = speed(opts.repeats)
-        base = {"phalanx --task simclr": "Lightly loop", "phalanx DDP, 2 workers": "Lightly DDP loop, 2 workers"}
-        results["speed"] = {name: {key: summary([r[key] for r in runs]) for key in runs[0]} for name, runs in raw.items()}
-        lines += ["", "| contender | samples/s | / Lightly, per repeat | kNN accuracy |", "| --- | --- | --- | --- |"]
-        for name, stats in results["speed"].items():
-            ratio = summary([a["samples_per_s"] / b["samples_per_s"] for a, b in zip(raw[name], raw[base[name]])]) \
-                if name in base else None
-            results["speed"][name]["ratio"] = ratio
-            s, k = stats["samples_per_s"], stats["knn_acc"]
-            lines.append(f"| {name} | {s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f}) | "
-                         + (f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "baseline")
-                         + f" | {100 * k['median']:.1f}% ({100 * k['min']:.1f}-{100 * k['max']:.1f}) |")
+        raw = speed(opts.repeats, opts.methods, opts.epochs)
+        results["speed"] = {method: {name: {key: summary([r[key] for r in runs]) for key in runs[0]}
+                                     for name, runs in by_name.items()} for method, by_name in raw.items()}
+        for lightly, ours in (CONTENDERS[0:2], CONTENDERS[2:4]):
+            lines += ["", f"{ours} against {lightly}", "",
+                      "| method | Lightly samples/s | phalanx samples/s | phalanx / Lightly, per repeat | repeats ahead "
+                      "| kNN Lightly | kNN phalanx |", "| --- | --- | --- | --- | --- | --- | --- |"]
+            for method, by_name in raw.items():
+                ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(by_name[ours], by_name[lightly])]
+                ratio = results["speed"][method][ours]["ratio"] = summary(ratios)
+                theirs, mine = (results["speed"][method][n] for n in (lightly, ours))
+                lines.append(f"| {method} | {spread(theirs['samples_per_s'], '.0f')} | {spread(mine['samples_per_s'], '.0f')}"
+                             f" | {spread(ratio, '.2f')} | {sum(r >= 1 for r in ratios)} of {len(ratios)} | "
+                             f"{spread(theirs['knn_acc'], '.1%')} | {spread(mine['knn_acc'], '.1%')} |")
     if opts.only in (None, "transfer"):
         raw_t = transfer(opts.seeds)
         results["transfer"] = {name: summary(values) for name, values in raw_t.items()}

@@ -167,7 +167,8 @@ class DeviceOptions:
     dist_timeout: float = option(1800.0, "Seconds a DDP collective may wait before the run fails: a hung "
                                  "or lost worker ends the run instead of blocking it forever.",
                                  identity=False, metavar="SECONDS", above=0)
-    sync_bn: bool = option(False, "Convert BatchNorm layers to SyncBatchNorm under DDP (GPUs only).")
+    sync_bn: bool = option(False, "BatchNorm with the statistics of every rank's rows (torch's SyncBatchNorm on GPUs, "
+                                  "phalanx's on CPU workers).")
     strategy: str = option("ddp", "How DDP workers hold the networks: ddp, a whole copy on each; fsdp, each worker "
                            "a shard of every network's weights, gradients and optimizer state (torch's FSDP2), for "
                            "networks that do not fit one device. The same training either way; checkpoints "

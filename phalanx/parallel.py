@@ -20,12 +20,17 @@ from .cluster import Placement
 from .config import RunConfig
 from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
 from .gather_rows import GatherRows
+from . import sync_norm
 
 
-def prepare_model(model: nn.Module, sync_bn: bool) -> nn.Module:
-    """``--sync-bn``: BatchNorm layers become SyncBatchNorm (same parameters and buffers, so
-    checkpoints still load into the plain model)."""
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
+def prepare_model(model: nn.Module, sync_bn: bool, device: torch.device | None = None) -> nn.Module:
+    """``--sync-bn``: BatchNorm layers become torch's SyncBatchNorm on GPUs, phalanx's
+    GlobalBatchNorm on the CPU (torch's has CUDA kernels only); the same parameters and buffers, so
+    checkpoints still load into the plain model."""
+    if not sync_bn:
+        return model
+    return sync_norm.convert(model) if device is not None and device.type == "cpu" else \
+        nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 class Strategy:
@@ -53,6 +58,10 @@ class Strategy:
         """A wrapped network for a forward pass whose gradients stay out of the wrapper's
         bookkeeping (DDP's reducer); DataParallel still splits the batch."""
         return model
+
+    def padding(self, active: bool) -> contextlib.AbstractContextManager:
+        """While this rank's micro-batch is a padding sample: no rows of it in synchronised BatchNorm."""
+        return sync_norm.padding_rows(active)
 
     def all_gather_rows(self, tensor: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
         """Every rank's first ``rows`` rows, in rank order, and where this rank's begin."""
@@ -162,7 +171,7 @@ class DDPStrategy(Strategy):
                                 device_id=device if device.type == "cuda" else None)
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
-        model = prepare_model(model, self.sync_bn).to(self.device)
+        model = prepare_model(model, self.sync_bn, self.device).to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (a momentum teacher): DDP refuses such a module
         ids = [self.device.index] if self.device.type == "cuda" else None

@@ -52,7 +52,7 @@ class FSDPStrategy(DDPStrategy):
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        model = prepare_model(model, self.sync_bn).to(self.device)
+        model = prepare_model(model, self.sync_bn, self.device).to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
             raise PhalanxError("a network without trainable weights (a momentum teacher) is not sharded yet; "
                                "use --strategy ddp for this task", "--strategy")

@@ -157,13 +157,14 @@ class Trainer(Checkpointing, Validation):
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
 
-    def _no_sync(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
-        """Skip every network's gradient all-reduce on micro-batches that do not end a step."""
-        if micro.ends_step:
-            return contextlib.nullcontext()
+    def _micro_batch_scope(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        """Skip every network's gradient all-reduce on micro-batches that do not end a step; a
+        padding sample counts in no synchronised statistics."""
         stack = contextlib.ExitStack()
-        for model in self.models.values():
-            stack.enter_context(self.strategy.no_sync(model))
+        stack.enter_context(self.strategy.padding(not micro.real))
+        if not micro.ends_step:
+            for model in self.models.values():
+                stack.enter_context(self.strategy.no_sync(model))
         return stack
 
     def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
@@ -234,7 +235,7 @@ class Trainer(Checkpointing, Validation):
                            epoch - 1 + (micro.step_start + micro.step_samples) / total)
         for optimizer in self.optimizers.values():
             set_lr(optimizer, self.base_lr, factor)
-        with self._no_sync(micro):
+        with self._micro_batch_scope(micro):
             with self.ctx.autocast():
                 losses = self.task.training_step(self.ctx.to_device(batch), self.ctx)
             if self.first_step_pending:

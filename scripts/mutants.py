@@ -388,6 +388,21 @@ MUTANTS = [
            ("tests/test_deepliif.py -k plain_layout",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
+    # --- --sync-bn on CPU workers (GlobalBatchNorm)
+    Mutant("sync-bn counts a padding sample's rows", "phalanx/sync_norm.py", "counted = 0.0 if _padding else 1.0",
+           "counted = 1.0", (f"{LAUNCH} -k gloo_ranks",)),
+    Mutant("sync-bn's variance from this rank's rows", "phalanx/sync_norm.py",
+           "var = _all_reduce((centred * centred).sum(dims) * counted) / count",
+           "var = (centred * centred).mean(dims)", (f"{LAUNCH} -k gloo_ranks",)),
+    Mutant("sync-bn's backward keeps each rank's own gradient", "phalanx/sync_norm.py",
+           "return _summed_over_ranks(grad)", "return grad", (f"{LAUNCH} -k gloo_ranks",)),
+    Mutant("sync-bn's statistics summed in bf16", "phalanx/sync_norm.py",
+           "values = x.to(torch.promote_types(x.dtype, torch.float32))", "values = x", (f"{LAUNCH} -k gloo_ranks",)),
+    Mutant("sync-bn's running variance biased", "phalanx/sync_norm.py",
+           "unbiased = var * count / (count - 1).clamp_min(1)", "unbiased = var", (f"{LAUNCH} -k gloo_ranks",)),
+    Mutant("the trainer never marks a padding micro-batch", "phalanx/trainer.py",
+           "        stack.enter_context(self.strategy.padding(not micro.real))\n", "",
+           (f"{LAUNCH} -k cpu_workers_trains",)),
 ]
 
 

@@ -121,17 +121,46 @@ def test_a_label_free_folder_pretrains_and_the_backbone_serves_features_and_a_cl
     assert exported.code == 0, exported.err
 
 
+# The probe: a classifier on the frozen backbone, trained on 180 labelled digits (10% of them) for 8
+# epochs at classify's defaults and validated on the other 1,617, as a user runs it, with the
+# pretraining's normalisation (--weights alone would take ImageNet's).
+PROBE = ["--freeze-backbone", "--epochs", 8, "--val-every", 8, "--val-fraction", 0.9, "--batch-size", 16, "--mean", 0.5,
+         "--std", 0.5, *SMALL]
+HEADS = [*SMALL, "--projection-dim", 32, "--hidden-dim", 32]
+# One epoch of pretraining on the other 1,437 digits (MoCo two: after one its probe gave 25%), each
+# method with small heads (and crops).
+PRETRAIN = {"moco": [*HEADS, "--queue-size", 256, "--epochs", 2],
+            "swav": [*HEADS, "--prototypes", 30, "--local-views", 2]}
+
+
+@pytest.fixture(scope="module")
+def random_backbones_probe(tmp_path_factory) -> float:
+    """The probe's accuracy on a randomly initialised backbone: what each method must beat."""
+    from phalanx.cli import main
+
+    folder = tmp_path_factory.mktemp("random-probe")
+    assert main([str(a) for a in ("train", "--name", "random", "--checkpoints-dir", folder, *PROBE)]) == 0
+    return records(folder / "random", "val")[-1]["acc"]
+
+
 @pytest.mark.slow
-def test_pretraining_helps_a_linear_probe_with_few_labels(tmp_path, phalanx):
-    # 144 labelled digits (10% of the training split) against the same probe on a random backbone.
-    assert phalanx("train", "--task", "simclr", "--epochs", 3, "--batch-size", 64, "--checkpoints-dir", tmp_path,
-                   "--name", "ssl", *SMALL).code == 0
-    probe = ["--freeze-backbone", "--epochs", 8, "--val-fraction", 0.9, "--batch-size", 16, "--checkpoints-dir",
-             tmp_path, *SMALL]
-    assert phalanx("train", "--name", "pretrained", "--weights", tmp_path / "ssl/best.pt", *probe).code == 0
-    assert phalanx("train", "--name", "random", *probe).code == 0
-    pretrained, random = (records(tmp_path / n, "val")[-1]["acc"] for n in ("pretrained", "random"))
-    assert pretrained > random + 0.1, (pretrained, random)
+# Not DINO: after one epoch here (small heads, or Lightly's sizes in the benchmark) this probe gives
+# 10%, chance; its features share a large offset (mean |feature| 6.8 against a spread of 0.4 over
+# images, after 3 epochs). Its kNN accuracy was 3 to 4 points below Lightly's DINO's on the same work
+# (benchmarks/selfsupervised.py).
+@pytest.mark.parametrize("task", ["simclr", "byol", "moco", "swav", "simsiam", "barlowtwins", "vicreg"])
+def test_each_method_pretrains_a_backbone_whose_linear_probe_beats_a_random_backbones(tmp_path, phalanx, task,
+                                                                                      random_backbones_probe):
+    # A collapsed backbone (SimSiam without its stop-gradient, say) gives every image one feature,
+    # and the probe stays near chance. A ridge probe on standardised features of a random smallcnn
+    # already told 87% of these digits apart from 144 labels (measured once): this is the probe a user
+    # runs, not a claim that one epoch beats random features under every probe.
+    assert phalanx("train", "--task", task, "--epochs", 1, "--batch-size", 64, "--checkpoints-dir", tmp_path,
+                   "--name", "ssl", *PRETRAIN.get(task, HEADS)).code == 0
+    assert phalanx("train", "--name", "probe", "--weights", tmp_path / "ssl/best.pt", "--checkpoints-dir", tmp_path,
+                   *PROBE).code == 0
+    pretrained = records(tmp_path / "probe", "val")[-1]["acc"]
+    assert pretrained > random_backbones_probe + 0.1, (pretrained, random_backbones_probe)
 
 
 @pytest.mark.slow

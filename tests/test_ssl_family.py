@@ -30,7 +30,11 @@ SMALL = ["--image-size", 16, "--no-progress", "--projection-dim", 32, "--hidden-
 SIZES = {"moco": [*SMALL, "--queue-size", 50],
          "dino": ["--image-size", 16, "--no-progress", "--output-dim", 64, "--hidden-dim", 32, "--bottleneck-dim", 16,
                   "--local-views", 2],
-         "swav": [*SMALL, "--prototypes", 30, "--local-views", 2, "--queue-length", 40, "--queue-start-epoch", 1]}
+         "swav": [*SMALL, "--prototypes", 30, "--local-views", 2, "--queue-length", 40, "--queue-start-epoch", 1],
+         # BatchNorm in the projector, the predictor and the momentum teacher: exact with --sync-bn.
+         # 163 images: a last batch of 3 (2 and 1 row a rank; BatchNorm cannot train on one image
+         # in one process, so no padding sample here: test_trainlaunch.py has one with --sync-bn).
+         "byol": [*SMALL, "--head-norm", "batch", "--sync-bn", "--val-fraction", 0.9093]}
 # 161 training images of the built-in digits: 5 steps of 32, then 1 image, which one rank of two
 # trains and the other takes part in as a padding sample.
 PADDED = ["--val-fraction", 0.9104]
@@ -275,7 +279,7 @@ def test_the_global_batch_losses_gathered_over_two_ranks_are_the_global_batchs(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["simclr", "moco", "dino", "swav", "simsiam", "barlowtwins", "vicreg"])
+@pytest.mark.parametrize("task", ["simclr", "byol", "moco", "dino", "swav", "simsiam", "barlowtwins", "vicreg"])
 def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_sample(tmp_path, phalanx, task):
     # SimCLR once aborted here: a padding rank's zero loss skipped the gather's backward, a collective.
     common = ["--task", task, "--precision", "fp64", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
@@ -355,6 +359,40 @@ def test_a_run_resumed_mid_epoch_is_the_straight_run_its_queue_or_centre_too(tmp
     state = "queue" if task == "moco" else "center"
     assert a["task_state"].get("queue_at") == b["task_state"].get("queue_at")
     assert (a["task_state"][state] - b["task_state"][state]).abs().max() < 1e-12
+
+
+def queue_position(at: int, batches: list[int], size: int = 50) -> int:
+    """Where MoCo's next key goes after ``batches`` of keys (a batch that reaches the end fills it
+    and the next starts over at 0, as Lightly's memory bank does)."""
+    for keys in batches:
+        at = 0 if at + keys >= size else at + keys
+    return at
+
+
+@pytest.mark.slow
+def test_moco_cut_by_two_workers_holds_one_process_queue_and_resumes_on_one(tmp_path, phalanx):
+    # Another world size: 2 workers x 16 are stopped mid-epoch (SIGTERM at step 3 of 6); their
+    # checkpoint holds what one process x 32 holds at that step (--max-steps 3): the weights and the
+    # queue within 1e-12 (float64). One process x 16 (--batch-size is per process; the effective
+    # batch halves) resumes it and fills the queue on from where the workers left it.
+    options = [item for name, value in (*RESUMED_STATE["moco"], ("head_norm", "none"))
+               for item in ("--task-option", f"{name}={value}")]
+    common = ["--task", "phalanx_testtasks:StoppingMoCo", "--precision", "fp64", "--val-fraction", 0.9, "--epochs", 2,
+              "--image-size", 16, "--no-progress", "--checkpoints-dir", tmp_path, "--log-every", 1, *options]
+    cut = run_phalanx("trainlaunch", "--name", "cut", "--batch-size", 16, *common, "--use-torchrun",
+                      "--nproc-per-node=2", env={**USER_MODELS, "PHALANX_TEST_STOP_STEP": "3"})
+    assert cut.code == 143, cut.err
+    assert phalanx("train", "--name", "one", "--batch-size", 32, "--max-steps", 3, *common).code == 0
+    a, b = (torch.load(tmp_path / name / "latest.pt", weights_only=True) for name in ("cut", "one"))
+    assert a["position"] == b["position"] == 3 * 32 and a["world_size"] == 2
+    assert max(reference.max_difference(a["models"][n], b["models"][n]) for n in a["models"]) < 1e-12
+    assert a["task_state"]["queue_at"] == b["task_state"]["queue_at"] == queue_position(0, [32] * 3) == 32
+    assert (a["task_state"]["queue"] - b["task_state"]["queue"]).abs().max() < 1e-12
+    resumed = phalanx("train", "--name", "cut", "--batch-size", 16, "--resume", "auto", *common)
+    assert resumed.code == 0 and "the world size changed (2 -> 1 processes)" in resumed.out, resumed.out + resumed.err
+    after_the_cut = [16] * 5 + [4] + [16] * 11 + [4]  # micro-batches: the rest of epoch 1 (84 images), epoch 2
+    final = torch.load(tmp_path / "cut/latest.pt", weights_only=True)["task_state"]
+    assert final["queue_at"] == queue_position(32, after_the_cut) != queue_position(0, after_the_cut)  # not afresh
 
 
 @pytest.mark.slow

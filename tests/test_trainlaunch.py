@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (USER_MODELS, free_port, gate, near_ties, paused, processes_with, records, release,
+from conftest import (REPO, USER_MODELS, free_port, gate, near_ties, paused, processes_with, records, release,
                       run_phalanx, start_phalanx, wait_until)
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
@@ -328,9 +328,11 @@ def test_ranks_made_to_diverge_are_caught_and_reported(tmp_path):
 
 
 def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
-    # SyncBatchNorm computes on CUDA only (torch's implementation), so the synchronised forward
-    # needs several GPUs: test_sync_bn_on_two_gpus below. Here: the conversion phalanx applies.
+    # torch's SyncBatchNorm computes on CUDA only: on GPUs phalanx uses it (test_sync_bn_on_two_gpus
+    # below), on CPU workers its own GlobalBatchNorm (tested over 2 gloo ranks below).
+    from phalanx.errors import PhalanxError
     from phalanx.parallel import prepare_model
+    from phalanx.sync_norm import GlobalBatchNorm
     from phalanx_testmodels import batchnorm
 
     model = batchnorm(num_classes=10, in_channels=1)
@@ -338,6 +340,60 @@ def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in converted.modules())
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in prepare_model(model, sync_bn=False).modules())
     assert converted.state_dict().keys() == model.state_dict().keys()  # loads into the plain model
+    plain = batchnorm(num_classes=10, in_channels=1)
+    norm = plain.net[1]
+    on_cpu = prepare_model(plain, sync_bn=True, device=torch.device("cpu"))
+    # The same layer object, now global (references to it held elsewhere stay valid).
+    assert on_cpu.net[1] is norm and isinstance(norm, GlobalBatchNorm) and isinstance(norm, torch.nn.BatchNorm2d)
+    assert on_cpu.state_dict().keys() == model.state_dict().keys()
+    # A BatchNorm subclass of another library (timm's applies an activation in its forward) is
+    # refused in one line rather than stripped of what its forward adds.
+    from timm.layers import BatchNormAct2d
+
+    with pytest.raises(PhalanxError, match="BatchNormAct2d, a BatchNorm of its own"):
+        prepare_model(torch.nn.Sequential(BatchNormAct2d(4)), sync_bn=True, device=torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_cpu_sync_bn_over_two_gloo_ranks_is_batchnorm_over_both_ranks_rows(tmp_path):
+    # Unequal shares (5 and 3 rows), float64, two training steps then eval: each rank's outputs and
+    # input gradients, the summed affine gradients and the running statistics equal torch's
+    # BatchNorm on the 8 rows at once (BatchNorm2d; BatchNorm1d with a cumulative average; on
+    # sequences without affine parameters); with rank 1's rows a padding sample's, BatchNorm on
+    # rank 0's 5 rows alone, which rank 1's outputs are normalised by too.
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
+                           str(REPO / "tests/support/sync_norm_ranks.py"), str(tmp_path)],
+                          env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for rank in (0, 1):
+        cases = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        bf16 = cases.pop("bf16")  # statistics of bf16 inputs summed in float32, outputs in bf16
+        assert bf16["dtype"] == "torch.bfloat16" and bf16["running"] < 1e-4, bf16
+        assert len(cases) == 6
+        for case, found in cases.items():
+            assert found["is_global"] and found["still_torchs"], (case, found)  # converted in place
+            assert found["tracked"] == 2 and found["moved"] > 0.1, (case, found)
+            differences = ("outputs", "input_grads", "affine_grads", "running", "padding_outputs", "eval")
+            assert max(found[k] for k in differences) < 1e-12, (case, found)
+
+
+@pytest.mark.slow
+def test_sync_bn_on_cpu_workers_trains_what_one_process_trains_through_a_padding_sample(tmp_path, phalanx):
+    # BatchNorm in the model: without --sync-bn each rank normalises by its own 16 rows (another
+    # model, as a plain DDP loop trains); with it, 2 workers x 16 = one process x 32 in float64,
+    # through an epoch whose last image one rank trains while the other pads.
+    common = ["--model", "phalanx_testmodels:batchnorm", "--precision", "fp64", "--epochs", 2, "--val-fraction",
+              0.9104, "--checkpoints-dir", tmp_path, "--no-progress"]
+    for name, extra in (("ddp", ["--sync-bn"]), ("plain", [])):
+        ddp = run_phalanx("trainlaunch", "--name", name, *extra, "--batch-size", 16, *common, "--use-torchrun",
+                          "--nproc_per_node 2", env=USER_MODELS)
+        assert ddp.code == 0, ddp.err
+    assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
+    a, b, c = (torch.load(tmp_path / n / "latest.pt", weights_only=True)["model"] for n in ("ddp", "single", "plain"))
+    assert a.keys() == b.keys() and max((a[k].double() - b[k].double()).abs().max().item() for k in a) < 1e-12
+    assert max((c[k].double() - b[k].double()).abs().max().item() for k in c) > 1e-6
+    assert records(tmp_path / "ddp", "val")[-1]["acc"] == records(tmp_path / "single", "val")[-1]["acc"]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm across ranks needs two CUDA devices; "
