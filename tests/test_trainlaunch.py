@@ -380,19 +380,18 @@ def test_cpu_sync_bn_over_two_gloo_ranks_is_batchnorm_over_both_ranks_rows(tmp_p
 
 @pytest.mark.slow
 def test_sync_bn_on_cpu_workers_trains_what_one_process_trains_through_a_padding_sample(tmp_path, phalanx):
-    # BatchNorm in the model: without --sync-bn each rank normalises by its own 16 rows (another
+    # BatchNorm in the model: without --sync-bn each rank would normalise by its own 16 rows (another
     # model, as a plain DDP loop trains); with it, 2 workers x 16 = one process x 32 in float64,
     # through an epoch whose last image one rank trains while the other pads.
-    common = ["--model", "phalanx_testmodels:batchnorm", "--precision", "fp64", "--epochs", 2, "--val-fraction",
+    common = ["--model", "phalanx_testmodels:batchnorm", "--precision", "fp64", "--epochs", 1, "--val-fraction",
               0.9104, "--checkpoints-dir", tmp_path, "--no-progress"]
-    for name, extra in (("ddp", ["--sync-bn"]), ("plain", [])):
-        ddp = run_phalanx("trainlaunch", "--name", name, *extra, "--batch-size", 16, *common, "--use-torchrun",
-                          "--nproc_per_node 2", env=USER_MODELS)
-        assert ddp.code == 0, ddp.err
+    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--sync-bn", "--batch-size", 16, *common, "--use-torchrun",
+                      "--nproc_per_node 2", env=USER_MODELS)
+    assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
-    a, b, c = (torch.load(tmp_path / n / "latest.pt", weights_only=True)["model"] for n in ("ddp", "single", "plain"))
+    a, b = (torch.load(tmp_path / n / "latest.pt", weights_only=True)["model"] for n in ("ddp", "single"))
     assert a.keys() == b.keys() and max((a[k].double() - b[k].double()).abs().max().item() for k in a) < 1e-12
-    assert max((c[k].double() - b[k].double()).abs().max().item() for k in c) > 1e-6
+    assert (a["net.1.running_var"] - 1).abs().max() > 0.01  # the running statistics moved
     assert records(tmp_path / "ddp", "val")[-1]["acc"] == records(tmp_path / "single", "val")[-1]["acc"]
 
 
