@@ -46,8 +46,8 @@ def check_config(cfg: RunConfig) -> None:
 
         parse_s3_url(cfg.storage.remote_transfer, "--remote-transfer")
     if cfg.devices.sync_bn and cfg.devices.uses_cpu and (cfg.network.compile or cfg.devices.strategy == "fsdp"):
-        raise bad("compile" if cfg.network.compile else "strategy", "with --sync-bn on CPU workers is not built yet (phalanx's own synchronised BatchNorm runs "
-                  "eagerly under DDP); train without one of them")
+        raise bad("compile" if cfg.network.compile else "strategy", "with --sync-bn on CPU workers is not built "
+                  "yet (phalanx's own synchronised BatchNorm runs eagerly under DDP); train without one of them")
     if cfg.devices.backend == "nccl" and cfg.devices.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     if cfg.devices.strategy == "fsdp":
