@@ -20,7 +20,7 @@ run interleaved, their order rotated each repeat.
 
 Transfer: the digits with 10% of the training split labelled (144 images): a linear probe (frozen
 backbone, 20 epochs) and a fine-tune (20 epochs) from a SimCLR backbone and from a random one;
-three seeds each. Results: benchmarks/results/selfsupervised.{json,md}.
+three seeds each. Results: benchmarks/results/selfsupervised[-speed|-transfer].{json,md} (the suffix: --only).
 """
 
 from __future__ import annotations

@@ -8,11 +8,12 @@ task runs in one process, under DataParallel and as a DDP worker.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from .comm_clock import CommClock
 from .errors import PhalanxError
 from .parallel import Strategy
 from .sampling import MicroBatch, sample_order
@@ -53,17 +54,20 @@ class RunContext:
         return batch
 
     def all_reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each tensor summed over ranks, in one collective (the keys and shapes are the same on
-        every rank)."""
+        """Each tensor summed over ranks (float64), in one collective (the keys and shapes are the
+        same on every rank)."""
+        return self.all_reduce_sums_later(sums).result()
+
+    def all_reduce_sums_later(self, sums: dict[str, torch.Tensor],
+                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> Pending:
+        """``all_reduce_sums`` started now and finished at ``result()``: in a training step, the
+        collective runs beside the backward pass instead of stopping every rank mid-step (a
+        monitor of the global batch, a centre for the next step). A step may return the
+        ``Pending`` as a named loss: the trainer takes its ``result()`` after the backward."""
         keys = list(sums)
-        flat = torch.cat([sums[k].reshape(-1).to(self.device, torch.float64) for k in keys])
-        flat = self.strategy.all_reduce_sum(flat)
-        out, at = {}, 0
-        for key in keys:
-            size = sums[key].numel()
-            out[key] = flat[at:at + size].view(sums[key].shape)
-            at += size
-        return out
+        flat = torch.cat([sums[k].detach().reshape(-1).to(self.device, torch.float64) for k in keys])
+        return Pending(self.strategy.start_all_reduce_sum(flat), flat, {k: sums[k].shape for k in keys}, finish,
+                       self.strategy.clock)
 
     def all_gather(self, tensor: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, int]:
         """Every rank's rows of ``tensor`` concatenated in rank order, and where this rank's begin.
@@ -75,6 +79,26 @@ class RunContext:
     def all_gather_objects(self, items: list[Any]) -> list[Any]:
         """Every rank's plain-data items, in rank order (detections to score once, ...)."""
         return self.strategy.all_gather_objects(items)
+
+
+class Pending:
+    """Sums on their way through an all-reduce: ``result()`` waits for them (then ``finish``)."""
+
+    def __init__(self, work: Any, flat: torch.Tensor, shapes: dict[str, torch.Size],
+                 finish: Callable[[dict[str, torch.Tensor]], Any] | None, clock: CommClock):
+        self.work, self.flat, self.shapes, self.finish, self.clock = work, flat, shapes, finish, clock
+
+    def result(self) -> Any:
+        if self.work is not None:
+            with self.clock.collective():
+                self.work.wait()
+            self.work = None
+        out, at = {}, 0
+        for key, shape in self.shapes.items():
+            size = shape.numel()
+            out[key] = self.flat[at:at + size].view(shape)
+            at += size
+        return self.finish(out) if self.finish else out
 
 
 class StepContext(RunContext):
@@ -122,7 +146,7 @@ class StepContext(RunContext):
         if not micro.real:
             total = total * 0.0  # a padding sample: every rank takes part in the all-reduce, weighing nothing
         scaled = total * micro.loss_scale(self.world_size)
-        with torch.autocast(self.device.type, enabled=False):  # backward runs outside autocast
+        with torch.autocast(self.device.type, enabled=False), self.strategy.clock.backward():  # outside autocast
             self.scalers[name].scale(scaled).backward()
 
     def step(self, optimizer: str | None = None) -> None:

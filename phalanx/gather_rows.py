@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from .comm_clock import CommClock
+
 
 class GatherRows(torch.autograd.Function):
     """all_gather with gradients. Forward: every rank's rows (padded to the largest share for the
@@ -16,7 +18,7 @@ class GatherRows(torch.autograd.Function):
     GatherLayer, lightly-ai/lightly#1528)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int, clock: CommClock) -> torch.Tensor:
         import torch.distributed as dist
 
         most = max(counts)
@@ -25,6 +27,7 @@ class GatherRows(torch.autograd.Function):
         parts = [torch.empty_like(padded) for _ in counts]
         dist.all_gather(parts, padded)
         ctx.rows, ctx.counts, ctx.rank, ctx.most, ctx.local_rows = rows, counts, rank, most, tensor.shape[0]
+        ctx.clock = clock
         return torch.cat([part[:n] for part, n in zip(parts, counts)])
 
     @staticmethod
@@ -36,7 +39,8 @@ class GatherRows(torch.autograd.Function):
         for index, count in enumerate(ctx.counts):
             padded[index, :count] = grad[at:at + count]
             at += count
-        dist.all_reduce(padded)
+        with ctx.clock.collective():
+            dist.all_reduce(padded)
         mine = grad.new_zeros((ctx.local_rows, *grad.shape[1:]))
         mine[:ctx.rows] = padded[ctx.rank, :ctx.rows]
-        return mine, None, None, None
+        return mine, None, None, None, None

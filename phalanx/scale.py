@@ -6,8 +6,9 @@ this machine (1 worker: one plain process, as on one device), in a scratch direc
 written). The rate of each point is its own measurement: samples over seconds of the steps after
 the warm-up, from the run's ``train`` records (with ``--repeats``, interleaved, the median); speedup
 is a rate over the 1-worker rate of the same scaling, efficiency the speedup over the workers. The step-time breakdown (data, compute,
-optimizer, logging) comes from the same records; what a step takes beyond the 1-worker step of weak
-scaling (the same work per worker) is communication and contention for the machine.
+communication, optimizer, logging) comes from the same records; what a step takes beyond the
+1-worker step of weak scaling (the same work per worker) is communication and contention for the
+machine, of which the breakdown's communication is the part measured.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .devices import cpu_threads_per_worker
 from .errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from .rundir import read_metrics
 from .snapshots import holds_snapshots
-from .step_times import KEYS as STEP_KEYS
+from .step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
 
 SCALINGS = ("weak", "strong")
 
@@ -129,11 +130,10 @@ def speedup(point: Point, points: list[Point]) -> tuple[float, float]:
 
 def table(points: list[Point]) -> list[str]:
     """One row a point: rate, speedup and efficiency over the same scaling's 1 worker, breakdown."""
-    lines = ["scaling  workers  batch/worker  samples/s  speedup  efficiency  step (s)  data  compute  optimizer  logging"]
+    lines = ["scaling  workers  batch/worker  samples/s  speedup  efficiency  step (s)  " + "  ".join(STEP_PARTS)]
     for p in points:
         ratio, efficiency = speedup(p, points)
-        shares = "  ".join(f"{100 * (p.parts or {}).get(k, 0.0) / p.step_s:>{len(k) - 1}.0f}%"
-                           for k in ("data", "compute", "optimizer", "logging"))
+        shares = "  ".join(f"{100 * (p.parts or {}).get(k, 0.0) / p.step_s:>{len(k) - 1}.0f}%" for k in STEP_PARTS)
         lines.append(f"{p.scaling:<7}  {p.workers:>7}  {p.batch:>12}  {p.rate:>9.1f}  {ratio:>6.2f}x  "
                      f"{100 * efficiency:>9.0f}%  {p.step_s:>8.4f}  {shares}")
     return lines
@@ -146,6 +146,8 @@ def verdict(points: list[Point]) -> str:
     base, top = ours[0], max(ours, key=lambda p: p.workers)
     ratio, efficiency = speedup(top, points)
     line = f"{top.workers} workers ({scaling} scaling): {ratio:.2f}x, {100 * efficiency:.0f}% efficient"
+    if top.workers > 1:
+        line += f"; communication {100 * (top.parts or {}).get('communication', 0.0) / top.step_s:.0f}% of a step"
     if scaling == "weak" and top.workers > 1:
         beyond = max(0.0, top.step_s - base.step_s) / top.step_s
         line += f"; {100 * beyond:.0f}% of a step beyond 1 worker's (communication, contention)"

@@ -83,18 +83,10 @@ class FSDPStrategy(DDPStrategy):
     def max_divergence(self, model: nn.Module) -> float:
         return 0.0  # one copy of each weight, sharded: nothing to drift apart
 
-    def _rank0_buffers(self, models: Iterable[nn.Module]) -> None:
-        """Every rank takes rank 0's buffers (BatchNorm's statistics), as DDP does before each forward."""
-        import torch.distributed as dist
-
-        for model in models:
-            for buffer in model.buffers():
-                dist.broadcast(buffer.data, src=0)
-
     @contextlib.contextmanager
     def whole_networks(self, models: Iterable[nn.Module]) -> Iterator[None]:
         models = list(models)
-        self._rank0_buffers(models)
+        self.rank0_buffers(models)
         sharded = _sharded_modules(models)
         for module in sharded:  # gathered now; no collective until the block ends, whatever each rank runs
             module.set_reshard_after_forward(False, recurse=False)

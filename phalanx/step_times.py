@@ -1,9 +1,10 @@
 """Where a training step's time goes: waiting for the loader's batch, the task's forward and
-backward (DDP's gradient all-reduce included, where backward does not hide it), the optimizer step
-with what follows it (moving averages, a teacher's update), and logging (the losses' all-reduce and
-the records; counted in the window after the one it logs). Host clock, two reads per
-micro-batch: cheap enough to stay on. On a GPU the host does not wait for queued kernels, so these
-are the host's waits, not the GPU's busy time (CUDA events would be; not built).
+backward, communication (the step's waits for other ranks: its collectives and the gradient
+all-reduce that backward did not hide, ``comm_clock``; 0 in one process), the optimizer step with
+what follows it (moving averages, a teacher's update), and logging (the losses' all-reduce and the
+records; counted in the window after the one it logs). Host clock, a few reads per micro-batch:
+cheap enough to stay on. On a GPU the host does not wait for queued kernels, so these are the
+host's waits, not the GPU's busy time (CUDA events would be; not built).
 
 Summed over a logging window, averaged over the ranks with the window's losses (one all-reduce),
 recorded as seconds per optimizer step, and totalled over the run for its last line."""
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-PARTS = ("data", "compute", "optimizer", "logging")
+PARTS = ("data", "compute", "communication", "optimizer", "logging")
 #: The keys a ``train`` record holds them under.
 KEYS = tuple(f"step_{part}_s" for part in PARTS)
 
@@ -27,10 +28,13 @@ class StepTimes:
         """Before the loader is asked for an epoch's first batch."""
         self.mark = time.perf_counter()
 
-    def lap(self, part: str) -> None:
-        """The time since the last lap (or start) was spent on ``part``."""
+    def lap(self, part: str, waited: float = 0.0) -> None:
+        """The time since the last lap (or start) was spent on ``part``, but for ``waited`` seconds
+        of it spent waiting for other ranks (communication)."""
         now = time.perf_counter()
-        self.window[PARTS.index(part)] += now - self.mark
+        waited = min(waited, now - self.mark)
+        self.window[PARTS.index(part)] += now - self.mark - waited
+        self.window[PARTS.index("communication")] += waited
         self.mark = now
 
     def take(self) -> list[float]:
@@ -45,6 +49,7 @@ class StepTimes:
         return {key: value / max(steps, 1) for key, value in zip(KEYS, mean)}
 
     def shares(self) -> str:
-        """The run's time per step in words: "data 12%, compute 80%, optimizer 7%, logging 1%"."""
+        """The run's time per step in words: "data 12%, compute 70%, communication 10%, optimizer
+        7%, logging 1%"."""
         whole = sum(self.total) or 1.0
         return ", ".join(f"{part} {100 * value / whole:.0f}%" for part, value in zip(PARTS, self.total))

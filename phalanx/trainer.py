@@ -26,7 +26,7 @@ from .checkpointing import Checkpointing
 from .best import Best
 from .checkpoint_writer import CheckpointWriter
 from .config import RunConfig
-from .context import RunContext, StepContext
+from .context import Pending, RunContext, StepContext
 from .data import loader_workers, run_loaders
 from .devices import peak_memory
 from .divergence import diverged, first_non_finite, rank_divergence
@@ -183,21 +183,23 @@ class Trainer(Checkpointing, Validation):
         self.times.start()
         manual = self.declared.manual_optimization
         steps_left = sum(micro.ends_step for micro in plan)
+        clock = self.strategy.clock
         for micro, batch in zip(plan, self.train_loader):
             self.times.lap("data")
+            clock.take()  # what waited outside the step (validation, logging) is not this step's
             losses = self._forward_backward(epoch, micro, batch, manual)
             if micro.real:
                 self.losses.add(losses, micro.real)
             trained += micro.end - micro.start
             progress.update(micro.end - micro.start, self.losses.window_mean)
-            self.times.lap("compute")
+            self.times.lap("compute", waited=clock.take())
             if not micro.ends_step:
                 continue
             first_step = self.first_step_pending
             self._optimizer_step(epoch, micro, manual)
             if first_step:  # a far too high --lr shows at once; later steps are checked when logged
                 self._stop_if_diverged(epoch, {name: losses[name] for name in self.loss_names})
-            self.times.lap("optimizer")
+            self.times.lap("optimizer", waited=clock.take())
             steps_left -= 1
             self._after_step(epoch, micro.end, steps_left, progress)
         progress.close()
@@ -242,13 +244,15 @@ class Trainer(Checkpointing, Validation):
                 check_step_losses(self.task, losses, self.declared)
             if not manual:
                 self.ctx.backward(losses["loss"])
-        return losses
+        # Sums the step all-reduced beside its backward (monitors of the global batch), done now.
+        return {name: value.result() if isinstance(value, Pending) else value for name, value in losses.items()}
 
     def _optimizer_step(self, epoch: int, micro: MicroBatch, manual: bool) -> None:
         """Step the optimizers this micro-batch ends a step for, then count the step."""
         if not manual:
             for name in self.optimizers:
                 self.ctx.step(name)
+        self.strategy.after_step(self.models.values())
         bare = self.bare_models()
         for name, ema in self.ema.items():
             ema.update(bare[name])

@@ -223,8 +223,9 @@ def test_the_step_time_breakdown_says_a_step_waits_for_its_data(phalanx, tmp_pat
                      "--log-every", 1, "--num-workers", 0, "--checkpoints-dir", tmp_path, "--no-progress")
     assert result.code == 0, result.err
     train = records(tmp_path / "experiment", "train")
-    parts = ("step_data_s", "step_compute_s", "step_optimizer_s", "step_logging_s")
+    parts = ("step_data_s", "step_compute_s", "step_communication_s", "step_optimizer_s", "step_logging_s")
     assert len(train) == 6 and all(all(r[p] >= 0 for p in parts) for r in train)
+    assert all(r["step_communication_s"] == 0 for r in train)  # one process waits for no other
     full = train[1:-1]  # the first step also warms up; the last holds 20 images
     assert all(r["step_data_s"] >= 0.64 for r in full)  # at least a step's 32 sleeps of 20 ms
     assert all(r["step_data_s"] > r["step_compute_s"] + r["step_optimizer_s"] for r in full)

@@ -327,6 +327,29 @@ def test_ranks_made_to_diverge_are_caught_and_reported(tmp_path):
     assert "warning: the ranks' parameters differ by up to" in result.out
 
 
+@pytest.mark.slow
+def test_a_rank_late_in_backward_shows_as_communication_and_every_rank_keeps_rank_0s_buffers(tmp_path):
+    # Rank 1 computes its first layer's gradient 50 ms late each step: rank 0 waits for it in the
+    # gradient all-reduce after its own backward has ended. Each step's mean over the 2 ranks is
+    # then about 25 ms of communication (0 in one process: test_train_guards.py).
+    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow_backward_on_rank1", "--epochs", 1,
+                         "--val-fraction", 0.9, "--batch-size", 16, "--log-every", 1, "--checkpoints-dir", tmp_path,
+                         "--no-progress", "--use-torchrun", "--nproc_per_node 2",
+                         env={**USER_MODELS, "PHALANX_TEST_DELAY": "0.05"})
+    assert result.code == 0, result.err
+    train = records(tmp_path / "experiment", "train")
+    parts = [f"step_{part}_s" for part in ("data", "compute", "communication", "optimizer", "logging")]
+    assert len(train) == 6  # 180 images in steps of 32
+    waited = sum(r["step_communication_s"] for r in train) / len(train)
+    assert 0.015 < waited < 0.2, waited
+    measured, elapsed = sum(r[p] for r in train for p in parts), sum(r["seconds"] for r in train)
+    assert abs(measured - elapsed) < 0.15 * elapsed, (measured, elapsed)
+    assert ", communication " in result.out
+    # BatchNorm's statistics are rank 0's on every rank at the end (broadcast after each step, not
+    # before each forward): the end record compares every parameter and buffer with rank 0's.
+    assert records(tmp_path / "experiment", "end")[-1]["max_rank_divergence"] == 0.0
+
+
 def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
     # torch's SyncBatchNorm computes on CUDA only: on GPUs phalanx uses it (test_sync_bn_on_two_gpus
     # below), on CPU workers its own GlobalBatchNorm (tested over 2 gloo ranks below).

@@ -219,7 +219,7 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
     assert plots["learning rate"]["traces"][0]["points"] == train
     assert plots["throughput (all ranks)"]["ytitle"] == "samples / s"
     steps = plots["time per step (mean over ranks, stacked)"]["traces"]
-    assert [t["name"] for t in steps] == ["data", "+ compute", "+ optimizer", "+ logging"]
+    assert [t["name"] for t in steps] == ["data", "+ compute", "+ communication", "+ optimizer", "+ logging"]
     assert all(t["points"] == train for t in steps)
     assert plots["confusion matrix, epoch 2"]["traces"][0]["type"] == "heatmap"
     assert plots["confusion matrix, epoch 2"]["traces"][0]["points"] == 10  # 10 x 10 classes

@@ -20,10 +20,10 @@ from torch import nn
 
 from .base import Batch, TaskData
 from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
-from .ssl import SelfSupervisedTask, mlp
+from .ssl import SelfSupervisedTask, gather_views, mlp
 
 if TYPE_CHECKING:
-    from ..context import StepContext
+    from ..context import Pending, StepContext
 
 
 def embedding_std(z: torch.Tensor) -> torch.Tensor:
@@ -33,6 +33,25 @@ def embedding_std(z: torch.Tensor) -> torch.Tensor:
     if len(z) < 2:
         return z.new_zeros(())
     return nn.functional.normalize(z.detach(), dim=1).std(0).mean()
+
+
+def global_embedding_std(ctx: StepContext, *views: torch.Tensor) -> Pending:
+    """``embedding_std`` of the global batch's rows of each view, averaged over the views, without
+    gathering the rows: per-dimension sums of this rank's counted rows, all-reduced beside the
+    backward pass (a gather here stopped every rank mid-step), finished after it."""
+    rows = ctx.samples  # none of a padding sample
+    unit = [nn.functional.normalize(z.detach()[:rows].double(), dim=1) for z in views]
+    sums = {f"{i}": torch.stack([u.sum(0), (u * u).sum(0)]) for i, u in enumerate(unit)}
+
+    def spread(total: dict[str, torch.Tensor]) -> torch.Tensor:
+        count = total["count"]
+        if count < 2:
+            return count.new_zeros(())
+        stds = [((s[1] - s[0] * s[0] / count) / (count - 1)).clamp(min=0).sqrt().mean() for key, s in total.items()
+                if key != "count"]
+        return sum(stds) / len(stds)
+
+    return ctx.all_reduce_sums_later({**sums, "count": torch.tensor(float(rows))}, spread)
 
 
 class GlobalBatchTask(SelfSupervisedTask):
@@ -53,7 +72,7 @@ class GlobalBatchTask(SelfSupervisedTask):
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
         if self.options.gather:  # every rank's rows (none of a rank whose share is a padding sample)
-            z1, z2 = ctx.all_gather(z1)[0], ctx.all_gather(z2)[0]
+            z1, z2, _ = gather_views(ctx, z1, z2)
         if len(z1) < 2:  # a batch of one sample has no statistics: it weighs nothing, its graph still runs
             zero = (z1.sum() + z2.sum()) * 0.0
             return {name: zero for name in self.loss_names}

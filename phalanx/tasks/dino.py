@@ -23,7 +23,7 @@ from .options import DINOOptions
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..context import RunContext, StepContext
+    from ..context import Pending, RunContext, StepContext
 
 
 class DINOHead(nn.Module):
@@ -91,13 +91,19 @@ class DINOTask(MomentumTeacherTask):
         return loss, entropy.detach()
 
     @torch.no_grad()
-    def update_center(self, teacher: torch.Tensor, ctx: RunContext, counted: bool = True) -> None:
+    def update_center(self, teacher: torch.Tensor, ctx: RunContext, counted: bool = True) -> Pending:
         """The centre moves towards the global batch's mean teacher output (every rank's rows; none
-        of a rank whose share is a padding sample: ``counted`` False)."""
+        of a rank whose share is a padding sample: ``counted`` False). Started now, moved at the
+        result (the new centre's norm): the sums' all-reduce runs beside the backward pass."""
         rows = teacher if counted else teacher[:, :0]
-        sums = ctx.all_reduce_sums({"sum": rows.sum((0, 1)), "count": torch.tensor(float(rows.shape[0] * rows.shape[1]))})
         momentum = self.options.center_momentum
-        self.center = self.center.to(sums["sum"]) * momentum + sums["sum"] / sums["count"] * (1 - momentum)
+
+        def move(sums: dict[str, torch.Tensor]) -> torch.Tensor:
+            self.center = self.center.to(sums["sum"]) * momentum + sums["sum"] / sums["count"] * (1 - momentum)
+            return self.center.norm()
+
+        count = torch.tensor(float(rows.shape[0] * rows.shape[1]))
+        return ctx.all_reduce_sums_later({"sum": rows.sum((0, 1)), "count": count}, move)
 
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         views = list(batch)
@@ -106,14 +112,14 @@ class DINOTask(MomentumTeacherTask):
             teacher = [ctx.models["teacher"](view) for view in views[:2]]  # the global views only
         student = [self.embed(ctx.models, view) for view in views]
         loss, entropy = self.dino_loss(teacher, student, self.teacher_temperature(ctx.epoch))
-        self.update_center(torch.stack(teacher), ctx, bool(ctx.samples))
+        center_norm = self.update_center(torch.stack(teacher), ctx, bool(ctx.samples))  # moved after the backward
         ctx.backward(loss, "student")
         if ctx.epoch <= self.options.freeze_last_layer:
             for name, param in ctx.models["projector"].named_parameters():
                 if name.endswith("last_layer"):
                     param.grad = None
         ctx.step("student")
-        return {"loss": loss.detach(), "teacher_entropy": entropy, "center_norm": self.center.norm()}
+        return {"loss": loss.detach(), "teacher_entropy": entropy, "center_norm": center_norm}
 
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says

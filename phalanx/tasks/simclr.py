@@ -11,7 +11,7 @@ from torch import nn
 
 from .base import TaskData
 from .options import SimCLROptions
-from .ssl import SelfSupervisedTask, mlp
+from .ssl import SelfSupervisedTask, gather_views, mlp
 
 
 class SimCLRTask(SelfSupervisedTask):
@@ -44,8 +44,7 @@ class SimCLRTask(SelfSupervisedTask):
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
         if self.options.gather:
-            all1, start = ctx.all_gather(z1)
-            all2, _ = ctx.all_gather(z2)
+            all1, all2, start = gather_views(ctx, z1, z2)
         else:
             (all1, start), all2 = (z1, 0), z2
         if not ctx.samples:  # a padding sample: it takes part, weighing nothing, through the gather

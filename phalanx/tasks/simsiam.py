@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .base import Batch, TaskData
-from .decorrelation import embedding_std
+from .decorrelation import global_embedding_std
 from .options import SimSiamOptions
 from .ssl import SelfSupervisedTask, mlp
 
@@ -45,9 +45,8 @@ class SimSiamTask(SelfSupervisedTask):
 
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         p1, p2, z1, z2 = self.predict_pair(ctx.models, *batch)
-        # The collapse monitor of the global batch (gathered without gradients): the same at any world size.
-        spread = 0.5 * (embedding_std(ctx.all_gather(z1.detach())[0]) + embedding_std(ctx.all_gather(z2.detach())[0]))
-        return {"loss": self.simsiam(p1, p2, z1, z2), "embedding_std": spread}
+        # The collapse monitor of the global batch: the same at any world size.
+        return {"loss": self.simsiam(p1, p2, z1, z2), "embedding_std": global_embedding_std(ctx, z1, z2)}
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         return self.simsiam(*self.predict_pair(models, v1, v2))

@@ -35,6 +35,13 @@ from .views import Indexed, MultiCrop, TwoViews, ValidationViews, Views, ViewSam
 SHOWN = 8  # training images drawn each epoch with their two views
 
 
+def gather_views(ctx: Any, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every rank's rows of both views in one all-gather (one collective, not two), with
+    gradients; and where this rank's rows begin."""
+    both, start = ctx.all_gather(torch.cat([z1, z2], dim=1))
+    return both[:, :z1.shape[1]], both[:, z1.shape[1]:], start
+
+
 def mlp(inputs: int, hidden: int, outputs: int, norm: str, hidden_layers: int = 1) -> nn.Module:
     """A projection (or prediction) head: (Linear, BatchNorm or none, ReLU) x ``hidden_layers``,
     then Linear (SimCLR's and BYOL's heads have one hidden layer; Barlow Twins', VICReg's and

@@ -49,7 +49,7 @@ def stacked_step_times(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     top line is the whole step."""
     stacked, total = {}, [0.0] * len(rows)
     for part, key in zip(STEP_PARTS, STEP_KEYS):
-        total = [t + 1000 * r[key] for t, r in zip(total, rows)]
+        total = [t + 1000 * r.get(key, 0.0) for t, r in zip(total, rows)]  # (runs before communication: none)
         stacked[part if part == STEP_PARTS[0] else f"+ {part}"] = total
     return stacked
 
@@ -97,7 +97,7 @@ class RunPlots:
             self._line("lr", x["train"], learning_rates(rows), fresh["train"], "learning rate", "learning rate")
             self._line("throughput", x["train"], {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
                        fresh["train"], "throughput (all ranks)", "samples / s")
-            if all(key in r for r in rows for key in STEP_KEYS):  # runs before the breakdown have none
+            if all(STEP_KEYS[0] in r for r in rows):  # runs before the breakdown have none
                 self._line("step_time", x["train"], stacked_step_times(rows), fresh["train"],
                            "time per step (mean over ranks, stacked)", "ms per optimizer step")
         rows = new["val"]

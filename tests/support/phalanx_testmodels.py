@@ -203,6 +203,33 @@ def batchnorm(num_classes, in_channels):
     return _BatchNormCNN(num_classes, in_channels)
 
 
+class _SleepInBackwardOnRank1(torch.autograd.Function):
+    """Identity; its backward sleeps $PHALANX_TEST_DELAY seconds on rank 1."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if os.environ.get("RANK") == "1":
+            time.sleep(float(os.environ["PHALANX_TEST_DELAY"]))
+        return grad
+
+
+class _SlowBackwardOnRank1(_BatchNormCNN):
+    """The BatchNorm CNN whose first convolution gets its gradient late on rank 1: rank 0 finishes
+    its backward first and waits for rank 1's share of the gradient all-reduce."""
+
+    def forward(self, x):
+        x = _SleepInBackwardOnRank1.apply(self.net[0](x))
+        return self.net[1:](x)
+
+
+def slow_backward_on_rank1(num_classes, in_channels):
+    return _SlowBackwardOnRank1(num_classes, in_channels)
+
+
 class _DtypeProbe(SmallCNN):
     """Writes the dtype its first convolution computes in (autocast's, if applied) to
     $PHALANX_TEST_RECORD/dtype-<pid>.txt, once per process."""

@@ -67,7 +67,7 @@ student = [embeddings() for _ in range(3)]
 loss, _ = task.dino_loss(teacher, student, 0.0625)
 found["dino_ours"] = loss.mean().item()
 found["dino_our_grads"] = torch.autograd.grad(loss.mean(), student)
-task.update_center(torch.stack(teacher), ctx)
+task.update_center(torch.stack(teacher), ctx).result()
 theirs = DINOLoss(output_dim=6, warmup_teacher_temp=0.0625, teacher_temp=0.0625)
 theirs.center = theirs.center.double()
 value = theirs(teacher, student, teacher_temp=0.0625)
