@@ -42,11 +42,12 @@ class CommClock:
             self.waited += time.perf_counter() - started
 
     @contextlib.contextmanager
-    def backward(self) -> Iterator[None]:
-        """A backward pass: the time after its last gradient is the all-reduce it did not hide."""
+    def backward(self, reduces: bool = True) -> Iterator[None]:
+        """A backward pass: the time after its last gradient is the all-reduce it did not hide
+        (``reduces`` False: a micro-batch that only accumulates, whose backward reduces nothing)."""
         started = self.last_gradient = time.perf_counter()
         yield
-        if self.last_gradient > started:  # a watched (DDP) network had gradients in this pass
+        if reduces and self.last_gradient > started:  # a watched (DDP) network had gradients in this pass
             self.waited += time.perf_counter() - self.last_gradient
 
     def take(self) -> float:

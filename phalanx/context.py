@@ -87,18 +87,23 @@ class Pending:
     def __init__(self, work: Any, flat: torch.Tensor, shapes: dict[str, torch.Size],
                  finish: Callable[[dict[str, torch.Tensor]], Any] | None, clock: CommClock):
         self.work, self.flat, self.shapes, self.finish, self.clock = work, flat, shapes, finish, clock
+        self.value: Any = None
+        self.done = False
 
     def result(self) -> Any:
-        if self.work is not None:
-            with self.clock.collective():
-                self.work.wait()
-            self.work = None
-        out, at = {}, 0
-        for key, shape in self.shapes.items():
-            size = shape.numel()
-            out[key] = self.flat[at:at + size].view(shape)
-            at += size
-        return self.finish(out) if self.finish else out
+        """The sums (or what ``finish`` makes of them), once: a second call returns the first's."""
+        if not self.done:
+            if self.work is not None:
+                with self.clock.collective():
+                    self.work.wait()
+            self.done = True
+            out, at = {}, 0
+            for key, shape in self.shapes.items():
+                size = shape.numel()
+                out[key] = self.flat[at:at + size].view(shape)
+                at += size
+            self.value = self.finish(out) if self.finish else out
+        return self.value
 
 
 class StepContext(RunContext):
@@ -146,7 +151,8 @@ class StepContext(RunContext):
         if not micro.real:
             total = total * 0.0  # a padding sample: every rank takes part in the all-reduce, weighing nothing
         scaled = total * micro.loss_scale(self.world_size)
-        with torch.autocast(self.device.type, enabled=False), self.strategy.clock.backward():  # outside autocast
+        # (outside autocast; the gradient all-reduce's wait after the last gradient: communication)
+        with torch.autocast(self.device.type, enabled=False), self.strategy.clock.backward(micro.ends_step):
             self.scalers[name].scale(scaled).backward()
 
     def step(self, optimizer: str | None = None) -> None:

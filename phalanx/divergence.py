@@ -52,6 +52,6 @@ def rank_divergence(strategy: Any, models: Iterable[nn.Module]) -> tuple[float, 
     """The largest difference between the ranks' copies of any parameter or buffer at the end of a
     run, and a warning where there is one (DDP keeps the parameters identical, phalanx the buffers)."""
     worst = max((strategy.max_divergence(model) for model in models), default=0.0)
-    return worst, (f"phalanx: warning: the ranks' parameters differ by up to {worst:.3g} (DDP keeps them identical; "
-                   "something changed parameters or buffers outside the forward, backward and optimizer)"
-                   if worst > 0 else None)
+    return worst, (f"phalanx: warning: the ranks' parameters or buffers differ by up to {worst:.3g} (DDP keeps the "
+                   "parameters identical, phalanx the buffers after each step; something changed them outside the "
+                   "forward, backward and optimizer)" if worst > 0 else None)

@@ -21,6 +21,7 @@ from .comm_clock import CommClock
 from .config import RunConfig
 from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
 from .gather_rows import GatherRows
+from .rank_buffers import broadcast_from_rank0, ddp_without_buffer_broadcasts, max_difference_from_rank0
 from . import sync_norm
 
 
@@ -184,13 +185,7 @@ class DDPStrategy(Strategy):
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (a momentum teacher): DDP refuses such a module
         ids = [self.device.index] if self.device.type == "cuda" else None
-        # Rank 0's buffers (BatchNorm's statistics) go to every rank once a step (``after_step``),
-        # not before every forward as DDP's default does: a task calls a network once per view, and
-        # each broadcast stopped both ranks mid-step (SimSiam's step under 2 gloo workers took 6%
-        # longer with them and its monitor's gather). A network called once a step sees what DDP's
-        # default gives it: rank 0's buffers at its forward.
-        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters,
-                                                      forward_sync_buffers=False)  # (still rank 0's at the start)
+        wrapped = ddp_without_buffer_broadcasts(model, ids, find_unused_parameters)  # (once a step: after_step)
         self.clock.watch(model)
         return wrapped
 
@@ -200,6 +195,7 @@ class DDPStrategy(Strategy):
     def all_gather_rows(self, tensor: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
         import torch.distributed as dist
 
+        self._queued_work_done()
         with self.clock.collective():
             counts = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
             counts[self.rank] = rows
@@ -207,10 +203,17 @@ class DDPStrategy(Strategy):
             counts_list = counts.tolist()
             return GatherRows.apply(tensor, rows, counts_list, self.rank, self.clock), sum(counts_list[:self.rank])
 
+    def _queued_work_done(self) -> None:
+        """Before a collective whose host waits for the GPU (its result read on the host): the
+        kernels queued before it finish outside its time (else they count as communication)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def all_gather_objects(self, items: list[Any]) -> list[Any]:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * self.world_size
+        self._queued_work_done()
         with self.clock.collective():
             dist.all_gather_object(gathered, list(items))
         return [item for part in gathered for item in part]
@@ -241,37 +244,10 @@ class DDPStrategy(Strategy):
         return model.no_sync()
 
     def after_step(self, models: Iterable[nn.Module]) -> None:
-        self.rank0_buffers(model for model in models if isinstance(model, nn.parallel.DistributedDataParallel))
-
-    def rank0_buffers(self, models: Iterable[nn.Module]) -> None:
-        """Every rank takes rank 0's buffers of ``models``: one broadcast per dtype."""
-        import torch.distributed as dist
-
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for model in models:
-            for buffer in model.buffers():
-                by_dtype.setdefault(buffer.dtype, []).append(buffer)
-        for buffers in by_dtype.values():
-            flat = torch.cat([buffer.detach().reshape(-1) for buffer in buffers])
-            with self.clock.collective():
-                dist.broadcast(flat, src=0)
-            at = 0
-            for buffer in buffers:
-                buffer.data.copy_(flat[at:at + buffer.numel()].view_as(buffer))
-                at += buffer.numel()
+        broadcast_from_rank0(models, self.clock)  # every network's, a momentum teacher's too
 
     def max_divergence(self, model: nn.Module) -> float:
-        # Every rank compares its parameters and buffers with rank 0's, broadcast one tensor at a time.
-        import torch.distributed as dist
-
-        worst = torch.zeros((), device=self.device, dtype=torch.float64)
-        with torch.no_grad():
-            for param in [*model.parameters(), *model.buffers()]:
-                reference = param.detach().clone()
-                dist.broadcast(reference, src=0)
-                worst = torch.maximum(worst, (param.detach() - reference).abs().max().double())
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        return worst.item()
+        return max_difference_from_rank0(model, self.device)
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -24,6 +24,7 @@ from torch import nn
 from .blocks import blocks
 from .errors import PhalanxError
 from .parallel import DDPStrategy, prepare_model
+from .rank_buffers import broadcast_from_rank0
 
 def _sharded_modules(models: Iterable[nn.Module]) -> list[nn.Module]:
     from torch.distributed.fsdp import FSDPModule
@@ -80,13 +81,16 @@ class FSDPStrategy(DDPStrategy):
         finally:
             model.set_requires_gradient_sync(True)
 
+    def after_step(self, models: Iterable[nn.Module]) -> None:
+        pass  # each rank's own statistics until validation takes rank 0's (whole_networks)
+
     def max_divergence(self, model: nn.Module) -> float:
         return 0.0  # one copy of each weight, sharded: nothing to drift apart
 
     @contextlib.contextmanager
     def whole_networks(self, models: Iterable[nn.Module]) -> Iterator[None]:
         models = list(models)
-        self.rank0_buffers(models)
+        broadcast_from_rank0(models, self.clock)  # every rank validates rank 0's statistics
         sharded = _sharded_modules(models)
         for module in sharded:  # gathered now; no collective until the block ends, whatever each rank runs
             module.set_reshard_after_forward(False, recurse=False)

@@ -29,11 +29,12 @@ def scenes(tmp_path_factory):
 @pytest.fixture(scope="module")
 def detector(scenes, tmp_path_factory):
     """A tiny detector trained 6 epochs, and the same one barely trained (the untrained baseline)."""
+    from phalanx.cli import main
+
     runs = tmp_path_factory.mktemp("detector")
-    for name, lr, epochs in (("trained", 0.02, 6), ("untrained", 1e-9, 1)):
-        result = run_phalanx("train", *DETECTOR, "--dataroot", scenes, "--epochs", epochs, "--batch-size", 8, "--lr", lr,
-                             "--checkpoints-dir", runs, "--name", name, env=USER_MODELS)
-        assert result.code == 0, result.err
+    for name, lr, epochs in (("trained", 0.02, 6), ("untrained", 1e-9, 1)):  # in this process: no start-up to wait for
+        assert main([str(a) for a in ("train", *DETECTOR, "--dataroot", scenes, "--epochs", epochs, "--batch-size", 8,
+                                      "--lr", lr, "--checkpoints-dir", runs, "--name", name)]) == 0
     return runs
 
 
@@ -81,9 +82,10 @@ def _direct_coco(checkpoint, scenes) -> list[float]:
 
 
 @pytest.mark.slow
-def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_image(detector, scenes, tmp_path):
+def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_image(detector, scenes, tmp_path,
+                                                                                      phalanx):
     best = detector / "trained/best.pt"
-    one = run_phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json", env=USER_MODELS)
+    one = phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json")
     assert one.code == 0, one.err
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
                           "phalanx.cli", "evaluate", "--checkpoint", str(best), "--output", str(tmp_path / "two.json")],
@@ -99,8 +101,8 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
     # --dataroot: a folder read as one split (DIR/val/ here, no train/ needed)
     (tmp_path / "other").mkdir()
     (tmp_path / "other/val").symlink_to(scenes / "val")
-    other = run_phalanx("evaluate", "--checkpoint", best, "--dataroot", tmp_path / "other", "--output",
-                        tmp_path / "other.json", env=USER_MODELS)
+    other = phalanx("evaluate", "--checkpoint", best, "--dataroot", tmp_path / "other", "--output",
+                    tmp_path / "other.json")
     assert other.code == 0, other.err
     assert json.loads((tmp_path / "other.json").read_text())["coco"] == one_result["coco"]
 
@@ -185,17 +187,17 @@ def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categor
 
 
 @pytest.mark.slow
-def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scenes, tmp_path):
+def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scenes, tmp_path, phalanx):
     common = [*SEGMENTER, "--dataroot", scenes, "--batch-size", 8, "--lr", 0.05, "--checkpoints-dir", tmp_path]
-    trained = run_phalanx("train", *common, "--epochs", 8, "--name", "trained", env=USER_MODELS)
+    trained = phalanx("train", *common, "--epochs", 8, "--name", "trained")
     assert trained.code == 0, trained.err
-    untrained = run_phalanx("train", *common, "--epochs", 1, "--lr", 1e-9, "--name", "untrained", env=USER_MODELS)
+    untrained = phalanx("train", *common, "--epochs", 1, "--lr", 1e-9, "--name", "untrained")
     assert untrained.code == 0, untrained.err
     miou = [r["mIoU"] for r in records(tmp_path / "trained", "val")]
     baseline = records(tmp_path / "untrained", "val")[-1]["mIoU"]
     assert max(miou) > baseline + 0.15, (baseline, miou)
     best = tmp_path / "trained/best.pt"
-    one = run_phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json", env=USER_MODELS)
+    one = phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json")
     assert one.code == 0, one.err
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
                           "phalanx.cli", "evaluate", "--checkpoint", str(best), "--output", str(tmp_path / "two.json")],
@@ -207,12 +209,11 @@ def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scene
     # evaluate says which pixels it scored (validation's, not predict's full-size masks)
     assert "centre-cropped" in one_result["scored_at"] and "scored on masks resized" in one.out
     assert one_result["metrics"]["mIoU"] == two_result["metrics"]["mIoU"] == pytest.approx(max(miou), abs=1e-12)
-    other = run_phalanx("evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output",
-                        tmp_path / "other.json", env=USER_MODELS)  # the split itself as --dataroot
+    other = phalanx("evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output",
+                    tmp_path / "other.json")  # the split itself as --dataroot
     assert other.code == 0, other.err
     assert json.loads((tmp_path / "other.json").read_text())["metrics"]["mIoU"] == one_result["metrics"]["mIoU"]
-    predicted = run_phalanx("predict", "--checkpoint", best, scenes / "val/images/0001.png", "--output",
-                            tmp_path / "out", env=USER_MODELS)
+    predicted = phalanx("predict", "--checkpoint", best, scenes / "val/images/0001.png", "--output", tmp_path / "out")
     assert predicted.code == 0, predicted.err
     assert (tmp_path / "out/masks/0001.png").is_file() and (tmp_path / "out/overlays/0001.png").is_file()
 
@@ -242,7 +243,8 @@ def _broken(root, case):
     ("segment", "mask-size", "0002.png: is 64x64 but masks/0002.png is 32x32"),
     ("segment", "mask-value", "masks/0002.png with class 7, beyond the 4 classes"),
 ])
-def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_skipped(tmp_path, task, case, words):
+def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_skipped(tmp_path, task, case, words,
+                                                                                       phalanx):
     data, _ = _broken(tmp_path, case)
     options = ["--task", task, "--model", f"phalanx_testmodels:tiny_{'detector' if task == 'detect' else 'segmenter'}",
                "--dataroot", data, "--epochs", 1, "--batch-size", 4, "--image-size", 64, "--no-progress",
@@ -253,6 +255,6 @@ def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_sk
     assert result.code == 2, result.err
     assert result.err.count("\n") == 1 and words in result.err, result.err
     assert snapshot_tree(tmp_path / "ck") == {}
-    skipped = run_phalanx("train", *options, "--skip-broken", env=USER_MODELS)
+    skipped = phalanx("train", *options, "--skip-broken")
     assert skipped.code == 0, skipped.err
     assert "left out" in skipped.out

@@ -98,6 +98,28 @@ def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
     assert task.queue_at == 4
 
 
+def test_simsiams_monitor_from_all_reduced_sums_is_the_batchs_embedding_std():
+    # The monitor is all-reduced as per-dimension sums (no gather of the rows): in one process it
+    # equals the std of the batch's normalised embeddings computed directly; rows that collapsed
+    # to one point give 0, not nan. A padding share counts no rows.
+    from phalanx.config import RunConfig
+    from phalanx.context import StepContext
+    from phalanx.sampling import MicroBatch
+    from phalanx.strategies import make_strategy
+    from phalanx.tasks.decorrelation import embedding_std, global_embedding_std
+
+    ctx = StepContext(make_strategy(RunConfig.flat(task="simsiam"), None), "fp64", False, {}, {}, {})
+    z1, z2 = embeddings(3, rows=9, dim=5)
+    ctx.begin(MicroBatch(list(range(9)), 9, 0, 9, 9, True), 1, 0.5, 1)
+    monitor = global_embedding_std(ctx, z1, z2)
+    expected = 0.5 * (embedding_std(z1) + embedding_std(z2))
+    assert monitor.result().item() == pytest.approx(expected.item(), rel=1e-12) and monitor.result() is monitor.result()
+    collapsed = z1[:1].detach().repeat(9, 1)
+    assert 0 <= global_embedding_std(ctx, collapsed, collapsed).result().item() < 1e-6
+    ctx.begin(MicroBatch([0], 0, 9, 10, 10, True), 1, 0.5, 1)  # a padding share
+    assert global_embedding_std(ctx, z1[:1], z2[:1]).result().item() == 0
+
+
 def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
     from lightly.loss import DINOLoss
 
@@ -316,8 +338,8 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
             {k: v for k, v in y.items() if k.startswith(("loss", "embedding"))}, rel=1e-10)
     assert [r["knn_acc"] for r in records(tmp_path / "ddp", "val")] == [r["knn_acc"] for r in records(tmp_path / "single",
                                                                                                      "val")]
-    if task in ("simclr", "byol"):  # served by the same code as the others: tests/test_ssl.py
-        return
+    if task in ("simclr", "byol", "barlowtwins", "vicreg"):  # served by the same code as the others (SimCLR and
+        return  # BYOL in tests/test_ssl.py); those with other networks to leave out are served here
     # The backbone serves as SimCLR's does: features from predict, TorchScript from export, and
     # the starting weights of a classifier.
     from conftest import write_digit_pngs

@@ -75,7 +75,7 @@ def test_the_example_resumes_mid_epoch_bitwise_with_both_optimizers_and_every_re
 
 
 @pytest.mark.slow
-def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_float64(tmp_path):
+def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_float64(tmp_path, phalanx):
     from adversarial_autoencoder import discriminator, generator  # noqa: F401 (examples/tasks via conftest)
 
     common = ["--task", AAE, "--epochs", 2, "--precision", "fp64", "--checkpoints-dir", tmp_path, "--no-progress",
@@ -83,7 +83,7 @@ def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_flo
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common,
                       "--use-torchrun", "--nproc-per-node=2", env=TASKS)
     assert ddp.code == 0, ddp.err
-    single = run_phalanx("train", "--name", "single", "--batch-size", 32, *common, env=TASKS)
+    single = phalanx("train", "--name", "single", "--batch-size", 32, *common)
     assert single.code == 0, single.err
     from phalanx.data import load_digits
     from phalanx.data.sources import holdout_indices
@@ -104,14 +104,14 @@ def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_flo
 
 
 @pytest.mark.slow
-def test_named_losses_are_the_mean_over_both_ranks(tmp_path):
+def test_named_losses_are_the_mean_over_both_ranks(tmp_path, phalanx):
     # Rank 1's data differ from rank 0's: a loss logged from rank 0 alone would not be the mean.
     common = ["--task", "phalanx_testtasks:GatherTask", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
               "--no-progress"]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun",
                       "--nproc-per-node=2", env=TASKS)
     assert ddp.code == 0, ddp.err
-    single = run_phalanx("train", "--name", "single", "--batch-size", 16, *common, env=TASKS)
+    single = phalanx("train", "--name", "single", "--batch-size", 16, *common)
     assert single.code == 0, single.err
     logged = [(a["loss"], b["loss"]) for a, b in zip(records(tmp_path / "ddp", "train"), records(tmp_path / "single",
                                                                                                   "train"))]
@@ -123,7 +123,7 @@ def test_named_losses_are_the_mean_over_both_ranks(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gather", ["true", "false"])
-def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_path, gather):
+def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_path, gather, phalanx):
     from torch import nn
 
     common = ["--task", "phalanx_testtasks:GatherTask", "--task-option", f"gather={gather}", "--epochs", 2,
@@ -131,7 +131,7 @@ def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_pa
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun",
                       "--nproc-per-node=2", env=TASKS)
     assert ddp.code == 0, ddp.err
-    single = run_phalanx("train", "--name", "single", "--batch-size", 16, *common, env=TASKS)
+    single = phalanx("train", "--name", "single", "--batch-size", 16, *common)
     assert single.code == 0, single.err
     torch.manual_seed(0)
     encoder = nn.Linear(5, 6).double()
@@ -161,7 +161,8 @@ def test_task_state_is_checkpointed_and_a_mid_epoch_resume_is_bitwise(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimizers_on_schedule(tmp_path):
+def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimizers_on_schedule(tmp_path, phalanx,
+                                                                                                monkeypatch):
     common = ["--task", "phalanx_testtasks:RecordingAutoencoder", "--epochs", 2, "--batch-size", 32, "--log-every", 1,
               "--checkpoints-dir", tmp_path, "--name", "run", "--no-progress"]
     cut = run_phalanx("trainlaunch", *common, "--use-torchrun", "--nproc-per-node=2",
@@ -170,7 +171,8 @@ def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimize
     assert cut.code == 143, cut.err
     saved = state(tmp_path / "run/latest.pt")
     assert saved["epoch"] == 0 and saved["position"] == 10 * 64 and saved["world_size"] == 2
-    resumed = run_phalanx("train", *common, "--resume", "auto", env={**TASKS, "PHALANX_TEST_RECORD": str(tmp_path / "second")})
+    monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "second"))
+    resumed = phalanx("train", *common, "--resume", "auto")
     assert resumed.code == 0, resumed.err
     seen: dict[int, Counter] = {1: Counter(), 2: Counter()}
     lrs = []
@@ -244,8 +246,8 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
      "is an option of --task classify"),
     (["--best-metric", "L1"], "--best-metric", "metrics are loss, acc, top5"),
 ], ids=["unknown", "not-a-task", "incomplete", "unknown-option", "bad-value", "other-tasks-option", "best-metric"])
-def test_bad_task_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, option, words):
-    result = run_phalanx("train", *args, "--checkpoints-dir", tmp_path / "ck", env=TASKS)
+def test_bad_task_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, option, words, phalanx):
+    result = phalanx("train", *args, "--checkpoints-dir", tmp_path / "ck")
     assert result.code == 2, result.err
     line = result.err.strip()
     assert "\n" not in line and line.startswith(f"phalanx: {option}") and words in line, line

@@ -324,7 +324,7 @@ def test_ranks_made_to_diverge_are_caught_and_reported(tmp_path):
     assert result.code == 0, result.err
     divergence = records(tmp_path / "experiment", "end")[-1]["max_rank_divergence"]
     assert 1e-3 < divergence < 0.1  # rank 1 moved one weight by 0.01
-    assert "warning: the ranks' parameters differ by up to" in result.out
+    assert "warning: the ranks' parameters or buffers differ by up to" in result.out
 
 
 @pytest.mark.slow
@@ -378,19 +378,25 @@ def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
 
 
 @pytest.mark.slow
-def test_cpu_sync_bn_over_two_gloo_ranks_is_batchnorm_over_both_ranks_rows(tmp_path):
+def test_cpu_sync_bn_over_two_gloo_ranks_is_batchnorm_over_both_ranks_rows_and_buffers_follow_rank_0(tmp_path):
     # Unequal shares (5 and 3 rows), float64, two training steps then eval: each rank's outputs and
     # input gradients, the summed affine gradients and the running statistics equal torch's
     # BatchNorm on the 8 rows at once (BatchNorm2d; BatchNorm1d with a cumulative average; on
     # sequences without affine parameters); with rank 1's rows a padding sample's, BatchNorm on
-    # rank 0's 5 rows alone, which rank 1's outputs are normalised by too.
+    # rank 0's 5 rows alone, which rank 1's outputs are normalised by too. Without --sync-bn, rank 0's
+    # buffers (statistics, a bool mask, an empty one) reach every rank, and the end-of-run comparison
+    # sees it.
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                            str(REPO / "tests/support/sync_norm_ranks.py"), str(tmp_path)],
                           env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+    buffers = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)["buffers"] for rank in (0, 1)]
+    assert all(b["before"] > 0.01 and b["after"] == 0 and b["tracked"] == 1 for b in buffers), buffers
+    assert torch.equal(buffers[0]["mask"], buffers[1]["mask"]) and torch.equal(buffers[0]["mean"], buffers[1]["mean"])
     for rank in (0, 1):
         cases = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        cases.pop("buffers")
         bf16 = cases.pop("bf16")  # statistics of bf16 inputs summed in float32, outputs in bf16
         assert bf16["dtype"] == "torch.bfloat16" and bf16["running"] < 1e-4, bf16
         assert len(cases) == 6

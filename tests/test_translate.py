@@ -189,13 +189,13 @@ def _bad_pairs(root: Path) -> dict[str, Path]:
                                          ("sizes", "A/0003.png: is 16x16 but B/0003.png is 20x16"),
                                          ("panels", "0004.png: is 40x16: not square panels"),
                                          ("count", "0004.png: has 3 panels where 2 are expected")])
-def test_bad_pairs_are_named_in_one_line_with_nothing_written_or_skipped_and_counted(tmp_path, case, words):
+def test_bad_pairs_are_named_in_one_line_with_nothing_written_or_skipped_and_counted(tmp_path, case, words, phalanx):
     data = _bad_pairs(tmp_path / "data")[case]
     result = run_phalanx("train", *TINY, "--dataroot", data, "--epochs", 1, "--checkpoints-dir", tmp_path / "ck")
     assert result.code == 2, result.err
     assert result.err.count("\n") == 1 and result.err.startswith("phalanx: --dataroot: ") and words in result.err
     assert snapshot_tree(tmp_path / "ck") == {}
-    skipped = run_phalanx("train", *TINY, "--dataroot", data, "--epochs", 1, "--batch-size", 4, "--skip-broken",
-                          "--checkpoints-dir", tmp_path / "ck")
+    skipped = phalanx("train", *TINY, "--dataroot", data, "--epochs", 1, "--batch-size", 4, "--skip-broken",
+                      "--checkpoints-dir", tmp_path / "ck")
     assert skipped.code == 0, skipped.err
     assert "1 sample(s) left out" in skipped.out

@@ -85,8 +85,26 @@ def bf16_inputs() -> dict:
                                                   (layer[0].running_var.double() - var).abs().max().item())}
 
 
+def rank0_buffers() -> dict:
+    """Without --sync-bn phalanx's DDP gives every rank rank 0's buffers after each step
+    (phalanx.rank_buffers): a BatchNorm's statistics that each rank moved by its own rows, a bool
+    mask, an empty buffer; the end-of-run comparison sees them differ before and agree after."""
+    from phalanx.rank_buffers import broadcast_from_rank0, max_difference_from_rank0
+
+    torch.manual_seed(10 + rank)
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
+    net.register_buffer("mask", torch.rand(8) > 0.5)
+    net.register_buffer("nothing", torch.zeros(0))
+    net(torch.randn(6, 3, dtype=torch.float32))  # train mode: each rank's own running statistics
+    before = max_difference_from_rank0(net, torch.device("cpu"))
+    broadcast_from_rank0([net])
+    return {"before": before, "after": max_difference_from_rank0(net, torch.device("cpu")),
+            "mask": net.mask.clone(), "mean": net[0].running_mean.clone(), "tracked": int(net[0].num_batches_tracked)}
+
+
 found = {f"{name}, padding={padding}": compare(name, make, shape, padding)
          for name, (make, shape) in CASES.items() for padding in (False, True)}
 found["bf16"] = bf16_inputs()
+found["buffers"] = rank0_buffers()
 torch.save(found, f"{out}/rank{rank}.pt")
 dist.destroy_process_group()
