@@ -40,7 +40,7 @@ class Point:
     batch: int  # per worker
     rate: float = 0.0  # samples/s of every worker together, after the warm-up
     step_s: float = 0.0  # seconds a step, mean over ranks
-    parts: dict[str, float] | None = None  # seconds a step in each part (data, compute, optimizer, logging)
+    parts: dict[str, float] | None = None  # seconds a step in each part (data, compute, communication, optimizer, logging)
 
     @property
     def global_batch(self) -> int:
