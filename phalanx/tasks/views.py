@@ -21,9 +21,10 @@ class Views:
     (``blur``), then normalised. Random draws come from torch's generator (seeded per sample).
 
     8-bit images (1 or 3 channels) are augmented as PIL images with torchvision's transforms (v1),
-    as Lightly's are: a 32 px image's two views took 0.96 ms with the tensor transforms (v2; the hue
-    shift alone 0.2 ms a view against PIL's 0.03) and the data made a third of a DDP SimCLR step
-    (benchmarks/selfsupervised.py). Other images take the same steps as tensors (v2)."""
+    as Lightly's are: a 32 px image's two views took 1.03 ms with the tensor transforms (v2; the hue
+    shift alone 0.2 ms a view against PIL's 0.03) and 0.83 ms this way, and the data made a third
+    of a DDP SimCLR step (benchmarks/selfsupervised.py). Other images take the same steps as float
+    tensors (v2; converted before the crop, where uint8 tensors were cropped first before)."""
 
     def __init__(self, size: int, channels: int, crop_scale: float, flip: bool, blur: float,
                  mean: tuple[float, ...], std: tuple[float, ...], max_scale: float = 1.0):
