@@ -7,7 +7,9 @@ The same work as ``phalanx train --dataset synthetic``: seeded random RGB images
 to [-1, 1], a DataLoader with WORKERS workers and pinned memory, channels-last model and inputs,
 SGD (lr 0.01, momentum 0.9, weight decay 5e-4), autocast in PRECISION (fp32 or bf16), torch.compile
 when COMPILE is 1. The report (to $BENCH_RESULT): samples and seconds from the end of step WARMUP to
-the end of step STEPS (the device synchronised at both ends), peak allocated GPU memory.
+the end of step STEPS (the device synchronised at both ends), peak allocated GPU memory; the
+hand-written loop also times the same number of steps on its last batch, already on the GPU (the
+rate with no input pipeline: whether the loader starves the GPU).
 """
 
 from __future__ import annotations
@@ -76,7 +78,19 @@ def hand(name: str, size: int, batch: int, steps: int, warmup: int, precision: s
         if step == steps:
             break
     torch.cuda.synchronize()
-    report(first_step_time=first, samples=(steps - warmup) * batch, seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    # The same steps again on the last batch, already on the GPU: the rate with no input pipeline,
+    # a ceiling that says whether the loader (every contender's, the same) starves the GPU.
+    began = time.perf_counter()
+    for _ in range(steps - warmup):
+        with autocast(precision):
+            loss = loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    report(first_step_time=first, samples=(steps - warmup) * batch, seconds=seconds,
+           compute_images_per_s=(steps - warmup) * batch / (time.perf_counter() - began))
 
 
 def lightning(name: str, size: int, batch: int, steps: int, warmup: int, precision: str, compile_model: bool,

@@ -48,13 +48,14 @@ class TrainLosses:
         self.window.zero_()
         return losses, int(count), seconds, stops > 0, summed
 
-    def check_finite(self, losses: dict[str, float], step: int, epoch: int, saved_epoch: int, lr: float) -> None:
+    def check_finite(self, losses: dict[str, float], step: int, epoch: int, saved_epoch: int, lr: float,
+                     precision: str) -> None:
         """A non-finite window stops the run (every rank sees the same sums, so every rank stops)."""
         bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
         if bad:
             name, value = next(iter(bad.items()))
             steps = f"step {step}" if self.window_from == step else f"steps {self.window_from}-{step}"
-            raise diverged(f"the train {loss_name(name)} became {value} in {steps}", epoch, saved_epoch, lr)
+            raise diverged(f"the train {loss_name(name)} became {value} in {steps}", epoch, saved_epoch, lr, precision)
         self.window_from = step + 1
 
     def end_epoch(self) -> dict[str, float]:

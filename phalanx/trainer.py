@@ -287,7 +287,7 @@ class Trainer(Checkpointing, Validation):
                              "lr": first_lr(self.optimizers), **({"lrs": lrs} if len(lrs) > 1 else {}),
                              "samples_per_s": count / max(seconds, 1e-9), "samples": count, "seconds": seconds,
                              "time": time.time(), "world_size": self.world_size, **times})
-        self.losses.check_finite(losses, self.step, epoch, self.epoch, self.base_lr)
+        self.losses.check_finite(losses, self.step, epoch, self.epoch, self.base_lr, self.cfg.optim.precision)
         return stop
 
     def _stop_if_diverged(self, epoch: int, losses: dict[str, torch.Tensor] | None = None) -> None:
@@ -296,4 +296,4 @@ class Trainer(Checkpointing, Validation):
         what = first_non_finite(losses or {}, self.bare_models(), self.device)
         if self._any_rank(what is not None):
             raise diverged(f"the {what or 'weights of another rank'} became non-finite (inf or nan) at step "
-                           f"{self.step}", epoch, self.epoch, self.base_lr)
+                           f"{self.step}", epoch, self.epoch, self.base_lr, self.cfg.optim.precision)

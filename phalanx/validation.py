@@ -27,7 +27,8 @@ class Validation:
                 metrics.update({f"ema_{k}": v for k, v in averaged.metrics.items()})
             bad = non_finite_metric(metrics)  # all-reduced already: every rank stops here
             if bad:  # a model whose outputs are nan still has an accuracy (argmax of nan is 0)
-                raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr)
+                raise diverged(f"the validation {bad} after step {self.step}", epoch, self.epoch, self.base_lr,
+                               self.cfg.optim.precision)
             self._record_epoch(epoch, evaluation)
         return metrics
 

@@ -417,6 +417,8 @@ MUTANTS = [
     Mutant("the trainer never marks a padding micro-batch", "phalanx/trainer.py",
            "        stack.enter_context(self.strategy.padding(not micro.real))\n", "",
            (f"{LAUNCH} -k cpu_workers_trains",)),
+    Mutant("the fp16 range hint given in every precision", "phalanx/divergence.py", 'if precision == "fp16" else "")',
+           'if precision else "")', ("tests/test_train.py -k diverg",)),
 ]
 
 

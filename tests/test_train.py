@@ -232,3 +232,12 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_in_one_line(phalanx,
     assert train[-1]["epoch"] == 1 and not math.isfinite(train[-1]["loss"])  # the record that shows it
     # It stopped at that log step, the first with a non-finite loss, not at the epoch's end.
     assert [math.isfinite(r["loss"]) for r in train].count(False) == 1 and "the train loss became" in result.err
+    assert "fp16" not in result.err
+
+
+def test_a_run_diverging_in_fp16_is_told_where_fp16s_range_ends(phalanx, tmp_path):
+    # Barlow Twins overflowed fp16 on an H100 while fp32 went on: the line names the range and bf16.
+    result = phalanx("train", "--epochs", 1, "--lr", 1000, "--precision", "fp16", "--checkpoints-dir", tmp_path,
+                     "--log-every", 1, "--no-progress")
+    assert result.code == 1 and len(result.err.strip().splitlines()) <= 2, result.err  # with the CPU fp16 warning
+    assert "training diverged" in result.err and "fp16 overflows above 65504, where bf16" in result.err

@@ -82,7 +82,7 @@ import torch  # noqa: E402
 
 def sample_id(image: torch.Tensor) -> str:
     """A training sample's identity: a hash of its pixels (the tests map it back to the data set)."""
-    return hashlib.blake2b(image.detach().float().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
+    return hashlib.blake2b(image.detach().float().cpu().contiguous().numpy().tobytes(), digest_size=8).hexdigest()
 
 
 class _Recorder(SmallCNN):
