@@ -1,6 +1,7 @@
 """The contenders phalanx is compared with on a GPU, each a fresh process:
 
     python benchmarks/gpu_loops.py hand MODEL SIZE BATCH STEPS WARMUP PRECISION COMPILE WORKERS
+    python benchmarks/gpu_loops.py hand-ahead MODEL ...   # the next batch fetched before each step, as Lightning does
     python benchmarks/gpu_loops.py lightning MODEL SIZE BATCH STEPS WARMUP PRECISION COMPILE WORKERS
 
 The same work as ``phalanx train --dataset synthetic``: seeded random RGB images in memory, scaled
@@ -15,6 +16,7 @@ rate with no input pipeline: whether the loader starves the GPU).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -54,14 +56,25 @@ def report(**values) -> None:
         json.dump(values, fh)
 
 
+def fetched_one_ahead(batches):
+    """Batches as Lightning's fetcher gives them: the next one is taken from the loader before the
+    current one trains."""
+    source = iter(batches)
+    ahead = next(source, None)
+    while ahead is not None:
+        current, ahead = ahead, next(source, None)
+        yield current
+
+
 def hand(name: str, size: int, batch: int, steps: int, warmup: int, precision: str, compile_model: bool,
-         workers: int) -> None:
+         workers: int, ahead: bool = False) -> None:
     model = model_of(name, compile_model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
     model.train()
     first = start = None
-    for step, (inputs, targets) in enumerate(loader(data(steps * batch, size), batch, workers), start=1):
+    batches = loader(data(steps * batch, size), batch, workers)
+    for step, (inputs, targets) in enumerate(fetched_one_ahead(batches) if ahead else batches, start=1):
         inputs = inputs.cuda(non_blocking=True).contiguous(memory_format=torch.channels_last)
         targets = targets.cuda(non_blocking=True)
         with autocast(precision):
@@ -136,5 +149,5 @@ def lightning(name: str, size: int, batch: int, steps: int, warmup: int, precisi
 if __name__ == "__main__":
     kind, model_name, *numbers = sys.argv[1:]
     size, batch, steps, warmup = map(int, numbers[:4])
-    {"hand": hand, "lightning": lightning}[kind](model_name, size, batch, steps, warmup, numbers[4],
-                                                 numbers[5] == "1", int(numbers[6]))
+    run = {"hand": hand, "hand-ahead": functools.partial(hand, ahead=True), "lightning": lightning}[kind]
+    run(model_name, size, batch, steps, warmup, numbers[4], numbers[5] == "1", int(numbers[6]))
