@@ -150,16 +150,40 @@ def head_module(model: nn.Module) -> tuple[str, nn.Module]:
     return linears[-1]
 
 
-def backbone_of(model: nn.Module) -> tuple[nn.Module, int]:
-    """A classifier without its last Linear layer (replaced by the identity), and its feature size."""
+class ProbeNorm(nn.BatchNorm1d):
+    """``--probe-norm``: the frozen features standardised before the head, BatchNorm without affine
+    as MAE's linear probe; the head's own (its statistics train, the backbone's stay frozen)."""
+
+    def __init__(self, features: int):
+        super().__init__(features, affine=False)
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    return (model.get_submodule(name.rpartition(".")[0]) if "." in name else model), name.rpartition(".")[2]
+
+
+def insert_probe_norm(model: nn.Module) -> None:
+    """The head (the last Linear layer) becomes ``Sequential(ProbeNorm, head)``."""
     name, head = head_module(model)
-    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-    setattr(parent, name.rpartition(".")[2], nn.Identity())
+    parent, attr = _parent(model, name)
+    setattr(parent, attr, nn.Sequential(ProbeNorm(head.in_features), head))
+
+
+def backbone_of(model: nn.Module) -> tuple[nn.Module, int]:
+    """A classifier without its head (the last Linear layer, with a --probe-norm before it),
+    replaced by the identity, and its feature size."""
+    name, head = head_module(model)
+    parent, _ = _parent(model, name)
+    if isinstance(parent, nn.Sequential) and isinstance(parent[0], ProbeNorm):
+        name = name.rpartition(".")[0]
+    parent, attr = _parent(model, name)
+    setattr(parent, attr, nn.Identity())
     return model, head.in_features
 
 
 class Backbone:
-    """``--freeze-backbone``: everything but the head stops learning, BatchNorm statistics included."""
+    """``--freeze-backbone``: everything but the head stops learning, BatchNorm statistics included
+    (a --probe-norm's are the head's and train)."""
 
     def __init__(self, model: nn.Module):
         head_name, head = head_module(model)
@@ -168,7 +192,8 @@ class Backbone:
             if id(param) not in self.head:
                 param.requires_grad_(False)
         self.norms = [m for name, m in model.named_modules()
-                      if isinstance(m, nn.modules.batchnorm._NormBase) and not name.startswith(head_name)]
+                      if isinstance(m, nn.modules.batchnorm._NormBase) and not isinstance(m, ProbeNorm)
+                      and not name.startswith(head_name)]
         self.description = f"backbone frozen, training {head_name} only"
 
     def train_mode(self) -> None:

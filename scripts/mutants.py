@@ -419,6 +419,11 @@ MUTANTS = [
            (f"{LAUNCH} -k cpu_workers_trains",)),
     Mutant("the fp16 range hint given in every precision", "phalanx/divergence.py", 'if precision == "fp16" else "")',
            'if precision else "")', ("tests/test_train.py -k diverg",)),
+    Mutant("the probe's norm frozen with the backbone", "phalanx/finetune.py",
+           "isinstance(m, nn.modules.batchnorm._NormBase) and not isinstance(m, ProbeNorm)",
+           "isinstance(m, nn.modules.batchnorm._NormBase)", ("tests/test_ssl.py -k dinos_backbone",)),
+    Mutant("features taken after the probe's norm", "phalanx/finetune.py",
+           "        name = name.rpartition(\".\")[0]\n", "", ("tests/test_inference.py -k probes_norm",)),
 ]
 
 

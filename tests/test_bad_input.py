@@ -116,6 +116,7 @@ CASES = [
     ("lr-inf", ["--lr", "inf"], "--lr", "finite"),
     ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
+    ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),
     ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),
     ("local-crop-larger-than-image", ["--task", "dino", "--image-size", "16", "--local-size", "40"], "--local-size",
      "larger than the images' 16 px"),

@@ -118,6 +118,34 @@ def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, p
     assert wrong.code == 2 and "must end in .npy" in wrong.err
 
 
+def test_predict_features_of_a_probe_are_the_backbones_before_the_probes_norm(phalanx, tmp_path):
+    import numpy as np
+
+    from phalanx.finetune import ProbeNorm
+    from phalanx.inference.model import load_trained
+
+    assert phalanx("train", "--freeze-backbone", "--probe-norm", "--epochs", 1, "--checkpoints-dir", tmp_path,
+                   "--no-progress").code == 0
+    images = tmp_path / "images"
+    images.mkdir()
+    pixels = np.random.default_rng(1).integers(0, 256, (3, 8, 8), dtype=np.uint8)
+    from PIL import Image
+
+    for i, image in enumerate(pixels):
+        Image.fromarray(image).save(images / f"{i}.png")
+    result = phalanx("predict", "--checkpoint", tmp_path / "experiment/latest.pt", images, "--features",
+                     "--output", tmp_path / "features.npy")
+    assert result.code == 0, result.err
+    model = load_trained(str(tmp_path / "experiment/latest.pt")).models["model"].eval()
+    norm = next(m for m in model.modules() if isinstance(m, ProbeNorm))
+    seen = []
+    norm.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        model((torch.from_numpy(pixels).float()[:, None] / 255 - 0.5) / 0.5)
+    features = np.load(tmp_path / "features.npy")
+    assert features.shape == (3, 128) and np.allclose(features, seen[0].numpy(), atol=1e-5)
+
+
 @pytest.mark.parametrize("kind, suffix, loader", [
     ("torchscript", "ts", "torch.jit.load(sys.argv[1])"),
     ("exported-program", "pt2", "torch.export.load(sys.argv[1]).module()"),

@@ -16,7 +16,7 @@ from .. import records
 from ..windows import window
 from ..data import DataBundle, build_datasets, dataset_labels
 from ..errors import PhalanxError
-from ..finetune import Backbone, load_weights, param_groups
+from ..finetune import Backbone, insert_probe_norm, load_weights, param_groups
 from ..models import build_model, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from .base import Declaration, Evaluation, Task, TaskData, full_precision
@@ -70,6 +70,8 @@ class ClassifyTask(Task):
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         outputs = self.options.num_classes or len(data.info["classes"])
         model = build_model(self.cfg.network.model, outputs, data.info["channels"])
+        if self.options.probe_norm:
+            insert_probe_norm(model)
         if self.options.freeze_backbone:
             self.backbone = Backbone(model)
         return {"model": model}

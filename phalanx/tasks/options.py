@@ -32,12 +32,17 @@ class ClassifyOptions:
                                    metavar="P", at_least=0, at_most=1)
     freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
                                    "BatchNorm statistics stay as loaded.")
+    probe_norm: bool = option(False, "With --freeze-backbone: the frozen features standardised before the head "
+                              "(BatchNorm without affine, as MAE's linear probe), for a backbone whose features "
+                              "share a large offset (DINO's on the built-in digits).")
     head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M", at_least=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.freeze_backbone and self.head_lr_mult == 0:
             raise _bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
+        if self.probe_norm and not self.freeze_backbone:
+            raise _bad("probe_norm", "needs --freeze-backbone (it standardises a linear probe's frozen features)")
 
 
 @dataclass(frozen=True)
