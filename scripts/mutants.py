@@ -424,6 +424,11 @@ MUTANTS = [
            "isinstance(m, nn.modules.batchnorm._NormBase)", ("tests/test_ssl.py -k dinos_backbone",)),
     Mutant("features taken after the probe's norm", "phalanx/finetune.py",
            "        name = name.rpartition(\".\")[0]\n", "", ("tests/test_inference.py -k probes_norm",)),
+    Mutant("augmented training reads images normalised in place", "phalanx/data/__init__.py",
+           "in_place=augmented is None)", "in_place=True)", ("tests/test_loader.py -k in_memory",)),
+    Mutant("the in-place split moves rows in the wrong order", "phalanx/data/sources.py",
+           "order = torch.tensor(train_idx, dtype=torch.long)", "order = torch.tensor(train_idx, dtype=torch.long).flip(0)",
+           ("tests/test_loader.py -k hold_out",)),
 ]
 
 

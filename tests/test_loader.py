@@ -146,3 +146,38 @@ def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypa
         expected = torch.nn.functional.pad(image, (2,) * 4)[:, top:top + 8, left:left + 8]
         expected = prepare.scale(expected.flip(-1) if flipped else expected)
         assert torch.equal(augment(image), expected), draw
+
+
+def test_in_memory_images_are_transformed_once_and_in_place_only_where_nothing_reads_them_raw():
+    from phalanx.data import _in_chunks
+
+    images = torch.rand(600, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    normalise = lambda x: (x - 0.5) / 0.5  # noqa: E731
+    expected = torch.cat([normalise(part) for part in images.split(256)])  # three chunks, the last short
+    mine = images.clone()
+    assert _in_chunks(normalise, mine, in_place=True).data_ptr() == mine.data_ptr() and torch.equal(mine, expected)
+    kept = images.clone()
+    out = _in_chunks(normalise, kept)
+    assert out.data_ptr() != kept.data_ptr() and torch.equal(out, expected) and torch.equal(kept, images)
+    resize = lambda x: torch.nn.functional.interpolate(x, size=12)  # noqa: E731
+    grown = _in_chunks(resize, images.clone(), in_place=True)  # another shape: a new tensor
+    assert grown.shape == (600, 3, 12, 12) and torch.equal(grown, resize(images))
+    # In a run: the built-in digits without augmentation are normalised where they lie; with it,
+    # training reads the raw images, which stay as loaded.
+    for augment, shared in (("none", True), ("basic", False)):
+        bundle = build_datasets(RunConfig.flat(augment=augment, image_size=16), None)
+        plain, raw = bundle.train.plain.images, bundle.train.raw.images
+        assert (plain.data_ptr() == raw.data_ptr()) is shared
+        assert plain.min() < -0.5 and (shared or raw.min() >= 0)
+
+
+def test_a_hold_out_split_in_place_is_the_gathered_split():
+    from phalanx.data.sources import holdout_indices, split_in_place
+
+    images = torch.rand(50, 2, 3, 3, generator=torch.Generator().manual_seed(1))
+    train_idx, val_idx = holdout_indices(50, 0.3, seed=4)
+    for chunk in (1, 3, 7, 256):  # rows moved a chunk at a time, never over a row still to be read
+        mine = images.clone()
+        train, val = split_in_place(mine, train_idx, val_idx, chunk=chunk)
+        assert torch.equal(train, images[train_idx]) and torch.equal(val, images[val_idx])
+        assert train.data_ptr() == mine.data_ptr()  # no second copy of the training rows

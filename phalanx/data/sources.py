@@ -76,9 +76,24 @@ class Tensors(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+def split_in_place(images: torch.Tensor, train_idx: list[int], val_idx: list[int],
+                   chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hold-out split of images no one else holds, without a second copy of the training rows:
+    the validation rows copied out, the training rows (ascending) moved to the front where they lie.
+    Row k receives row ``train_idx[k] >= k``, and a chunk is read whole before it is written, so no
+    row is overwritten before it is read. The tail (the validation rows) stays allocated behind the view."""
+    val = images[val_idx]
+    order = torch.tensor(train_idx, dtype=torch.long)
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        images[start:start + len(part)] = images[part]
+    return images[:len(order)], val
+
+
 def _in_memory(images: torch.Tensor, labels: torch.Tensor, data: DataOptions, seed: int, classes: list[str], what: str) -> Source:
+    """``images``: generated or decoded for this source alone (split where they lie)."""
     train_idx, val_idx = holdout_indices(len(labels), data.val_fraction, seed)
-    train, val = images[train_idx], images[val_idx]
+    train, val = split_in_place(images, train_idx, val_idx)
     size = images.shape[-1]
     return Source(Tensors(train, labels[train_idx]), Tensors(val, labels[val_idx]), classes, images.shape[1], size,
                   f"{what} ({len(train_idx)} train / {len(val_idx)} val, {size}x{size})", in_memory=(train, val))
