@@ -89,7 +89,7 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+", default=["fp32", "bf16", "fp32-compile", "bf16-compile"])
     # hand-ahead: the hand-written loop fetching its next batch before each step, as Lightning's loop
-    # does (the plain loop was 0.81x Lightning on an H100 with the same loader; not run there yet).
+    # does (the plain loop was 0.85x Lightning on an H100 with the same loader; not run there yet).
     parser.add_argument("--contenders", nargs="+", default=["hand", "hand-ahead", "phalanx", "lightning"])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--size", type=int, default=224)
@@ -105,7 +105,7 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
 
     device = torch.cuda.get_device_name(0)
     # "bf16" runs every --contenders; "fp32:hand,phalanx" runs those two in that setting.
-    chosen = {spec.partition(":")[0]: spec.partition(":")[2].split(",") if ":" in spec else opts.contenders
+    chosen = {spec.partition(":")[0]: spec.partition(":")[2].split(",") if ":" in spec else list(opts.contenders)
               for spec in opts.settings}
     raw: dict[str, dict[str, list[dict]]] = {s: {c: [] for c in names} for s, names in chosen.items()}
     began = time.perf_counter()
@@ -116,6 +116,8 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
             break
         started = time.perf_counter()
         for setting, names in chosen.items():
+            if not names:  # every contender of this setting failed
+                continue
             runs = contenders(setting, opts.model, opts.size, opts.batch, opts.steps, opts.warmup, opts.workers)
             # The order rotates each repeat, so no contender is always the first process on a cold GPU.
             for name in names[rep % len(names):] + names[:rep % len(names)]:

@@ -70,7 +70,10 @@ def run_measured(argv: list[str], env: dict[str, str], stderr=None) -> dict:
     """Run one contender as a fresh process: wall time, peak RSS (largest process), its report."""
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        env = {**os.environ, **env, "BENCH_RESULT": str(result_file), "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+        # BENCH_PYTHONPATH: a folder put first on the contender's path (breakdown_cost.py's "off" patch).
+        first = [env["BENCH_PYTHONPATH"]] if env.get("BENCH_PYTHONPATH") else []
+        env = {**os.environ, **env, "BENCH_RESULT": str(result_file),
+               "PYTHONPATH": os.pathsep.join([*first, str(HERE), str(REPO)])}
         started_wall, started = time.time(), time.perf_counter()
         proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=stderr if stderr is not None else subprocess.PIPE)

@@ -20,8 +20,10 @@ Examples:
 
 @click.command(cls=Command, epilog=SCALE_EXAMPLES)
 @training_options("trainlaunch")
-@click.option("--workers", default="1,2", show_default=True, metavar="N[,N...]", cls=Option,
-              help="World sizes to measure (DDP workers through torchrun on this machine; 1 is always measured).")
+@click.option("--workers", default="auto", show_default=True, metavar="N[,N...]", cls=Option,
+              help="World sizes to measure (1 is always measured): DDP workers through torchrun on this machine, "
+              "or srun steps when run from a SLURM batch script. auto: 1, 2, 4, ... up to the allocation's tasks "
+              "under SLURM, else up to the --gpu-ids, else 1,2.")
 @click.option("--scaling", type=click.Choice(["weak", "strong", "both"]), default="both", show_default=True, cls=Option,
               help="weak: --batch-size per worker at every world size; strong: --batch-size is the global batch, "
               "split over the workers.")
@@ -46,7 +48,7 @@ def scale(ctx: click.Context, workers: str, scaling: str, steps: int, warmup_ste
     """
     cfg = build_config(ctx, values)
     try:
-        sizes = [int(w) for w in workers.split(",")]
+        sizes = [] if workers == "auto" else [int(w) for w in workers.split(",")]
     except ValueError:
         raise PhalanxError(f"expected world sizes such as 1,2,4 (got {workers!r})", "--workers") from None
     from .scale import SCALINGS, scale as run_scale  # imports torch

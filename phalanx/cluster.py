@@ -95,7 +95,9 @@ def _from_slurm(env: Mapping[str, str]) -> Placement:
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     addr = env.get("MASTER_ADDR") or first_host(nodes)
     # The port is the job's unless given: every task of the job derives the same one.
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 15000 + _int(env, "SLURM_JOB_ID") % 20000
+    # A port per job step: the steps of one job (phalanx scale's world sizes) each start a rendezvous.
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else \
+        15000 + (_int(env, "SLURM_JOB_ID") + _int(env, "SLURM_STEP_ID", 0)) % 20000
     world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
     local_world = tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1",
                                 _int(env, "SLURM_NODEID", 0))

@@ -46,8 +46,7 @@ def diverged(what: str, epoch: int, saved_epoch: int, lr: float, precision: str)
     kept = f"{LATEST} holds epoch {saved_epoch}" if saved_epoch else "no checkpoint was saved yet"
     # fp16 ends at 65504: a network whose activations grow (Barlow Twins on a backbone without
     # normalisation did, on an H100 and on the CPU) overflows there while fp32 and bf16 go on.
-    range_hint = ("; fp16 overflows above 65504, where bf16 (on GPUs that have it) has float32's range"
-                  if precision == "fp16" else "")
+    range_hint = ("; fp16 overflows above 65504, where bf16 has float32's range" if precision == "fp16" else "")
     return RunFailed(f"{what} (epoch {epoch}): training diverged, so it stopped; {kept}. "
                      f"Lower --lr (it is {lr:g}) or add --warmup-epochs{range_hint}")
 

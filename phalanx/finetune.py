@@ -157,6 +157,16 @@ class ProbeNorm(nn.BatchNorm1d):
     def __init__(self, features: int):
         super().__init__(features, affine=False)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Features of any leading shape, (batch, ..., features); a training batch of one row (the
+        # remainder of an epoch) is standardised with the running statistics, which it leaves as they are.
+        rows = x.reshape(-1, x.shape[-1])
+        if self.training and len(rows) < 2:
+            out = nn.functional.batch_norm(rows, self.running_mean, self.running_var, training=False, eps=self.eps)
+        else:
+            out = super().forward(rows)
+        return out.reshape(x.shape)
+
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(name.rpartition(".")[0]) if "." in name else model), name.rpartition(".")[2]

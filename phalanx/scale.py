@@ -2,8 +2,10 @@
 
 For each scaling (weak: the batch per worker fixed; strong: the global batch fixed) and each world
 size, the configuration trains for a fixed number of steps in DDP workers that torchrun starts on
-this machine (1 worker: one plain process, as on one device), in a scratch directory removed afterwards (nothing of a real run directory is read or
-written). The rate of each point is its own measurement: samples over seconds of the steps after
+this machine, or, run from the batch script of a SLURM allocation, that srun starts as a step of
+its tasks (1 worker: one plain process, as on one device), in a scratch directory removed
+afterwards (nothing of a real run directory is read or written; under SLURM it lies in the
+checkpoints directory, which the nodes share). The rate of each point is its own measurement: samples over seconds of the steps after
 the warm-up, from the run's ``train`` records (with ``--repeats``, interleaved, the median); speedup
 is a rate over the 1-worker rate of the same scaling, efficiency the speedup over the workers. The step-time breakdown (data, compute,
 communication, optimizer, logging) comes from the same records; what a step takes beyond the
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .atomic import atomic_write
 from .config import RunConfig
@@ -47,12 +49,37 @@ class Point:
         return self.batch * self.workers
 
 
-def plan(cfg: RunConfig, workers: list[int], scalings: list[str]) -> list[Point]:
+def slurm_tasks(env: Mapping[str, str]) -> int | None:
+    """The tasks of the SLURM allocation whose batch script runs this (not an srun task), or None."""
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
+        return None
+    try:
+        return max(1, int(env.get("SLURM_NTASKS", "1")))
+    except ValueError:
+        raise PhalanxError(f"SLURM_NTASKS is {env['SLURM_NTASKS']!r}, not a number of tasks", "--workers") from None
+
+
+def auto_workers(cfg: RunConfig, env: Mapping[str, str]) -> list[int]:
+    """``--workers auto``: 1, 2, 4, ... up to the SLURM allocation's tasks, else up to the GPU ids,
+    else 1 and 2 (CPU workers on this machine)."""
+    most = slurm_tasks(env) or (2 if cfg.devices.uses_cpu else len(cfg.devices.gpu_ids))
+    sizes, size = [], 1
+    while size < most:
+        sizes.append(size)
+        size *= 2
+    return sizes + [most]
+
+
+def plan(cfg: RunConfig, workers: list[int], scalings: list[str], env: Mapping[str, str]) -> list[Point]:
     """The points to run, checked before any runs: a strong scaling's global batch (the 1-worker
     batch, --batch-size) must split evenly over each world size."""
     if not workers or any(w < 1 for w in workers):
         raise PhalanxError(f"world sizes are 1 or more (got {','.join(map(str, workers))})", "--workers")
-    if not cfg.devices.uses_cpu and max(workers) > len(cfg.devices.gpu_ids):
+    tasks = slurm_tasks(env)
+    if tasks is not None and max(workers) > tasks:
+        raise PhalanxError(f"{max(workers)} workers but this SLURM allocation has {tasks} task(s) (SLURM_NTASKS); "
+                           "ask sbatch for more (--ntasks) or measure fewer", "--workers")
+    if tasks is None and not cfg.devices.uses_cpu and max(workers) > len(cfg.devices.gpu_ids):
         raise PhalanxError(f"{max(workers)} workers but {len(cfg.devices.gpu_ids)} --gpu-ids; give one id per worker",
                            "--workers")
     sizes = sorted(set(workers) | {1})  # every speedup is over the 1-worker rate
@@ -66,35 +93,45 @@ def plan(cfg: RunConfig, workers: list[int], scalings: list[str]) -> list[Point]
     return points
 
 
-def describe(cfg: RunConfig, points: list[Point], steps: int, warmup: int, repeats: int) -> list[str]:
+def describe(cfg: RunConfig, points: list[Point], steps: int, warmup: int, repeats: int,
+             env: Mapping[str, str]) -> list[str]:
     """``--dry-run``: what would run."""
+    tasks = slurm_tasks(env)
+    where = ("on this machine (1 worker: one process; more: DDP workers through torchrun), in a scratch directory"
+             if tasks is None else f"in SLURM job {env['SLURM_JOB_ID']} ({tasks} tasks; 1 worker: one process; "
+             f"more: srun steps of its tasks), in a scratch directory under {cfg.checkpoints_dir}")
     lines = [f"phalanx scale: {len(points)} points x {repeats} repeat(s), each {warmup} warm-up + {steps} measured "
-             f"steps, on this machine "
-             f"(1 worker: one process; more: DDP workers through torchrun), in a scratch directory (nothing of "
-             f"{cfg.run_dir} is touched)"]
+             f"steps, {where} (nothing of {cfg.run_dir} is touched)"]
     for p in points:
         lines.append(f"  {p.scaling} scaling, {p.workers} worker{'s' if p.workers > 1 else ''}: --batch-size {p.batch} "
                      f"per worker (global {p.global_batch})")
     return lines
 
 
-def run_point(cfg: RunConfig, point: Point, steps: int, warmup: int, scratch: Path) -> Point:
+def run_point(cfg: RunConfig, point: Point, steps: int, warmup: int, scratch: Path, slurm: bool = False) -> Point:
     """Train one point and measure it from its records."""
     name = f"{point.scaling}-{point.workers}"
     # A record every step (the warm-up's end is a record's end wherever epochs end), epochs enough
-    # for every step, no validation: what is timed is training alone. Each point on its own GPUs.
-    gpus = {} if cfg.devices.uses_cpu else {"gpu_ids": cfg.devices.gpu_ids[:point.workers]}
+    # for every step, no validation: what is timed is training alone. Each point on its own GPUs
+    # (under SLURM the ids are each node's: a task takes gpu_ids[its local rank]).
+    gpus = {} if cfg.devices.uses_cpu or slurm else {"gpu_ids": cfg.devices.gpu_ids[:point.workers]}
     run = cfg.replace(checkpoints_dir=str(scratch), name=name, batch_size=point.batch, max_steps=warmup + steps,
                       epochs=10 ** 6, log_every=1, val_every=10 ** 9, save_epoch_freq=0, progress=False, resume=None,
                       overwrite=False, pickle_dir=None, remote_transfer=None, remote_transfer_cmd=None, **gpus)
     env = dict(os.environ)
-    if cfg.devices.uses_cpu:
-        env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(point.workers))
     # 1 worker: a plain process, as the user would train on one device (its speedup over that
-    # includes what going distributed costs); more: DDP workers started by torchrun
+    # includes what going distributed costs); more: DDP workers started by torchrun, or an srun
+    # step of the allocation's tasks (each worker takes its threads from its node's tasks)
     plain = point.workers == 1 and cfg.devices.strategy != "fsdp"  # fsdp shards over DDP workers, even one
-    launcher = [] if plain else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={point.workers}"]
-    done = subprocess.run([sys.executable, *launcher, "-m", "phalanx.worker", run.to_json(indent=None)],
+    if cfg.devices.uses_cpu and not (slurm and not plain):
+        env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(point.workers))
+    if plain:
+        launcher = [sys.executable]
+    elif slurm:
+        launcher = ["srun", f"--ntasks={point.workers}", "--kill-on-bad-exit=1", sys.executable]
+    else:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={point.workers}"]
+    done = subprocess.run([*launcher, "-m", "phalanx.worker", run.to_json(indent=None)],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if line.startswith("phalanx:")]
@@ -113,6 +150,10 @@ def measure(point: Point, records: list[dict[str, Any]], warmup: int) -> Point:
     seconds = sum(r["seconds"] for r in windows)
     if not windows or seconds <= 0 or not any(r["step"] == warmup for r in train):
         raise RunFailed(f"{point.scaling}-{point.workers}: no steps were measured after the warm-up")
+    formed = {r.get("world_size", point.workers) for r in windows}
+    if formed != {point.workers}:  # a launcher that started separate processes, not one group
+        raise RunFailed(f"{point.scaling}-{point.workers}: the workers formed a group of "
+                        f"{', '.join(map(str, sorted(formed)))}, not {point.workers}")
     count = sum(r["step"] - prev for r, prev in zip(windows, [warmup] + [w["step"] for w in windows]))
     parts = {key.removeprefix("step_").removesuffix("_s"): sum(r.get(key, 0.0) * (r["step"] - prev) for r, prev in
                                                                  zip(windows, [warmup] + [w["step"] for w in windows])) / count
@@ -188,22 +229,30 @@ def scale(cfg: RunConfig, workers: list[int], scalings: list[str], steps: int, w
           pickle_dir: str | None, dry_run: bool, say: Callable[[str], None], repeats: int = 1) -> list[Point]:
     if steps < 1 or warmup < 1 or repeats < 1:
         raise PhalanxError("--steps, --warmup-steps and --repeats are 1 or more", "--steps")
-    points = plan(cfg, workers, scalings)
+    env = dict(os.environ)
+    points = plan(cfg, workers or auto_workers(cfg, env), scalings, env)
+    slurm = slurm_tasks(env) is not None
     for given, flag in ((output, "--output"), (pickle_dir, "--scale-pickle-dir")):
         if given and not Path(given).resolve().parent.is_dir():  # said now, not after every point ran
             raise PhalanxError(f"{Path(given).resolve().parent} does not exist", flag)
     if pickle_dir and holds_snapshots(Path(pickle_dir)):  # a run's snapshots: never written over
         raise PhalanxError(f"{pickle_dir} holds snapshots already; give a new or empty folder", "--scale-pickle-dir")
     if dry_run:
-        for line in describe(cfg, points, steps, warmup, repeats):
+        for line in describe(cfg, points, steps, warmup, repeats, env):
             say(line)
         return points
     runs: dict[int, list[Point]] = {index: [] for index in range(len(points))}
-    with tempfile.TemporaryDirectory(prefix="phalanx-scale-") as scratch:
+    if slurm:  # every node reads and writes the scratch: the checkpoints directory, which they share
+        Path(cfg.checkpoints_dir).mkdir(parents=True, exist_ok=True)
+    how = "srun" if slurm else "torchrun"
+    with tempfile.TemporaryDirectory(prefix=".phalanx-scale-" if slurm else "phalanx-scale-",
+                                     dir=cfg.checkpoints_dir if slurm else None) as scratch:
         for repeat in range(repeats):  # interleaved: a slow minute of the machine hits every point alike
             for index, point in enumerate(points):
-                runs[index].append(run_point(cfg, point, steps, warmup, Path(scratch) / str(repeat)))
-                say(f"phalanx scale: {point.scaling} {point.workers} worker(s): {runs[index][-1].rate:.1f} samples/s")
+                runs[index].append(run_point(cfg, point, steps, warmup, Path(scratch) / str(repeat), slurm))
+                started = "one process" if point.workers == 1 and cfg.devices.strategy != "fsdp" else how
+                say(f"phalanx scale: {point.scaling} {point.workers} worker(s) ({started}): "
+                    f"{runs[index][-1].rate:.1f} samples/s")
     measured = [median_point(found) for found in runs.values()]
     for line in table(measured):
         say(line)

@@ -3,6 +3,7 @@ test session on loopback, the README's sbatch scripts submitted to it; and Open 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -30,7 +31,8 @@ def test_an_srun_task_is_placed_from_slurms_variables():
     placement = placement_from(SLURM_TASK)
     assert (placement.launcher, placement.rank, placement.local_rank, placement.world_size,
             placement.local_world_size) == ("slurm", 3, 1, 4, 2)
-    assert (placement.master_addr, placement.master_port) == ("gpu07", 15000 + 4242 % 20000)
+    assert (placement.master_addr, placement.master_port) == ("gpu07", 15000 + (4242 + 0) % 20000)
+    assert placement_from({**SLURM_TASK, "SLURM_STEP_ID": "3"}).master_port == 15000 + 4245  # a port per step
     assert placement_from({**SLURM_TASK, "MASTER_PORT": "29999"}).master_port == 29999
 
 
@@ -144,10 +146,12 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def submit(slurm_env: dict, script: str, workdir: Path, *args: str, env: dict | None = None) -> str:
-    """sbatch the README's script from ``workdir``, as a user would; returns the job id."""
+def submit(slurm_env: dict, script: str, workdir: Path, *args: str, env: dict | None = None,
+           sbatch: tuple[str, ...] = ()) -> str:
+    """sbatch the README's script from ``workdir``, as a user would (``sbatch``: sbatch's own options,
+    ``args``: the script's); returns the job id."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{slurm_env['PATH']}"  # `phalanx` as installed
-    done = subprocess.run(["sbatch", "--parsable", str(REPO / "examples" / "slurm" / script), *args], cwd=workdir,
+    done = subprocess.run(["sbatch", "--parsable", *sbatch, str(REPO / "examples" / "slurm" / script), *args], cwd=workdir,
                           env={**slurm_env, **USER_MODELS, "PATH": path, "PHALANX_GPU_IDS": "-1", **(env or {})},
                           capture_output=True, text=True, check=True)
     return done.stdout.strip().split(";")[0]
@@ -206,6 +210,38 @@ def test_a_job_requeued_mid_run_resumes_with_nothing_lost(slurm, tmp_path):
     assert_every_epoch_once(run, 3, world=2)
     steps = [r["step"] for r in records(run, "train")]
     assert steps == list(range(1, steps[-1] + 1))  # every step once: none lost, none repeated
+
+
+@pytest.mark.slow
+def test_phalanx_scale_in_an_allocation_runs_each_world_size_as_an_srun_step(slurm, tmp_path):
+    # 2 tasks: 1 worker in the batch script's process, 2 as an srun step that forms one group (a
+    # point whose records show another world size fails the run); the scratch, under the checkpoints
+    # directory, is gone afterwards.
+    job = submit(slurm, "scale.sbatch", tmp_path, "--scaling", "weak", "--steps", "3", "--warmup-steps", "2",
+                 env={"PHALANX_CHECKPOINTS": str(tmp_path / "ck")}, sbatch=("--ntasks=2",))
+    output = tmp_path / f"phalanx-scale-{job}.out"
+    assert wait_for_job(slurm, job) == "COMPLETED", output.read_text()
+    said = output.read_text()
+    assert "weak 1 worker(s) (one process)" in said and "weak 2 worker(s) (srun)" in said, said
+    found = json.loads((tmp_path / f"scale-{job}.json").read_text())
+    assert [(p["scaling"], p["workers"]) for p in found["points"]] == [("weak", 1), ("weak", 2)]
+    assert found["verdict"].startswith("2 workers (weak scaling)")
+    assert list((tmp_path / "ck").iterdir()) == []
+
+
+def test_scale_in_an_allocation_plans_its_sizes_from_its_tasks(phalanx, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_NTASKS", "6")
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    plan = phalanx("scale", "--scaling", "weak", "--dry-run")
+    assert plan.code == 0, plan.err
+    assert "in SLURM job 77 (6 tasks; 1 worker: one process; more: srun steps of its tasks)" in plan.out
+    assert [line.split(":")[0].strip() for line in plan.out.splitlines()[1:]] == [
+        f"weak scaling, {n} worker{'s' if n > 1 else ''}" for n in (1, 2, 4, 6)]
+    refused = phalanx("scale", "--workers", "8", "--dry-run")
+    assert refused.code == 2 and "8 workers but this SLURM allocation has 6 task(s)" in refused.err
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # an srun task is not an allocation's batch script: this machine
+    assert "through torchrun" in phalanx("scale", "--dry-run").out
 
 
 # --- Open MPI -------------------------------------------------------------------------------------

@@ -210,8 +210,8 @@ def later_task_args(task: str, deepliif_data) -> list:
                                                                          "vicreg", "swav", "dino")
                                              for precision in ("bf16", "fp16") if (task, precision) != ("barlowtwins", "fp16")])
 def test_every_later_task_trains_on_a_gpu_in_half_precision(tmp_path, phalanx, deepliif_data, task, precision):
-    # Finite losses in every logged step (fp16 overflows show as inf or a scaler stuck low), the GPU's
-    # memory logged, and the scaler on in fp16 alone. No "loss falls": DINO's and SwAV's losses need
+    # Finite losses in every logged step (an fp16 overflow shows as inf), the GPU's memory logged,
+    # and the scaler on in fp16 alone. No "loss falls": DINO's and SwAV's losses need
     # not fall in two short epochs (their CPU tests measure what they learn).
     result = phalanx("train", *later_task_args(task, deepliif_data), "--gpu-ids", 0, "--precision", precision,
                      "--epochs", 2, "--batch-size", 8, "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1)

@@ -171,3 +171,19 @@ def test_export_loads_without_phalanx_and_gives_the_checkpoints_logits(trained, 
     with torch.no_grad():
         expected = load_trained(str(trained / "latest.pt")).models["model"](images)
     assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, atol=1e-5)
+
+
+def test_the_probes_norm_takes_a_batch_of_one_row_and_features_of_any_leading_shape():
+    from phalanx.finetune import ProbeNorm
+
+    norm = ProbeNorm(4).train()
+    generator = torch.Generator().manual_seed(0)
+    norm(torch.randn(8, 4, generator=generator) * 3 + 5)
+    mean, var = norm.running_mean.clone(), norm.running_var.clone()
+    one = torch.randn(1, 4, generator=generator)  # an epoch's last batch of one image, in training
+    out = norm(one)
+    assert torch.equal(norm.running_mean, mean) and torch.equal(norm.running_var, var)
+    assert torch.allclose(out, (one - mean) / torch.sqrt(var + norm.eps))
+    tokens = torch.randn(2, 3, 4, generator=generator)  # a head that sees (batch, tokens, features)
+    norm.eval()
+    assert torch.allclose(norm(tokens), norm(tokens.reshape(6, 4)).reshape(2, 3, 4))

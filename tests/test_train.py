@@ -240,4 +240,4 @@ def test_a_run_diverging_in_fp16_is_told_where_fp16s_range_ends(phalanx, tmp_pat
     result = phalanx("train", "--epochs", 1, "--lr", 1000, "--precision", "fp16", "--checkpoints-dir", tmp_path,
                      "--log-every", 1, "--no-progress")
     assert result.code == 1 and len(result.err.strip().splitlines()) <= 2, result.err  # with the CPU fp16 warning
-    assert "training diverged" in result.err and "fp16 overflows above 65504, where bf16" in result.err
+    assert "training diverged" in result.err and "fp16 overflows above 65504, where bf16 has float32's range" in result.err
