@@ -9,11 +9,14 @@ loader workers: phalanx's folder data set; torchvision's ImageFolder with v2 tra
 path every peer ships); torchvision's decode_jpeg with v2 transforms; and phalanx's training
 view with each augmentation recipe. Contenders are interleaved and repeated; medians with min-max.
 
-End to end: training a model that costs nothing (AdaptiveAvgPool2d(8) + Linear) on the small JPEG
-folder, one process, no loader workers, one thread, batch 64, SGD: a hand-written loop
-(``decode_jpeg`` + ``v2.Resize((32, 32))`` + normalise + a step) against ``phalanx train`` with
-``--augment none``, with ``--no-fast-decode``, and with its default augmentation (basic: pad-crop and
-flip); each a fresh process, samples/s of its second epoch (the first warms up).
+End to end: training a model that costs nothing (AdaptiveAvgPool2d(8) + Linear) on small JPEG
+folders (160x160, 3,000 and 6,000 images), one process, no loader workers, one thread, batch 64,
+SGD: a hand-written loop (``decode_jpeg`` + ``v2.Resize((32, 32))`` + normalise + a step) against
+``phalanx train`` with ``--augment none`` and with ``--no-fast-decode``; the same loop with
+torchvision's ``v2.RandomCrop(32, padding=4)`` and ``v2.RandomHorizontalFlip()`` (on the uint8
+image, before the float conversion, as its docs order them) against phalanx's default augmentation
+(basic: the same pad-crop and flip); each a fresh process, samples/s of its second epoch (the first
+warms up).
 
 Startup: ``phalanx train --num-workers 2`` on folders of 10,000 and 100,000 small files, from process
 start to the first optimizer step, and the private memory (USS) of each loader worker after 50
@@ -41,19 +44,21 @@ sys.path.insert(0, str(REPO / "tests" / "support"))
 from phalanx_testdata import photo  # noqa: E402  (the same generated JPEGs as the tests)
 DATA = HERE / ".data"
 PYTHON = sys.executable
-SETS = {"small": (160, 160, 32), "large": (600, 500, 224)}
+SETS = {"small": (160, 160, 32), "large": (600, 500, 224), "small-6000": (160, 160, 32)}
 IMAGES_PER_CLASS, CLASSES, SAMPLE = 300, 10, 1500
+PER_CLASS = {"small-6000": 600}  # the other sets: IMAGES_PER_CLASS
 
 
 def jpeg_folder(name: str) -> Path:
     width, height, _ = SETS[name]
     root = DATA / f"jpeg-{name}"
+    per_class = PER_CLASS.get(name, IMAGES_PER_CLASS)
     if not (root / "done").exists():
         for c in range(CLASSES):
             folder = root / "train" / f"class{c}"
             folder.mkdir(parents=True, exist_ok=True)
-            for i in range(IMAGES_PER_CLASS):
-                (folder / f"{i:05d}.jpg").write_bytes(photo(width, height, c * IMAGES_PER_CLASS + i))
+            for i in range(per_class):
+                (folder / f"{i:05d}.jpg").write_bytes(photo(width, height, c * per_class + i))
         (root / "done").write_text("")
     return root
 
@@ -153,7 +158,8 @@ from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms import v2
 torch.set_num_threads(1)
 files = ImageFolder(sys.argv[1] + "/train").samples
-prepare = v2.Compose([v2.Resize((32, 32), antialias=True), v2.ToDtype(torch.float32, scale=True),
+augment = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if sys.argv[2] == "pad-crop-flip" else []
+prepare = v2.Compose([v2.Resize((32, 32), antialias=True), *augment, v2.ToDtype(torch.float32, scale=True),
                       v2.Normalize([0.5] * 3, [0.5] * 3)])
 class Jpeg(Dataset):
     def __len__(self): return len(files)
@@ -170,36 +176,46 @@ for epoch in (1, 2):
 print(count / (time.perf_counter() - started))
 '''
 
-END_TO_END = {"hand-written loop": None, "phalanx --augment none": ["--augment", "none"],
+# name: the hand-written loop's augmentation (a str), or phalanx's flags (a list)
+END_TO_END = {"hand-written loop": "none", "phalanx --augment none": ["--augment", "none"],
               "phalanx --augment none --no-fast-decode": ["--augment", "none", "--no-fast-decode"],
+              "hand-written loop, torchvision pad-crop + flip": "pad-crop-flip",
               "phalanx default (basic: pad-crop + flip)": []}
+BASELINE = {"phalanx default (basic: pad-crop + flip)": "hand-written loop, torchvision pad-crop + flip"}
+END_TO_END_SETS = ("small", "small-6000")
 
 
 def end_to_end(repeats: int) -> dict:
-    import re
-
-    root = jpeg_folder("small")
     (DATA / "nothing_model.py").write_text(NOTHING)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}", "PHALANX_CACHE": str(DATA / "cache"),
            "OMP_NUM_THREADS": "1"}
     raw: dict = {}
+    roots = {name: jpeg_folder(name) for name in END_TO_END_SETS}
     for rep in range(repeats):
-        for name, flags in END_TO_END.items():
-            if flags is None:
-                done = subprocess.run([PYTHON, "-c", HAND_LOOP, str(root)], env=env, capture_output=True, text=True,
-                                      check=True)
-                value = float(done.stdout.strip().splitlines()[-1])
-            else:
-                with tempfile.TemporaryDirectory() as tmp:
-                    done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model",
-                                           "--dataroot", str(root), "--image-size", "32", "--num-workers", "0",
-                                           "--epochs", "2", "--batch-size", "64", "--val-fraction", "0.01",
-                                           "--checkpoints-dir", tmp, "--no-progress", *flags], env=env,
-                                          capture_output=True, text=True, check=True)
-                value = float(re.search(r"epoch 2/2 .* ([\d,]+) samples/s", done.stdout).group(1).replace(",", ""))
-            raw.setdefault(name, []).append(value)
-            print(f"[end to end {rep + 1}/{repeats}] {name}: {value:.0f} samples/s", flush=True)
+        for data_set, root in roots.items():
+            for name, flags in END_TO_END.items():
+                raw.setdefault(f"{data_set}|{name}", []).append(_end_to_end_rate(root, flags, env))
+                print(f"[end to end {rep + 1}/{repeats}] {data_set} {name}: {raw[f'{data_set}|{name}'][-1]:.0f} "
+                      "samples/s", flush=True)
     return raw
+
+
+def _end_to_end_rate(root: Path, flags: str | list[str], env: dict) -> float:
+    """One fresh process's samples/s in its second epoch: the hand-written loop (``flags``: its
+    augmentation) or phalanx train (``flags``: its options)."""
+    import re
+
+    if isinstance(flags, str):
+        done = subprocess.run([PYTHON, "-c", HAND_LOOP, str(root), flags], env=env, capture_output=True, text=True,
+                              check=True)
+        return float(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model",
+                               "--dataroot", str(root), "--image-size", "32", "--num-workers", "0",
+                               "--epochs", "2", "--batch-size", "64", "--val-fraction", "0.01",
+                               "--checkpoints-dir", tmp, "--no-progress", *flags], env=env,
+                              capture_output=True, text=True, check=True)
+    return float(re.search(r"epoch 2/2 .* ([\d,]+) samples/s", done.stdout).group(1).replace(",", ""))
 
 
 # --- startup: time to first step, and loader workers' private memory ------------------------------
@@ -287,11 +303,15 @@ def markdown(results: dict) -> str:
             width, height, size = SETS[data_set]
             lines.append(f"| {width}x{height} -> {size} | {workers} | {name} | {cell(stat, '.0f')} |")
     if "end_to_end" in results:
-        hand = results["end_to_end"]["hand-written loop"]["median"]
-        lines += ["", "| training on 160x160 JPEGs -> 32, nothing to compute | samples/s | / hand-written |",
-                  "| --- | --- | --- |"]
-        for name, stat in results["end_to_end"].items():
-            lines.append(f"| {name} | {cell(stat, '.0f')} | {stat['median'] / hand:.2f} |")
+        lines += ["", "| training on 160x160 JPEGs -> 32, nothing to compute | images | samples/s | "
+                  "/ its hand-written loop, per repeat |", "| --- | --- | --- | --- |"]
+        ratios = results.get("end_to_end_ratios", {})
+        for key, stat in results["end_to_end"].items():
+            data_set, name = key.split("|")
+            images = CLASSES * PER_CLASS.get(data_set, IMAGES_PER_CLASS)
+            ratio = ratios.get(key)
+            lines.append(f"| {name} | {images:,} | {cell(stat, '.0f')} | "
+                         f"{cell(ratio, '.2f') if ratio else 'baseline'} |")
     if "startup" in results:
         lines += ["", "| files | phalanx | first step (s) | loader worker USS (MB) |", "| --- | --- | --- | --- |"]
         for key, stats in results["startup"].items():
@@ -314,7 +334,12 @@ def main() -> int:
     if opts.only in (None, "throughput"):
         results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats).items()}
     if opts.only in (None, "endtoend"):
-        results["end_to_end"] = {k: summary(v) for k, v in end_to_end(opts.repeats).items()}
+        raw_rates = end_to_end(opts.repeats)
+        results["end_to_end"] = {k: summary(v) for k, v in raw_rates.items()}
+        results["end_to_end_ratios"] = {  # each phalanx row over its loop's rate of the same repeat
+            key: summary([a / b for a, b in zip(rates, raw_rates[f"{key.split('|')[0]}|"
+                                                                  f"{BASELINE.get(key.split('|')[1], 'hand-written loop')}"])])
+            for key, rates in raw_rates.items() if key.split("|")[1].startswith("phalanx")}
     if opts.only in (None, "startup"):
         raw = startup(max(1, opts.repeats // 2), opts.before)
         results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}
