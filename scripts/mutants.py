@@ -438,6 +438,9 @@ MUTANTS = [
            ("tests/test_cluster.py -k placed_from",)),
     Mutant("scale ignores the allocation's task count", "phalanx/scale.py", "if tasks is not None and max(workers) > tasks:",
            "if False:", ("tests/test_cluster.py -k plans_its_sizes",)),
+    Mutant("small JPEGs decoded at reduced scale", "phalanx/data/images.py",
+           "min(size) >= max(DRAFT_REDUCTION * min_side, DRAFT_MIN_SIDE)", "min(size) >= DRAFT_REDUCTION * min_side",
+           ("tests/test_loader.py -k fast_jpeg",)),
 ]
 
 
