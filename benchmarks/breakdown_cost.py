@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     opts = parser.parse_args()
+    # The "off" patch must have applied (a failing sitecustomize is only a warning on stderr).
+    probe = subprocess.run([sys.executable, "-c", "from phalanx.step_times import StepTimes; "
+                            "print(StepTimes.lap.__name__)"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join([OFF["BENCH_PYTHONPATH"], str(HERE.parent)])})
+    if probe.stdout.strip() != "<lambda>":
+        sys.exit(f"breakdown_cost.py: the off patch did not apply: {probe.stderr.strip()[-500:]}")
     raw: dict[str, dict[str, list[float]]] = {f"{m}, {c}": {"on": [], "off": []} for m, c in CASES}
     for rep in range(opts.repeats):
         for model, case in CASES:

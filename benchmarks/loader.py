@@ -191,9 +191,11 @@ def end_to_end(repeats: int) -> dict:
            "OMP_NUM_THREADS": "1"}
     raw: dict = {}
     roots = {name: jpeg_folder(name) for name in END_TO_END_SETS}
+    names = list(END_TO_END)
     for rep in range(repeats):
         for data_set, root in roots.items():
-            for name, flags in END_TO_END.items():
+            for name in names[rep % len(names):] + names[:rep % len(names)]:  # the order rotates each repeat
+                flags = END_TO_END[name]
                 raw.setdefault(f"{data_set}|{name}", []).append(_end_to_end_rate(root, flags, env))
                 print(f"[end to end {rep + 1}/{repeats}] {data_set} {name}: {raw[f'{data_set}|{name}'][-1]:.0f} "
                       "samples/s", flush=True)
@@ -336,6 +338,7 @@ def main() -> int:
     if opts.only in (None, "endtoend"):
         raw_rates = end_to_end(opts.repeats)
         results["end_to_end"] = {k: summary(v) for k, v in raw_rates.items()}
+        results["end_to_end_raw"] = raw_rates
         results["end_to_end_ratios"] = {  # each phalanx row over its loop's rate of the same repeat
             key: summary([a / b for a, b in zip(rates, raw_rates[f"{key.split('|')[0]}|"
                                                                   f"{BASELINE.get(key.split('|')[1], 'hand-written loop')}"])])

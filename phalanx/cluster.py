@@ -91,13 +91,17 @@ def _from_mpi(env: Mapping[str, str]) -> Placement:
                               _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1), addr, port))
 
 
+STEP_PORT_STRIDE = 7919  # a prime, coprime with 20000: steps 0..19999 of one job get distinct ports
+
+
 def _from_slurm(env: Mapping[str, str]) -> Placement:
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     addr = env.get("MASTER_ADDR") or first_host(nodes)
-    # The port is the job's unless given: every task of the job derives the same one.
-    # A port per job step: the steps of one job (phalanx scale's world sizes) each start a rendezvous.
+    # The port unless given: every task of a step derives the same one. Step 0 keeps the job's
+    # (15000 + job id); later steps of the job (phalanx scale's world sizes, each a rendezvous) move
+    # by a large prime stride, so they meet neither the job's earlier steps nor neighbouring jobs.
     port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else \
-        15000 + (_int(env, "SLURM_JOB_ID") + _int(env, "SLURM_STEP_ID", 0)) % 20000
+        15000 + (_int(env, "SLURM_JOB_ID") + STEP_PORT_STRIDE * _int(env, "SLURM_STEP_ID", 0)) % 20000
     world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
     local_world = tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1",
                                 _int(env, "SLURM_NODEID", 0))

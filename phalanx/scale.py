@@ -53,10 +53,30 @@ def slurm_tasks(env: Mapping[str, str]) -> int | None:
     """The tasks of the SLURM allocation whose batch script runs this (not an srun task), or None."""
     if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
         return None
+    if "SLURM_NTASKS" not in env:  # sbatch sets it only when asked for tasks
+        raise PhalanxError("this SLURM allocation names no tasks (SLURM_NTASKS is not set): give sbatch --ntasks or "
+                           "--ntasks-per-node, one task per worker to measure", "--workers")
     try:
-        return max(1, int(env.get("SLURM_NTASKS", "1")))
+        return max(1, int(env["SLURM_NTASKS"]))
     except ValueError:
         raise PhalanxError(f"SLURM_NTASKS is {env['SLURM_NTASKS']!r}, not a number of tasks", "--workers") from None
+
+
+def slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
+    """The allocation's tasks on its first node (``SLURM_TASKS_PER_NODE``, ``4(x2)``), or None."""
+    from .cluster import tasks_on_node
+
+    spec = env.get("SLURM_TASKS_PER_NODE")
+    return tasks_on_node(spec, 0) if spec else None
+
+
+def srun_placement(workers: int, per_node: int | None) -> list[str]:
+    """srun's options for a step of ``workers`` tasks packed onto as few nodes as the allocation's
+    tasks per node allow (srun alone would spread them over every node of the allocation, and a
+    2-worker step would measure the network between nodes, not going distributed)."""
+    if not per_node:
+        return [f"--ntasks={workers}"]
+    return [f"--ntasks={workers}", f"--nodes={-(-workers // per_node)}", f"--ntasks-per-node={min(workers, per_node)}"]
 
 
 def auto_workers(cfg: RunConfig, env: Mapping[str, str]) -> list[int]:
@@ -70,15 +90,21 @@ def auto_workers(cfg: RunConfig, env: Mapping[str, str]) -> list[int]:
     return sizes + [most]
 
 
-def plan(cfg: RunConfig, workers: list[int], scalings: list[str], env: Mapping[str, str]) -> list[Point]:
+def plan(cfg: RunConfig, workers: list[int], scalings: list[str], env: Mapping[str, str],
+         auto: bool = False) -> list[Point]:
     """The points to run, checked before any runs: a strong scaling's global batch (the 1-worker
-    batch, --batch-size) must split evenly over each world size."""
+    batch, --batch-size) must split evenly over each world size (``auto`` sizes that it does not
+    split are left out of strong scaling instead)."""
     if not workers or any(w < 1 for w in workers):
         raise PhalanxError(f"world sizes are 1 or more (got {','.join(map(str, workers))})", "--workers")
     tasks = slurm_tasks(env)
     if tasks is not None and max(workers) > tasks:
         raise PhalanxError(f"{max(workers)} workers but this SLURM allocation has {tasks} task(s) (SLURM_NTASKS); "
                            "ask sbatch for more (--ntasks) or measure fewer", "--workers")
+    per_node = slurm_tasks_per_node(env) if tasks is not None else None
+    if per_node and not cfg.devices.uses_cpu and min(max(workers), per_node) > len(cfg.devices.gpu_ids):
+        raise PhalanxError(f"{min(max(workers), per_node)} tasks on a node but {len(cfg.devices.gpu_ids)} --gpu-ids; "
+                           "a task takes gpu_ids[its local rank]: give one id per task of a node", "--gpu-ids")
     if tasks is None and not cfg.devices.uses_cpu and max(workers) > len(cfg.devices.gpu_ids):
         raise PhalanxError(f"{max(workers)} workers but {len(cfg.devices.gpu_ids)} --gpu-ids; give one id per worker",
                            "--workers")
@@ -86,6 +112,8 @@ def plan(cfg: RunConfig, workers: list[int], scalings: list[str], env: Mapping[s
     points = []
     for scaling in scalings:
         for w in sizes:
+            if scaling == "strong" and cfg.optim.batch_size % w and auto:
+                continue
             if scaling == "strong" and cfg.optim.batch_size % w:
                 raise PhalanxError(f"strong scaling splits --batch-size {cfg.optim.batch_size} over {w} workers: give a "
                                    "batch size that each world size divides", "--workers")
@@ -114,7 +142,9 @@ def run_point(cfg: RunConfig, point: Point, steps: int, warmup: int, scratch: Pa
     # A record every step (the warm-up's end is a record's end wherever epochs end), epochs enough
     # for every step, no validation: what is timed is training alone. Each point on its own GPUs
     # (under SLURM the ids are each node's: a task takes gpu_ids[its local rank]).
-    gpus = {} if cfg.devices.uses_cpu or slurm else {"gpu_ids": cfg.devices.gpu_ids[:point.workers]}
+    plain = point.workers == 1 and cfg.devices.strategy != "fsdp"  # fsdp shards over DDP workers, even one
+    ids = cfg.devices.gpu_ids
+    gpus = {} if cfg.devices.uses_cpu else {"gpu_ids": ids[:1] if plain else ids if slurm else ids[:point.workers]}
     run = cfg.replace(checkpoints_dir=str(scratch), name=name, batch_size=point.batch, max_steps=warmup + steps,
                       epochs=10 ** 6, log_every=1, val_every=10 ** 9, save_epoch_freq=0, progress=False, resume=None,
                       overwrite=False, pickle_dir=None, remote_transfer=None, remote_transfer_cmd=None, **gpus)
@@ -122,17 +152,20 @@ def run_point(cfg: RunConfig, point: Point, steps: int, warmup: int, scratch: Pa
     # 1 worker: a plain process, as the user would train on one device (its speedup over that
     # includes what going distributed costs); more: DDP workers started by torchrun, or an srun
     # step of the allocation's tasks (each worker takes its threads from its node's tasks)
-    plain = point.workers == 1 and cfg.devices.strategy != "fsdp"  # fsdp shards over DDP workers, even one
     if cfg.devices.uses_cpu and not (slurm and not plain):
         env["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(point.workers))
     if plain:
         launcher = [sys.executable]
     elif slurm:
-        launcher = ["srun", f"--ntasks={point.workers}", "--kill-on-bad-exit=1", sys.executable]
+        launcher = ["srun", *srun_placement(point.workers, slurm_tasks_per_node(env)), "--kill-on-bad-exit=1",
+                    sys.executable]
     else:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={point.workers}"]
-    done = subprocess.run([*launcher, "-m", "phalanx.worker", run.to_json(indent=None)],
-                          env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run([*launcher, "-m", "phalanx.worker", run.to_json(indent=None)],
+                              env=env, capture_output=True, text=True)
+    except FileNotFoundError:  # no srun on this node's PATH
+        raise PhalanxError(f"{launcher[0]} was not found on this node's PATH", "--workers") from None
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if line.startswith("phalanx:")]
         last = said[-1].removeprefix("phalanx: ") if said else (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -230,7 +263,7 @@ def scale(cfg: RunConfig, workers: list[int], scalings: list[str], steps: int, w
     if steps < 1 or warmup < 1 or repeats < 1:
         raise PhalanxError("--steps, --warmup-steps and --repeats are 1 or more", "--steps")
     env = dict(os.environ)
-    points = plan(cfg, workers or auto_workers(cfg, env), scalings, env)
+    points = plan(cfg, workers or auto_workers(cfg, env), scalings, env, auto=not workers)
     slurm = slurm_tasks(env) is not None
     for given, flag in ((output, "--output"), (pickle_dir, "--scale-pickle-dir")):
         if given and not Path(given).resolve().parent.is_dir():  # said now, not after every point ran
@@ -247,6 +280,8 @@ def scale(cfg: RunConfig, workers: list[int], scalings: list[str], steps: int, w
     how = "srun" if slurm else "torchrun"
     with tempfile.TemporaryDirectory(prefix=".phalanx-scale-" if slurm else "phalanx-scale-",
                                      dir=cfg.checkpoints_dir if slurm else None) as scratch:
+        if slurm:  # a job killed by the scheduler leaves it: said where it is
+            say(f"phalanx scale: scratch directory {scratch} (removed at the end)")
         for repeat in range(repeats):  # interleaved: a slow minute of the machine hits every point alike
             for index, point in enumerate(points):
                 runs[index].append(run_point(cfg, point, steps, warmup, Path(scratch) / str(repeat), slurm))

@@ -117,7 +117,7 @@ CASES = [
     ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),
-    ("sync-bn-with-a-frozen-backbone", ["--freeze-backbone", "--sync-bn"], "--sync-bn", "nothing to synchronise"),
+    ("sync-bn-with-a-frozen-backbone", ["--freeze-backbone", "--sync-bn"], "--sync-bn", "nothing of theirs to synchronise"),
     ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),
     ("local-crop-larger-than-image", ["--task", "dino", "--image-size", "16", "--local-size", "40"], "--local-size",
      "larger than the images' 16 px"),

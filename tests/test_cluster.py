@@ -31,8 +31,10 @@ def test_an_srun_task_is_placed_from_slurms_variables():
     placement = placement_from(SLURM_TASK)
     assert (placement.launcher, placement.rank, placement.local_rank, placement.world_size,
             placement.local_world_size) == ("slurm", 3, 1, 4, 2)
-    assert (placement.master_addr, placement.master_port) == ("gpu07", 15000 + (4242 + 0) % 20000)
-    assert placement_from({**SLURM_TASK, "SLURM_STEP_ID": "3"}).master_port == 15000 + 4245  # a port per step
+    assert (placement.master_addr, placement.master_port) == ("gpu07", 15000 + 4242 % 20000)
+    # Each step of a job its own port, step 0 the job's; the next job's step 0 is none of the steps'
+    ports = [placement_from({**SLURM_TASK, "SLURM_STEP_ID": str(s)}).master_port for s in range(50)]
+    assert ports[0] == 15000 + 4242 and len(set(ports)) == 50 and 15000 + 4243 not in ports
     assert placement_from({**SLURM_TASK, "MASTER_PORT": "29999"}).master_port == 29999
 
 

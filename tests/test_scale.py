@@ -37,6 +37,12 @@ def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records(
     rows = table([one, two])
     assert rows[2].split()[:6] == ["weak", "2", "32", "512.0", "1.60x", "80%"], rows
     assert rows[2].split()[7:] == ["8%", "64%", "16%", "12%", "0%"], rows
+    # A 2-worker point whose records show one process (a launcher that started separate ones) fails
+    from phalanx.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="formed a group of 1, not 2"):
+        measure(Point("weak", 2, 32), [{**window(5, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1},
+                                       {**window(10, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1}], 5)
     repeats = [Point("weak", 2, 32, rate) for rate in (3.0, 1.0, 2.0)]  # --repeats: each point's median repeat
     assert median_point(repeats) is repeats[2]
     assert verdict([one, two]) == "2 workers (weak scaling): 1.60x, 80% efficient; communication 16% of a step; " \

@@ -41,8 +41,9 @@ class ClassifyTask(Task):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         if self.options.freeze_backbone and cfg.devices.sync_bn:
-            raise PhalanxError("with --freeze-backbone: the frozen backbone's BatchNorm layers keep their loaded "
-                               "statistics, so there is nothing to synchronise; train without --sync-bn", "--sync-bn")
+            raise PhalanxError("with --freeze-backbone is not built: the frozen backbone's BatchNorm layers keep "
+                               "their loaded statistics (nothing of theirs to synchronise), and --probe-norm's are "
+                               "each rank's own; train without --sync-bn", "--sync-bn")
         self.loss_fn = nn.CrossEntropyLoss(reduction="none", label_smoothing=self.options.label_smoothing)
         self.classes: list[str] = []
         self.mix = None
