@@ -130,3 +130,33 @@ def tasks_on_node(spec: str, node: int) -> int:
             return 1
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts[node] if node < len(counts) else counts[-1]
+
+
+# --- an allocation's batch script (phalanx scale runs its world sizes as srun steps) --------------
+
+def slurm_tasks(env: Mapping[str, str]) -> int | None:
+    """The tasks of the SLURM allocation whose batch script runs this (not an srun task), or None."""
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
+        return None
+    if "SLURM_NTASKS" not in env:  # sbatch sets it only when asked for tasks
+        raise PhalanxError("this SLURM allocation names no tasks (SLURM_NTASKS is not set): give sbatch --ntasks or "
+                           "--ntasks-per-node, one task per worker to measure", "--workers")
+    try:
+        return max(1, int(env["SLURM_NTASKS"]))
+    except ValueError:
+        raise PhalanxError(f"SLURM_NTASKS is {env['SLURM_NTASKS']!r}, not a number of tasks", "--workers") from None
+
+
+def slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
+    """The allocation's tasks on its first node (``SLURM_TASKS_PER_NODE``, ``4(x2)``), or None."""
+    spec = env.get("SLURM_TASKS_PER_NODE")
+    return tasks_on_node(spec, 0) if spec else None
+
+
+def srun_placement(workers: int, per_node: int | None) -> list[str]:
+    """srun's options for a step of ``workers`` tasks packed onto as few nodes as the allocation's
+    tasks per node allow (srun alone would spread them over every node of the allocation, and a
+    2-worker step would measure the network between nodes, not going distributed)."""
+    if not per_node:
+        return [f"--ntasks={workers}"]
+    return [f"--ntasks={workers}", f"--nodes={-(-workers // per_node)}", f"--ntasks-per-node={min(workers, per_node)}"]

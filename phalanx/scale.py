@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .atomic import atomic_write
+from .cluster import slurm_tasks, slurm_tasks_per_node, srun_placement
 from .config import RunConfig
 from .devices import cpu_threads_per_worker
 from .errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
@@ -47,36 +48,6 @@ class Point:
     @property
     def global_batch(self) -> int:
         return self.batch * self.workers
-
-
-def slurm_tasks(env: Mapping[str, str]) -> int | None:
-    """The tasks of the SLURM allocation whose batch script runs this (not an srun task), or None."""
-    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
-        return None
-    if "SLURM_NTASKS" not in env:  # sbatch sets it only when asked for tasks
-        raise PhalanxError("this SLURM allocation names no tasks (SLURM_NTASKS is not set): give sbatch --ntasks or "
-                           "--ntasks-per-node, one task per worker to measure", "--workers")
-    try:
-        return max(1, int(env["SLURM_NTASKS"]))
-    except ValueError:
-        raise PhalanxError(f"SLURM_NTASKS is {env['SLURM_NTASKS']!r}, not a number of tasks", "--workers") from None
-
-
-def slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
-    """The allocation's tasks on its first node (``SLURM_TASKS_PER_NODE``, ``4(x2)``), or None."""
-    from .cluster import tasks_on_node
-
-    spec = env.get("SLURM_TASKS_PER_NODE")
-    return tasks_on_node(spec, 0) if spec else None
-
-
-def srun_placement(workers: int, per_node: int | None) -> list[str]:
-    """srun's options for a step of ``workers`` tasks packed onto as few nodes as the allocation's
-    tasks per node allow (srun alone would spread them over every node of the allocation, and a
-    2-worker step would measure the network between nodes, not going distributed)."""
-    if not per_node:
-        return [f"--ntasks={workers}"]
-    return [f"--ntasks={workers}", f"--nodes={-(-workers // per_node)}", f"--ntasks-per-node={min(workers, per_node)}"]
 
 
 def auto_workers(cfg: RunConfig, env: Mapping[str, str]) -> list[int]:
