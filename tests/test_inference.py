@@ -90,29 +90,38 @@ def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, ph
     assert csv.code == 0 and (tmp_path / "p.csv").read_text().startswith("path,class,probability,top_k\n")
 
 
-def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, phalanx, tmp_path):
+def features_and_their_reference(phalanx, checkpoint, folder, count: int, seed: int, module_of):
+    """``predict --features`` of ``count`` random 8x8 grayscale PNGs written to ``folder``, and by
+    hand: the input of the module ``module_of(model)`` picks, caught with a hook on an untouched
+    model given the images as validation prepares them ([-1, 1])."""
     import numpy as np
     from PIL import Image
 
     from phalanx.inference.model import load_trained
 
-    pixels = np.random.default_rng(0).integers(0, 256, (5, 8, 8), dtype=np.uint8)
+    pixels = np.random.default_rng(seed).integers(0, 256, (count, 8, 8), dtype=np.uint8)
     for i, image in enumerate(pixels):
-        Image.fromarray(image).save(tmp_path / f"{i}.png")
-    result = phalanx("predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features",
-                     "--output", tmp_path / "features.npy")
+        Image.fromarray(image).save(folder / f"{i}.png")
+    result = phalanx("predict", "--checkpoint", checkpoint, folder, "--features", "--output", folder / "features.npy")
     assert result.code == 0, result.err
-    names = (tmp_path / "features.txt").read_text().splitlines()
-    assert [Path(n).name for n in names] == [f"{i}.png" for i in range(5)]
-    # By hand: 8x8 grayscale as validation prepares it ([-1, 1]); the features are what the last
-    # Linear layer receives, caught with a hook on an untouched model.
-    model = load_trained(str(trained / "latest.pt")).models["model"].eval()
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    model = load_trained(str(checkpoint)).models["model"].eval()
     seen = []
-    last.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    module_of(model).register_forward_hook(lambda module, args, out: seen.append(args[0]))
     with torch.no_grad():
         model((torch.from_numpy(pixels).float()[:, None] / 255 - 0.5) / 0.5)
-    assert np.allclose(np.load(tmp_path / "features.npy"), seen[0].numpy(), atol=1e-5)
+    return np.load(folder / "features.npy"), seen[0].numpy()
+
+
+def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, phalanx, tmp_path):
+    import numpy as np
+
+    def last_linear(model):
+        return [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+    predicted, expected = features_and_their_reference(phalanx, trained / "latest.pt", tmp_path, 5, 0, last_linear)
+    names = (tmp_path / "features.txt").read_text().splitlines()
+    assert [Path(n).name for n in names] == [f"{i}.png" for i in range(5)]
+    assert np.allclose(predicted, expected, atol=1e-5)
     wrong = phalanx("predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features", "--output",
                     tmp_path / "f.csv")
     assert wrong.code == 2 and "must end in .npy" in wrong.err
@@ -122,55 +131,15 @@ def test_predict_features_of_a_probe_are_the_backbones_before_the_probes_norm(ph
     import numpy as np
 
     from phalanx.finetune import ProbeNorm
-    from phalanx.inference.model import load_trained
 
     assert phalanx("train", "--freeze-backbone", "--probe-norm", "--epochs", 1, "--checkpoints-dir", tmp_path,
                    "--no-progress").code == 0
     images = tmp_path / "images"
     images.mkdir()
-    pixels = np.random.default_rng(1).integers(0, 256, (3, 8, 8), dtype=np.uint8)
-    from PIL import Image
-
-    for i, image in enumerate(pixels):
-        Image.fromarray(image).save(images / f"{i}.png")
-    result = phalanx("predict", "--checkpoint", tmp_path / "experiment/latest.pt", images, "--features",
-                     "--output", tmp_path / "features.npy")
-    assert result.code == 0, result.err
-    model = load_trained(str(tmp_path / "experiment/latest.pt")).models["model"].eval()
-    norm = next(m for m in model.modules() if isinstance(m, ProbeNorm))
-    seen = []
-    norm.register_forward_hook(lambda module, args, out: seen.append(args[0]))
-    with torch.no_grad():
-        model((torch.from_numpy(pixels).float()[:, None] / 255 - 0.5) / 0.5)
-    features = np.load(tmp_path / "features.npy")
-    assert features.shape == (3, 128) and np.allclose(features, seen[0].numpy(), atol=1e-5)
-
-
-@pytest.mark.parametrize("kind, suffix, loader", [
-    ("torchscript", "ts", "torch.jit.load(sys.argv[1])"),
-    ("exported-program", "pt2", "torch.export.load(sys.argv[1]).module()"),
-])
-def test_export_loads_without_phalanx_and_gives_the_checkpoints_logits(trained, phalanx, tmp_path, kind, suffix, loader):
-    output = tmp_path / f"model.{suffix}"
-    result = phalanx("export", "--checkpoint", trained / "latest.pt", "--format", kind, "--output", output)
-    assert result.code == 0, result.err
-    side = json.loads((tmp_path / f"model.{suffix}.json").read_text())
-    assert side["classes"] == [str(d) for d in range(10)] and side["mean"] == [0.5] and side["image_size"] == 8
-    images = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
-    torch.save(images, tmp_path / "images.pt")
-    script = ("import sys, torch\n"
-              f"model = {loader}\n"
-              "torch.save(model(torch.load(sys.argv[2])), sys.argv[3])\n"
-              "print('phalanx' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script, str(output), str(tmp_path / "images.pt"),
-                           str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"  # no phalanx needed to run it
-    from phalanx.inference.model import load_trained
-
-    with torch.no_grad():
-        expected = load_trained(str(trained / "latest.pt")).models["model"](images)
-    assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, atol=1e-5)
+    predicted, expected = features_and_their_reference(
+        phalanx, tmp_path / "experiment/latest.pt", images, 3, 1,
+        lambda model: next(m for m in model.modules() if isinstance(m, ProbeNorm)))
+    assert predicted.shape == (3, 128) and np.allclose(predicted, expected, atol=1e-5)
 
 
 def test_the_probes_norm_takes_a_batch_of_one_row_and_features_of_any_leading_shape():
