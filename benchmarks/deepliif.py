@@ -1,6 +1,6 @@
 """phalanx ``--task translate`` beside DeepLIIF's own trainer (run by hand; about 10 minutes on 2 cores).
 
-    .venv/bin/python benchmarks/deepliif.py [--repeats 7] [--epochs 3]
+    .venv/bin/python benchmarks/deepliif.py [--repeats 7] [--epochs 4]
 
 The same pairs (built-in digits, blurred and noisy -> clean, 64 px RGB, 800 to train, 200 to
 validate; DIR/train/*.png of [input | target] panels, as DeepLIIF reads them), the same networks
@@ -13,11 +13,13 @@ DeepLIIF 1.2.7 runs from PyPI in benchmarks/.venv-deepliif (installed --no-deps 
 torch, with the packages it imports; stand-in modules for bioformats and javabridge, which need
 Java and are never used here; a VGG19 file of random weights in a private torch hub cache, which
 DeepLIIFExt builds and never uses). Throughput: images/s of every epoch after the first
-between consecutive epoch ends, as each program's output says them (phalanx's time includes its
-validation of 200 images and its checkpoints each epoch; DeepLIIF validates nothing, so phalanx's
-own training-only figure is shown beside it). Quality: validation PSNR and SSIM of the last
-epoch's generator in eval mode, computed by the same code (phalanx's) for both. phalanx also runs
-as 2 DDP workers (DeepLIIF's trainlaunch does not run on the CPU). Results:
+between consecutive epoch ends, as each program's output says them, networks written each epoch
+by both. DeepLIIF validates nothing; so the rows compared with it are phalanx without validation
+(``--val-every`` beyond the run: the last epoch still validates, and the interval that ends with
+it is left out), one process and 2 DDP workers (DeepLIIF's trainlaunch does not run on the CPU);
+phalanx with its default validation (200 images every epoch) is a row of its own, with its own
+training-only figure beside it. Quality: validation PSNR and SSIM of the last epoch's generator in
+eval mode, computed by the same code (phalanx's) for both. Results:
 benchmarks/results/deepliif.{json,md}.
 """
 
@@ -110,10 +112,12 @@ def run_deepliif(python: str, data: Path, epochs: int, work: Path) -> dict:
     return {"images_per_s": rate, "training_only": rate, **score_deepliif(python, work / "bench", data)}
 
 
-def epoch_rate(argv: list[str], env: dict, cwd: Path, epoch_end: str, images: int) -> tuple[float, list[str]]:
+def epoch_rate(argv: list[str], env: dict, cwd: Path, epoch_end: str, images: int,
+               last_left_out: bool = False) -> tuple[float, list[str]]:
     """Training images per second between consecutive epoch ends, read off the program's output as it
-    comes (the median over the epochs after the first). The same clock for both contenders: DeepLIIF
-    prints whole seconds, and phalanx's own figure leaves its validation and checkpoints out."""
+    comes (the median over the epochs after the first; ``last_left_out``: not the last, which
+    validates). The same clock for both contenders: DeepLIIF prints whole seconds, and phalanx's own
+    figure leaves its validation and checkpoints out."""
     proc = subprocess.Popen(argv, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     ends, lines = [], []
@@ -123,7 +127,8 @@ def epoch_rate(argv: list[str], env: dict, cwd: Path, epoch_end: str, images: in
             ends.append(time.perf_counter())
     if proc.wait() != 0:
         raise RuntimeError("".join(lines[-40:]))
-    return statistics.median(images / (b - a) for a, b in zip(ends, ends[1:])), lines
+    rates = [images / (b - a) for a, b in zip(ends, ends[1:])]
+    return statistics.median(rates[:-1] if last_left_out else rates), lines
 
 
 SCORE_DEEPLIIF = r'''
@@ -162,17 +167,18 @@ def score_deepliif(python: str, run: Path, data: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_phalanx(data: Path, epochs: int, work: Path, workers: int) -> dict:
+def run_phalanx(data: Path, epochs: int, work: Path, workers: int, validate: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PHALANX_CACHE": str(DATA / "cache")}
     common = ["--task", "translate", "--dataroot", str(data), "--image-size", str(COMMON["size"]), "--generator",
               "unet_64", "--ngf", str(COMMON["ngf"]), "--ndf", str(COMMON["ndf"]), "--d-layers", "3", "--norm",
               "batch", "--batch-size", str(COMMON["batch"] // workers), "--augment", "none", "--lr-schedule",
               "constant", "--epochs", str(epochs), "--num-workers", "0", "--checkpoints-dir", str(work),
-              "--no-progress"]
+              "--no-progress", *([] if validate else ["--val-every", str(10 * epochs)])]
     command = ["trainlaunch", *common, "--use-torchrun", f"--nproc-per-node {workers}"] if workers > 1 else \
         ["train", *common]
     images = len(list((data / "train").glob("*.png")))
-    rate, lines = epoch_rate([PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ", images)
+    rate, lines = epoch_rate([PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ", images,
+                             last_left_out=not validate)
     own = [float(r.replace(",", "")) for r in re.findall(r"(\d[\d,]*(?:\.\d+)?) samples/s", "".join(lines))]
     val = [json.loads(line) for line in (work / "experiment" / "metrics.jsonl").read_text().splitlines()
            if '"kind": "val"' in line][-1]
@@ -187,18 +193,20 @@ def summary(values: list[float]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4)  # 2 intervals without validation
     opts = parser.parse_args()
     python = deepliif_python()
     data = pairs()
     raw: dict[str, list[dict]] = {}
-    for rep in range(opts.repeats):  # interleaved: each contender once, then again
-        for name in ("DeepLIIF 1.2.7", "phalanx", "phalanx, 2 DDP workers"):
+    names = ["DeepLIIF 1.2.7", "phalanx", "phalanx, 2 DDP workers", "phalanx, validating every epoch"]
+    for rep in range(opts.repeats):  # interleaved: each contender once, then again, the order rotating
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
             with tempfile.TemporaryDirectory() as tmp:
                 if name.startswith("DeepLIIF"):
                     result = run_deepliif(python, data, opts.epochs, Path(tmp))
                 else:
-                    result = run_phalanx(data, opts.epochs, Path(tmp), 2 if "DDP" in name else 1)
+                    result = run_phalanx(data, opts.epochs, Path(tmp), 2 if "DDP" in name else 1,
+                                         validate="validating" in name)
             raw.setdefault(name, []).append(result)
             print(f"[{rep + 1}/{opts.repeats}] {name}: {result['images_per_s']:.1f} images/s, PSNR "
                   f"{result['PSNR']:.2f} dB, SSIM {result['SSIM']:.4f}", flush=True)
@@ -212,10 +220,12 @@ def main() -> int:
     out.mkdir(exist_ok=True)
     (out / "deepliif.json").write_text(json.dumps({**results, "raw": raw}, indent=2))
     lines = [f"{results['date']}, {results['machine']}; {opts.epochs} epochs of 800 pairs, 64 px, batch 8, "
+             "phalanx validating the last epoch only unless said, "
              f"{opts.repeats} interleaved repeats", "",
              "| contender | images/s, epoch end to epoch end | / DeepLIIF, per repeat | images/s, training only | "
              "val PSNR (dB) | val SSIM |", "| --- | --- | --- | --- | --- | --- |"]
-    for name, stats in results["contenders"].items():
+    for name in names:
+        stats = results["contenders"][name]
         ratio = results["ratios"][name]
         lines.append(f"| {name} | {stats['images_per_s']['median']:.1f} ({stats['images_per_s']['min']:.1f}-"
                      f"{stats['images_per_s']['max']:.1f}) | {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "

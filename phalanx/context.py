@@ -15,6 +15,7 @@ from torch import nn
 
 from .comm_clock import CommClock
 from .errors import PhalanxError
+from .optim import step as step_optimizer
 from .parallel import Strategy
 from .sampling import MicroBatch, sample_order
 
@@ -162,7 +163,7 @@ class StepContext(RunContext):
         if not self.ends_step or name in self.stepped:
             return
         scaler = self.scalers[name]
-        scaler.step(self.optimizers[name])
+        step_optimizer(self.optimizers[name], scaler)
         scaler.update()
         self.optimizers[name].zero_grad(set_to_none=True)
         self.stepped.add(name)

@@ -8,6 +8,7 @@ length is the current ``--epochs``; a resume that changes it continues on the ne
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -21,12 +22,66 @@ def effective_lr(lr: float, schedule: ScheduleOptions, num_devices: int) -> floa
     return lr * num_devices if schedule.scale_lr == "linear" else lr
 
 
+FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
 def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.optim.Optimizer:
-    if optim.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
-    if optim.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    """torch's fused implementation where it has one for every parameter's device and dtype: one
+    kernel for all parameters instead of a few per parameter. Measured on a 2-core CPU (one thread,
+    median of 7): translate's two Adams 6.4 -> 1.3 ms a step, resnet18's SGD 11.8 -> 5.6 ms; the
+    same values in float64, within a rounding of float32's. Steps go through ``step``."""
+    params = list(params)
+    if optim.optimizer in ("adam", "adamw"):
+        kind = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
+        make = functools.partial(kind, params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    else:
+        make = functools.partial(torch.optim.SGD, params, lr=lr, momentum=optim.momentum,
+                                 weight_decay=optim.weight_decay)
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    # Plain tensors only: torch 2.14 has no sharding rule for fused steps of FSDP's DTensor shards.
+    fusable = all(type(t.data) is torch.Tensor and t.device.type in ("cpu", "cuda") and t.dtype in FUSED_DTYPES
+                  for t in tensors)
+    return make(fused=True) if fusable else make()  # (elsewhere: torch's default implementation)
+
+
+def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    """One optimizer step, made safe for torch 2.14's fused kernels:
+    - a fused step reads each parameter and its gradient as flat memory: a gradient laid out
+      otherwise (autograd makes some, pytorch#106951) is first copied into the parameter's layout.
+      On the CPU fused SGD and Adam do not check, and update the wrong elements (a channels-last
+      weight with a contiguous gradient: off by 0.4, measured);
+    - fused SGD fails when some parameters have a momentum buffer and others none yet (a layer
+      frozen for the first steps, as DINO's last): a parameter's first gradient gets a zero buffer,
+      and 0 x momentum + gradient is the per-parameter loop's first buffer, the gradient itself."""
+    for group in optimizer.param_groups:
+        if not group.get("fused"):
+            continue
+        for param in group["params"]:
+            grad = param.grad
+            if grad is None:
+                continue
+            if grad.stride() != param.stride() and not same_layout(param, grad):
+                param.grad = torch.empty_like(param).copy_(grad)
+            if group.get("momentum") and optimizer.state[param].get("momentum_buffer") is None:
+                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
+    scaler.step(optimizer)
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """After ``load_state_dict``: this run's implementation, not the checkpoint's. torch restores the
+    saved groups whole, flags included: a DDP checkpoint's ``fused`` would reach FSDP's shards,
+    which have no fused kernels."""
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = optimizer.defaults.get("fused"), optimizer.defaults.get("foreach")
+        for param in group["params"]:  # fused steps count on the parameter's device, the loop's on the CPU
+            state = optimizer.state.get(param, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(param.device if group["fused"] else "cpu", torch.float32)
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides wherever a dimension has more than one element (elsewhere a stride is unused)."""
+    return all(x == y for x, y, size in zip(a.stride(), b.stride(), a.shape) if size > 1)
 
 
 def lr_factor(schedule: ScheduleOptions, start: float, end: float) -> float:

@@ -14,6 +14,7 @@ from torch import nn
 
 from . import sharded_checkpoint
 from .best import Best
+from .optim import keep_implementation
 from .parallel import Strategy
 from .recipe import ModelEma
 from .tasks.base import Task
@@ -87,6 +88,8 @@ class RunState:
                 model.load_state_dict(self.strategy.local_model_state(saved_network(state, name), model))
             for name, optimizer in self.optimizers.items():
                 optimizer.load_state_dict(self.strategy.local_optimizer_state(state["optimizers"][name], optimizer))
+        for optimizer in self.optimizers.values():
+            keep_implementation(optimizer)
         for name, scaler in self.scalers.items():
             if state.get("scalers", {}).get(name):
                 scaler.load_state_dict(state["scalers"][name])

@@ -80,8 +80,7 @@ class Trainer(Checkpointing, Validation):
                         for name in self.optimizers}
         self.ctx = StepContext(strategy, cfg.optim.precision, cfg.network.channels_last, self.models, self.optimizers, self.scalers)
         self.eval_ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
-        # Rank 0 shows what the task draws of each epoch (validation images with predictions, ...).
-        self.visuals = task.visuals(data) if strategy.is_main else None
+        self.data = data  # (the task's pictures of each epoch are drawn from it: Validation.visuals)
         self.loss_names = declared.loss_names
         self.best = Best(declared, cfg.output.best_metric)
         self.epoch = 0  # completed epochs

