@@ -228,7 +228,7 @@ def main() -> int:
         stats = results["contenders"][name]
         ratio = results["ratios"][name]
         lines.append(f"| {name} | {stats['images_per_s']['median']:.1f} ({stats['images_per_s']['min']:.1f}-"
-                     f"{stats['images_per_s']['max']:.1f}) | {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}) | "
+                     f"{stats['images_per_s']['max']:.1f}) | {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}) | "
                      f"{stats['training_only']['median']:.1f} ({stats['training_only']['min']:.1f}-"
                      f"{stats['training_only']['max']:.1f}) | "
                      f"{stats['PSNR']['median']:.2f} ({stats['PSNR']['min']:.2f}-{stats['PSNR']['max']:.2f}) | "

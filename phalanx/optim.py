@@ -70,13 +70,18 @@ def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None
 def keep_implementation(optimizer: torch.optim.Optimizer) -> None:
     """After ``load_state_dict``: this run's implementation, not the checkpoint's. torch restores the
     saved groups whole, flags included: a DDP checkpoint's ``fused`` would reach FSDP's shards,
-    which have no fused kernels."""
+    which have no fused kernels. And the state in its parameter's layout: a run resumed with
+    --channels-last switched has momentum and moments laid out as the checkpoint's weights were,
+    which a fused step would misread as it would such a gradient (``step``)."""
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = optimizer.defaults.get("fused"), optimizer.defaults.get("foreach")
-        for param in group["params"]:  # fused steps count on the parameter's device, the loop's on the CPU
+        for param in group["params"]:
             state = optimizer.state.get(param, {})
-            if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].to(param.device if group["fused"] else "cpu", torch.float32)
+            for key, value in state.items():
+                if key == "step" and torch.is_tensor(value):  # fused steps count on the parameter's device
+                    state[key] = value.to(param.device if group["fused"] else "cpu", torch.float32)
+                elif torch.is_tensor(value) and value.shape == param.shape and not same_layout(param, value):
+                    state[key] = torch.empty_like(param).copy_(value)
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
