@@ -36,3 +36,14 @@ def synthetic(samples: int, seed: int = 0) -> torch.utils.data.TensorDataset:
 def report(**values) -> None:
     with open(os.environ["BENCH_RESULT"], "w") as fh:
         json.dump(values, fh)
+
+
+def write_results(name: str, results: dict, lines: list[str]) -> None:
+    """benchmarks/results/<name>.json (every figure) and .md (the table), and the table printed."""
+    from pathlib import Path
+
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

@@ -15,7 +15,6 @@ Results: benchmarks/results/first_step.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -24,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import write_results
 from run import HERE, REPO, contenders, run_measured, summarise
 
 PAIRS = {"1 process": ("hand-written, 1 process", "phalanx train"),
@@ -87,11 +87,7 @@ def main() -> int:
         lines += ["", f"Imported by phalanx train, not by the hand-written loop, over the whole run (own import "
                   f"time, one run): {total:.0f} ms, of which:", ""]
         lines += [f"- {name}: {ms:.1f} ms" for name, ms in results["extra_imports_ms"][:12]]
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    (out / "first_step.json").write_text(json.dumps(results, indent=2))
-    (out / "first_step.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("first_step", results, lines)
     return 0
 
 

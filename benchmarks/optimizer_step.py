@@ -13,7 +13,6 @@ Results: benchmarks/results/optimizer_step.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+from common import write_results  # noqa: E402  (benchmarks/, beside this file)
 IMPLEMENTATIONS = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
@@ -81,11 +81,7 @@ def main() -> int:
     for name, by in summary.items():
         cells = [f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})" for s in by.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {by['loop']['median'] / by['fused']['median']:.1f}x |")
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    (out / "optimizer_step.json").write_text(json.dumps(results, indent=2))
-    (out / "optimizer_step.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("optimizer_step", results, lines)
     return 0
 
 
