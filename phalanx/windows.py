@@ -14,8 +14,17 @@ what it drew), from ``train`` and ``val`` records, whose own fields ``records`` 
 from __future__ import annotations
 
 import base64
-import html
 from typing import Any
+
+
+
+def escape(text: str) -> str:
+    """``html.escape``, imported where a window is drawn: html's entity table (4 ms) is not on a
+    training process's way to its first step (benchmarks/first_step.py --profile)."""
+    import html
+
+    return html.escape(text)
+
 
 # Every window has the same size, so visdom's grid packs them without overlap at any page width.
 WIDTH, HEIGHT = 440, 330
@@ -118,12 +127,12 @@ class Images(WindowKind):
             data = base64.b64encode(item["png"]).decode()
             cells.append(f'<figure style="margin:4px;text-align:center"><img src="data:image/png;base64,{data}" '
                          f'style="height:64px;image-rendering:pixelated"><figcaption style="font:12px '
-                         f'sans-serif;color:{color}">{html.escape(caption)}</figcaption></figure>')
+                         f'sans-serif;color:{color}">{escape(caption)}</figcaption></figure>')
         title = str(record.get("title") or pane.get("title") or "validation images (true \u2192 predicted)")
         right = [item for item in record["items"] if "ok" in item or "label" in item]
         shown = sum(item.get("ok", item.get("label") == item.get("predicted")) for item in right)
         tally = f" ({shown} of {len(right)} right)" if right else ""
-        page = (f'<div class="phalanx-images"><b>{html.escape(title)}, epoch {record["epoch"]}</b>{tally}'
+        page = (f'<div class="phalanx-images"><b>{escape(title)}, epoch {record["epoch"]}</b>{tally}'
                 f'<div style="display:flex;flex-wrap:wrap">{"".join(cells)}</div></div>')
         viz.text(page, win=pane["win"], env=env, opts={"title": title.split(" (")[0], "width": 2 * WIDTH,
                                                        "height": HEIGHT})
@@ -141,9 +150,9 @@ class Table(WindowKind):
             raise ValueError(f"record {index} (table) has a row that is not [name, value]")
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
-        table = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(str(k))}</th>"
-                        f"<td>{html.escape(str(v))}</td></tr>" for k, v in record["rows"])
-        viz.text(f'<table class="phalanx-{html.escape(pane["win"])}">{table}</table>', win=pane["win"], env=env,
+        table = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{escape(str(k))}</th>"
+                        f"<td>{escape(str(v))}</td></tr>" for k, v in record["rows"])
+        viz.text(f'<table class="phalanx-{escape(pane["win"])}">{table}</table>', win=pane["win"], env=env,
                  opts={"title": pane.get("title", pane["win"]), "width": WIDTH, "height": HEIGHT})
 
 
@@ -155,7 +164,7 @@ class Text(WindowKind):
     fields = {"epoch": int, "text": str}
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
-        viz.text(f"<pre>{html.escape(record['text'][:100_000])}</pre>", win=pane["win"], env=env,
+        viz.text(f"<pre>{escape(record['text'][:100_000])}</pre>", win=pane["win"], env=env,
                  opts={"title": f"{pane.get('title', pane['win'])}, epoch {record['epoch']}", "width": WIDTH,
                        "height": HEIGHT})
 

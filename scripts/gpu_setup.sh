@@ -28,6 +28,7 @@ if ! "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation 
   printf '#!/bin/sh\nexec "%s" -m phalanx.cli "$@"\n' "$(command -v "$python")" > "$bindir/phalanx"
   chmod +x "$bindir/phalanx"
 fi
+"$python" -m compileall -q phalanx  # bytecode once, as pip does for a wheel (scripts/setup.sh)
 static=$("$python" -c "import visdom, os; print(os.path.join(os.path.dirname(visdom.__file__), 'static'))")
 tar -xzf .whl/visdom-static.tar.gz -C "$static"
 "$python" - <<'PY'

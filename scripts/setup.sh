@@ -46,6 +46,11 @@ else
       "torch is the largest download)"
   pip_install -e .
 fi
+# pip compiles an installed wheel's modules to bytecode once; an editable install is compiled at
+# every start where PYTHONDONTWRITEBYTECODE is set (this workplace, many Docker images): 157 ms of
+# phalanx's imports before the first step, 55 ms from bytecode (benchmarks/first_step.py --profile).
+# Python recompiles a module whose source is newer, so an edit is never run stale.
+.venv/bin/python -m compileall -q phalanx
 # visdom downloads its page's JavaScript from CDNs at first start; fetch the same files from the
 # npm registry instead, so `phalanx visualize` works with no internet.
 say "fetching visdom's page assets from the npm registry (about 20 seconds)"
