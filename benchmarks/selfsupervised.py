@@ -18,9 +18,12 @@ Lightly's heads (its SimCLR and SimSiam heads end in a BatchNorm, phalanx's in a
 epochs after the first; kNN accuracy (k 200, temperature 0.1) after the last epoch. The contenders
 run interleaved, their order rotated each repeat.
 
+kNN over seeds (`--only knn --seeds 7 --methods dino,moco`): the same runs, one process, at seeds 0
+to N-1 for both contenders: how much of a kNN difference the seed alone makes.
+
 Transfer: the digits with 10% of the training split labelled (144 images): a linear probe (frozen
 backbone, 20 epochs) and a fine-tune (20 epochs) from a SimCLR backbone and from a random one;
-three seeds each. Results: benchmarks/results/selfsupervised[-speed|-transfer].{json,md} (the suffix: --only).
+three seeds each. Results: benchmarks/results/selfsupervised[-speed|-transfer|-knn].{json,md} (the suffix: --only).
 """
 
 from __future__ import annotations
@@ -88,12 +91,13 @@ def half_of(root: Path) -> Path:
     return half
 
 
-def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PHALANX_CACHE": str(DATA / "cache")}
+def env(seed: int = 0) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PHALANX_CACHE": str(DATA / "cache"),
+            "BENCH_SEED": str(seed)}
 
 
-def phalanx_method(method: str, root: Path, work: Path, workers: int, epochs: int) -> dict:
-    common = ["--task", method, "--dataroot", str(root), "--image-size", "32", *OPTIONS[method], "--blur", "0",
+def phalanx_method(method: str, root: Path, work: Path, workers: int, epochs: int, seed: int = 0) -> dict:
+    common = ["--task", method, "--seed", str(seed), "--dataroot", str(root), "--image-size", "32", *OPTIONS[method], "--blur", "0",
               "--normalize", "imagenet", "--epochs", str(epochs), "--batch-size", str(BATCH // workers), "--num-workers",
               "0", "--checkpoints-dir", str(work), "--no-progress"]
     command = ["trainlaunch", *common, "--use-torchrun", f"--nproc-per-node {workers}"] if workers > 1 else \
@@ -108,11 +112,11 @@ def phalanx_method(method: str, root: Path, work: Path, workers: int, epochs: in
     return {"samples_per_s": after_first(rates), "knn_acc": val["knn_acc"]}
 
 
-def lightly_method(method: str, root: Path, workers: int, epochs: int) -> dict:
+def lightly_method(method: str, root: Path, workers: int, epochs: int, seed: int = 0) -> dict:
     script = [str(HERE / "ssl_lightly.py"), method, str(root), str(epochs), str(BATCH)]
     argv = [PYTHON, *script] if workers == 1 else \
         [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}", *script]
-    done = subprocess.run(argv, env=env(), capture_output=True, text=True)
+    done = subprocess.run(argv, env=env(seed), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -147,6 +151,23 @@ def speed(repeats: int, methods: list[str], epochs: int) -> dict:
     return raw
 
 
+def knn_over_seeds(seeds: int, methods: list[str], epochs: int) -> dict:
+    """raw[method][contender]: the kNN accuracy of one process's run at each seed (phalanx's --seed,
+    the Lightly loop's torch.manual_seed: initialisation, crops and order), the two alternating. The
+    speed runs use seed 0 every repeat, so their kNN ranges say nothing about the seed's share."""
+    root = half_of(digit_folders())
+    raw: dict[str, dict[str, list[float]]] = {}
+    for seed in range(seeds):
+        for method in methods:
+            for name in CONTENDERS[:2] if seed % 2 == 0 else CONTENDERS[1::-1]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    result = lightly_method(method, root, 1, epochs, seed) if name.startswith("Lightly") \
+                        else phalanx_method(method, root, Path(tmp), 1, epochs, seed)
+                raw.setdefault(method, {}).setdefault(name, []).append(result["knn_acc"])
+                print(f"[seed {seed}] {method}, {name}: kNN {100 * result['knn_acc']:.1f}%", flush=True)
+    return raw
+
+
 def transfer(seeds: int) -> dict:
     """Linear probe and fine-tune on 10% labels, from a SimCLR backbone and from a random one."""
     raw: dict[str, list[float]] = {}
@@ -176,9 +197,10 @@ def transfer(seeds: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="of the transfer runs and of --only knn")
     parser.add_argument("--epochs", type=int, default=EPOCHS, help="of each speed run (its first is not timed)")
-    parser.add_argument("--only", choices=("speed", "transfer"))
+    parser.add_argument("--only", choices=("speed", "transfer", "knn"), help="knn: kNN accuracy over --seeds "
+                        "seeds, one process, phalanx and the Lightly loop (not part of a full run)")
     parser.add_argument("--methods", type=lambda text: text.split(","), default=list(METHODS),
                         help="comma-separated, of " + ",".join(METHODS))
     opts = parser.parse_args()
@@ -199,6 +221,18 @@ def main() -> int:
                 lines.append(f"| {method} | {spread(theirs['samples_per_s'], '.0f')} | {spread(mine['samples_per_s'], '.0f')}"
                              f" | {spread(ratio, '.2f')} | {sum(r >= 1 for r in ratios)} of {len(ratios)} | "
                              f"{spread(theirs['knn_acc'], '.1%')} | {spread(mine['knn_acc'], '.1%')} |")
+    if opts.only == "knn":
+        raw_k = knn_over_seeds(opts.seeds, opts.methods, opts.epochs)
+        results["knn"] = {method: {name: {"summary": summary(v), "raw": v} for name, v in by_name.items()}
+                          for method, by_name in raw_k.items()}
+        lines += ["", f"kNN accuracy after {opts.epochs} epochs, one process, seeds 0-{opts.seeds - 1}: median (min-max)",
+                  "", "| method | Lightly loop | phalanx | phalanx - Lightly, same seed: median (min-max) |",
+                  "| --- | --- | --- | --- |"]
+        for method, by_name in raw_k.items():
+            theirs, mine = by_name[CONTENDERS[0]], by_name[CONTENDERS[1]]
+            differences = summary([100 * (a - b) for a, b in zip(mine, theirs)])
+            lines.append(f"| {method} | {spread(summary(theirs), '.1%')} | {spread(summary(mine), '.1%')} | "
+                         f"{spread(differences, '+.1f')} points |")
     if opts.only in (None, "transfer"):
         raw_t = transfer(opts.seeds)
         results["transfer"] = {name: summary(values) for name, values in raw_t.items()}

@@ -145,7 +145,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get("BENCH_SEED", "0")))  # --seeds: kNN over initialisations
     transform = multi_crop(method, 32) if method in CROPS else \
         SimCLRTransform(input_size=32, gaussian_blur=0.0, min_scale=0.08, cj_strength=0.5)
     train = ImageFolder(root + "/train", transform=transform)
