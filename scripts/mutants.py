@@ -402,8 +402,10 @@ MUTANTS = [
     Mutant("a slide's thin last region read without the whole image's last tile", "phalanx/tasks/translate_inference.py",
            "return max(0, min(begin - before, (total - size) // stride * stride))", "return max(0, begin - before)",
            ("tests/test_deepliif.py -k plain_layout",)),
-    Mutant("a text window unescaped", "phalanx/windows.py", "{html.escape(record['text'][:100_000])}",
+    Mutant("a text window unescaped", "phalanx/windows.py", "{escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
+    Mutant("windows escape nothing", "phalanx/windows.py", "    return html.escape(text)", "    return text",
+           ("tests/test_visualize_robust.py -k names_its_window_kind",)),
     # --- --sync-bn on CPU workers (GlobalBatchNorm)
     Mutant("sync-bn counts a padding sample's rows", "phalanx/sync_norm.py", "counted = 0.0 if _padding else 1.0",
            "counted = 1.0", (f"{LAUNCH} -k gloo_ranks",)),
