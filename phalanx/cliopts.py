@@ -18,6 +18,7 @@ from .config import FIELDS, RunConfig, section_of
 from .config_file import load_config_file
 from .errors import PhalanxError
 from .fields import flag, parse_list
+from .resume_options import differing, saved_options
 
 _CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
 GENERAL = "General"
@@ -224,6 +225,12 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         typed.add(key.strip().replace("-", "_"))
     if given:
         merged["task_options"] = {**(merged.get("task_options") or {}), **given}
+    taken = saved_options(merged)  # --resume: what the command line leaves out is the run's own
+    if taken:
+        merged = {**taken, **merged, "task_options": {**taken["task_options"], **(merged.get("task_options") or {})}}
+        if noted := differing(taken):
+            click.echo(f"phalanx: --resume: continuing with the run's own {', '.join(noted)} (options not given here)",
+                       err=True)
     task = merged.get("task", tasks.DEFAULT)
     if isinstance(task, str):
         tasks.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})

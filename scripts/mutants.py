@@ -404,6 +404,13 @@ MUTANTS = [
            ("tests/test_deepliif.py -k plain_layout",)),
     Mutant("a text window unescaped", "phalanx/windows.py", "{escape(record['text'][:100_000])}",
            "{record['text'][:100_000]}", ("tests/test_visualize_robust.py -k names_its_window_kind",)),
+    Mutant("a resume takes nothing of its run", "phalanx/resume_options.py", "    raw = _saved_config(resume, given)",
+           "    raw = None", ("tests/test_resume.py -k leaves_out",)),
+    Mutant("a resume takes the identity options only", "phalanx/resume_options.py",
+           "and (FIELDS[name].metadata[\"identity\"] or name in TAKEN_BEYOND_IDENTITY)}",
+           "and FIELDS[name].metadata[\"identity\"]}", ("tests/test_resume.py -k leaves_out",)),
+    Mutant("a resume under another task takes the run's options", "phalanx/resume_options.py",
+           "        return {}  # another task", "        pass  # another task", ("tests/test_resume.py -k leaves_out",)),
     Mutant("windows escape nothing", "phalanx/windows.py", "    return html.escape(text)", "    return text",
            ("tests/test_visualize_robust.py -k names_its_window_kind",)),
     # --- --sync-bn on CPU workers (GlobalBatchNorm)

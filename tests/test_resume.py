@@ -7,15 +7,18 @@ logged learning rate must be the documented schedule's at that point of training
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx
 import reference
+from phalanx.config import from_mapping
 
 TRAIN_SAMPLES = 1438  # the built-in digits after the 20% hold-out
 
@@ -119,3 +122,37 @@ def test_a_longer_cosine_schedule_at_resume_is_followed_and_said(tmp_path, phala
     first = [r for r in train if r["epoch"] <= 2]
     assert first[-1]["lr"] == pytest.approx(0.1 * reference.lr_factor("cosine", 2, 2 - 30 / 1438, 2.0))  # 30 left
     assert_lr_follows_the_schedule(run, epochs=4, from_epoch=3)
+
+
+def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continues(tmp_path, phalanx):
+    # The README: --resume needs no --task. A newcomer's translate run once resumed only with --task,
+    # --generator, --dataroot and --image-size typed again (each refused as the default's conflict).
+    common = ["--checkpoints-dir", tmp_path, "--no-progress"]
+    own = ["--task", "simclr", "--image-size", 16, "--val-fraction", 0.9, "--projection-dim", 32, "--hidden-dim", 32]
+    assert phalanx("train", *own, "--epochs", 1, *common).code == 0
+    run = tmp_path / "experiment"
+    before = json.loads((run / "config.json").read_text())["config"]
+    resumed = phalanx("train", "--resume", "auto", "--epochs", 2, *common)
+    assert resumed.code == 0, resumed.err
+    assert ("phalanx: --resume: continuing with the run's own --task simclr, --val-fraction 0.9, --image-size 16, "
+            "--projection-dim 32, --hidden-dim 32 (options not given here)") in resumed.err
+    after = json.loads((run / "config.json").read_text())["config"]
+    assert {**before, "epochs": 2} == {**after, "resume": None}
+    assert [r["epoch"] for r in records(run, "val")] == [1, 2]
+    # --epochs too is the run's own: a resume that types nothing more ends where the run would.
+    again = phalanx("train", "--resume", run / "latest.pt", *common)
+    assert again.code == 0 and "already has 2 epochs" in again.out, again.err
+    # What is typed is still checked against the run, and another task takes nothing of it.
+    for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "byol"], "--task 'simclr'")):
+        refused = phalanx("train", "--resume", "auto", "--epochs", 3, *typed, *common)
+        assert refused.code == 2 and f"was trained with {flag}" in refused.err, refused.err
+    # The data's folder is the run's too (translate's, as the newcomer's), printed without training.
+    saved = from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"), "generator": "unet_32",
+                          "image_size": 32, "ngf": 8}, source="test")
+    (tmp_path / "tr").mkdir()
+    (tmp_path / "tr/config.json").write_text(saved.to_json())
+    printed = phalanx("train", "--name", "tr", "--resume", "auto", "--ngf", 8, "--print-config", *common)
+    assert printed.code == 0, printed.err
+    resolved = yaml.safe_load(printed.out)
+    assert {k: resolved[k] for k in ("task", "dataroot", "image_size")} == {"task": "translate", "dataroot": str(
+        tmp_path / "pairs"), "image_size": 32} and resolved["task_options"]["generator"] == "unet_32"
