@@ -64,5 +64,10 @@ def load_config_file(path: str) -> ConfigFileValues:
         for key in data:
             at = text.find(f'"{key}"')
             lines[str(key)] = text.count("\n", 0, at) + 1 if at >= 0 else 0
-    split_keys(data, where)  # unknown keys: named now, with the file
+    for key, value in data.items():  # unknown keys: named now, with the file and the key's line
+        try:
+            split_keys({key: value}, where)
+        except PhalanxError as exc:
+            line = lines.get(str(key))
+            raise PhalanxError(exc.message, f"{where}, line {line}" if line else where) from None
     return ConfigFileValues(path, data, lines)

@@ -54,7 +54,7 @@ def check_file(output: Path, checkpoint: str, overwrite: bool, ours: Callable[[P
     if output.is_dir():
         raise PhalanxError(f"{output} is a folder; give a file name", OPTION)
     if _same_file(output, Path(checkpoint)):
-        raise PhalanxError(f"{output} is the checkpoint itself (--checkpoint); write the {what} elsewhere", OPTION)
+        raise PhalanxError(f"{output} is the checkpoint itself (--checkpoint); write {what} elsewhere", OPTION)
     if not overwrite and not ours(output):
         raise PhalanxError(f"{output} exists and is not {what} phalanx wrote; pass --overwrite to replace it, or "
                            "choose another file", OPTION)

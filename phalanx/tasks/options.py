@@ -64,8 +64,8 @@ class GANOptions:
 @dataclass(frozen=True)
 class TranslateOptions(GANOptions):
     generator: str = option("unet_256", "Generator: unet_64, unet_128, unet_256 (pix2pix's U-Nets, for images whose "
-                            "sides are multiples of 64, 128, 256), unet_N for N-pixel images, resnet_6blocks or "
-                            "resnet_9blocks.", metavar="NAME")
+                            "sides are multiples of 64, 128, 256), unet_N for N-pixel images (unet_32 at "
+                            "--image-size 32), resnet_6blocks or resnet_9blocks.", metavar="NAME")
     gan_loss: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan (least squares).",
                            choices=("vanilla", "lsgan"))
     targets: int = option(0, "Target images per input; a generator and a discriminator each (0: what the data holds).",
