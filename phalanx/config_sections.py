@@ -110,8 +110,8 @@ class OptimOptions:
     batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
                              "--grad-accum x world size.", above=0)
-    lr: float = option(0.1, "Learning rate (before --scale-lr). The default is classify's with smallcnn; other "
-                       "tasks and torchvision classifiers have their own (--dry-run shows the one used).", above=0)
+    lr: float = option(0.1, "Learning rate (before --scale-lr). The default is smallcnn's on the built-in digits; "
+                       "tasks and torchvision classifiers set their own (--dry-run shows the one used).", above=0)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
     momentum: float = option(0.9, "SGD momentum.", at_least=0)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")

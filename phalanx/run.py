@@ -173,6 +173,11 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     # Every check first (run directory, task, data, networks, weights): bad input writes nothing.
     check_batch_memory(cfg)
     resume = rundir.plan(cfg)
+    if resume is not None and resume.state["epoch"] >= cfg.schedule.epochs and not resume.state["position"]:
+        # The checkpoint ends the run already: nothing is built and nothing written (config, records, snapshot).
+        say(f"phalanx: nothing to do: {resume.path} already has {resume.state['epoch']} epochs; a larger --epochs "
+            "trains on")
+        return {"epochs": resume.state["epoch"]}
     task = build_task(cfg)
     data, models = build_networks(cfg, task)
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []

@@ -411,6 +411,9 @@ MUTANTS = [
            "and FIELDS[name].metadata[\"identity\"]}", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a resume under another task takes the run's options", "phalanx/resume_options.py",
            "        return {}  # another task", "        pass  # another task", ("tests/test_resume.py -k leaves_out",)),
+    Mutant("a finished run's resume rewrites the run", "phalanx/run.py",
+           "resume.state[\"epoch\"] >= cfg.schedule.epochs and not resume.state[\"position\"]:", "False:",
+           ("tests/test_resume.py -k leaves_out",)),
     Mutant("windows escape nothing", "phalanx/windows.py", "    return html.escape(text)", "    return text",
            ("tests/test_visualize_robust.py -k names_its_window_kind",)),
     # --- --sync-bn on CPU workers (GlobalBatchNorm)

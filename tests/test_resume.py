@@ -140,8 +140,10 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     assert {**before, "epochs": 2} == {**after, "resume": None}
     assert [r["epoch"] for r in records(run, "val")] == [1, 2]
     # --epochs too is the run's own: a resume that types nothing more ends where the run would.
+    written = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     again = phalanx("train", "--resume", run / "latest.pt", *common)
-    assert again.code == 0 and "already has 2 epochs" in again.out, again.err
+    assert again.code == 0 and "nothing to do: " in again.out and "already has 2 epochs" in again.out, again.err
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written  # nothing rewritten
     # What is typed is still checked against the run, and another task takes nothing of it.
     for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "byol"], "--task 'simclr'")):
         refused = phalanx("train", "--resume", "auto", "--epochs", 3, *typed, *common)
