@@ -18,7 +18,7 @@ from .config import FIELDS, RunConfig, section_of
 from .config_file import load_config_file
 from .errors import PhalanxError
 from .fields import flag, parse_list
-from .resume_options import differing, saved_options
+from .resume_options import described, saved_options
 
 _CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
 GENERAL = "General"
@@ -225,12 +225,7 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         typed.add(key.strip().replace("-", "_"))
     if given:
         merged["task_options"] = {**(merged.get("task_options") or {}), **given}
-    taken = saved_options(merged)  # --resume: what the command line leaves out is the run's own
-    if taken:
-        merged = {**taken, **merged, "task_options": {**taken["task_options"], **(merged.get("task_options") or {})}}
-        if noted := differing(taken):
-            click.echo(f"phalanx: --resume: continuing with the run's own {', '.join(noted)} (options not given here)",
-                       err=True)
+    taken = _take_from_resumed_run(merged)
     task = merged.get("task", tasks.DEFAULT)
     if isinstance(task, str):
         tasks.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
@@ -238,6 +233,9 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         if tasks.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
             raise tasks.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
                                          f"{flagged[0]}=VALUE")
+    if taken:  # below what is given, and past check_used: the run's own values are not the user's choice
+        merged = {**{k: v for k, v in taken.items() if k != "task"}, **merged,
+                  "task_options": {**taken["task_options"], **(merged.get("task_options") or {})}}
     try:
         return config_mod.from_mapping(merged, source="--config")
     except PhalanxError as exc:
@@ -247,6 +245,19 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         if where is None:
             raise
         raise PhalanxError(f"{name}: {exc.message}", where) from None
+
+
+def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
+    """--resume: what the command line leaves out is the run's own (``resume_options``), said in one
+    line. The run's task is set in ``merged`` as if given, so the checks that follow are its task's."""
+    taken = saved_options(merged)
+    if "task" in taken:
+        merged["task"] = {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
+    task = merged.get("task", tasks.DEFAULT)
+    if noted := described(taken, task["name"] if isinstance(task, dict) else task):
+        click.echo(f"phalanx: --resume: continuing with the run's own {', '.join(noted)} (options not given here)",
+                   err=True)
+    return taken
 
 
 def echo_config(cfg: RunConfig) -> None:

@@ -29,46 +29,61 @@ TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "best_metric", "val_every", "save
 
 
 def saved_options(given: dict[str, Any]) -> dict[str, Any]:
-    """The saved run's values of the options ``given`` (typed flags and --config, as
-    ``config.from_mapping`` reads them) lacks, for a ``--resume`` in ``given``; {} for a new run,
-    an unreadable save, or another --task typed."""
-    resume = given.get("resume")
-    if not resume:
+    """For a ``--resume`` in ``given`` (typed flags and --config): the saved run's ``task`` (where
+    none is given), its options that ``given`` lacks and that would otherwise resolve to another
+    value, and its task options that ``given`` lacks (``task_options``); {} for a new run, an
+    unreadable save, or another --task given."""
+    if not given.get("resume") or not isinstance(given["resume"], str):
         return {}
-    raw = _saved_config(resume, given)
-    try:  # an older phalanx's configuration, read as this one reads it
+    try:
         general, task_values = split_keys(given, "--config")
-        saved = from_mapping(raw, source="the resumed checkpoint's configuration").to_dict()
-    except (PhalanxError, TypeError, AttributeError):  # not a mapping, or not a configuration
+        saved = from_mapping(_saved_config(given["resume"], general), source="the resumed run's configuration").to_dict()
+        task = general.get("task", saved["task"])
+        if task != saved["task"]:
+            return {}  # another task: nothing of this run's applies (rundir names the difference)
+        options = {key: value for key, value in saved["task_options"].items() if key not in task_values}
+        # What this command line alone resolves to (the task's and the model's defaults included).
+        alone = from_mapping({**general, "task": task, "task_options": {**options, **task_values}},
+                             source="--config").to_dict()
+    except (PhalanxError, TypeError, AttributeError, ValueError):  # not a configuration: take nothing
         return {}
-    if general.get("task", saved["task"]) != saved["task"]:
-        return {}  # another task: nothing of this run's applies (rundir names the difference)
     taken = {name: value for name, value in saved.items()
-             if name not in general and name != "task_options"
+             if name not in general and name not in ("task", "task_options") and value != alone[name]
              and (FIELDS[name].metadata["identity"] or name in TAKEN_BEYOND_IDENTITY)}
-    options = {key: value for key, value in saved["task_options"].items() if key not in task_values}
-    return {**taken, "task_options": options}
+    return {**({} if "task" in general else {"task": task}), **taken, "task_options": options}
 
 
-def differing(taken: dict[str, Any]) -> list[str]:
-    """The taken options whose values are not their defaults, as flags: what the user should know."""
-    task = taken.get("task", tasks.DEFAULT)
-    defaults = from_mapping({"task": task}, source="defaults").to_dict()  # the task's own defaults
-    flags = [f"--task {task}"] if task != tasks.DEFAULT else []
-    flags += [f"{flag(name)} {value}" for name, value in taken.items()
-              if name not in ("task", "task_options") and value != defaults[name]]
-    return flags + [f"{flag(key)} {value}" for key, value in taken.get("task_options", {}).items()
-                    if value != defaults["task_options"].get(key)]
+def described(taken: dict[str, Any], task: str) -> list[str]:
+    """What was taken for a run of ``task``, as flags, leaving out task options at their defaults:
+    what the user should know."""
+    if not taken:
+        return []
+    try:
+        defaults = from_mapping({"task": task}, source="defaults").to_dict()["task_options"]
+    except PhalanxError:  # a task option with no default: every taken one is said
+        defaults = {}
+    named = [f"--task {task}"] if "task" in taken and task != tasks.DEFAULT else []
+    named += [_as_flag(name, value) for name, value in taken.items() if name not in ("task", "task_options")]
+    return named + [_as_flag(key, value) for key, value in taken.get("task_options", {}).items()
+                    if key not in defaults or value != defaults[key]]
 
 
-def _saved_config(resume: str, given: dict[str, Any]) -> Any:
+def _as_flag(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return flag(name) if value else "--no-" + flag(name)[2:]
+    if isinstance(value, (list, tuple)):
+        return f"{flag(name)} {','.join(map(str, value))}"
+    return f"{flag(name)} {value}"
+
+
+def _saved_config(resume: str, general: dict[str, Any]) -> Any:
     if resume == "auto":  # the run directory's config.json (written at each start): no checkpoint to load here
-        run_dir = Path(given.get("checkpoints_dir", FIELDS["checkpoints_dir"].default)) / \
-            given.get("name", FIELDS["name"].default)
         try:
+            run_dir = Path(general.get("checkpoints_dir", FIELDS["checkpoints_dir"].default)) / \
+                general.get("name", FIELDS["name"].default)
             with open(run_dir / "config.json", "rb") as fh:
                 return json.loads(fh.read(CONFIG_BYTES + 1)[:CONFIG_BYTES]).get("config")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, TypeError, ValueError, AttributeError):  # no such file, or not a run's (rundir says why)
             return None
     try:  # the checkpoint's own configuration; mapped, so its tensors are not read
         import torch

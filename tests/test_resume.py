@@ -145,7 +145,7 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     assert again.code == 0 and "nothing to do: " in again.out and "already has 2 epochs" in again.out, again.err
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written  # nothing rewritten
     # What is typed is still checked against the run, and another task takes nothing of it.
-    for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "byol"], "--task 'simclr'")):
+    for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "classify"], "--task 'simclr'")):
         refused = phalanx("train", "--resume", "auto", "--epochs", 3, *typed, *common)
         assert refused.code == 2 and f"was trained with {flag}" in refused.err, refused.err
     # The data's folder is the run's too (translate's, as the newcomer's), printed without training.
@@ -158,3 +158,16 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     resolved = yaml.safe_load(printed.out)
     assert {k: resolved[k] for k in ("task", "dataroot", "image_size")} == {"task": "translate", "dataroot": str(
         tmp_path / "pairs"), "image_size": 32} and resolved["task_options"]["generator"] == "unet_32"
+    # A task's option it does not use (DINO's --crop-scale) at its saved default, and your own task
+    # (its dataset saved as it resolved), resume as they were: taken values are not the user's choice.
+    # A --config that spells checkpoints-dir with a dash and gives a task mapping without its name
+    # finds the run and keeps the run's task.
+    for name, mapping in (("dino", {"task": "dino", "image_size": 16}),
+                          ("own", {"task": "phalanx_testtasks:GatherTask"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(from_mapping(mapping, source="test").to_json())
+        printed = phalanx("train", "--name", name, "--resume", "auto", "--print-config", *common)
+        assert printed.code == 0 and yaml.safe_load(printed.out)["task"] == mapping["task"], printed.err
+    (tmp_path / "run.yaml").write_text(f"checkpoints-dir: {tmp_path}\nname: tr\ntask:\n  ngf: 8\n")
+    printed = phalanx("train", "--config", tmp_path / "run.yaml", "--resume", "auto", "--print-config")
+    assert printed.code == 0 and yaml.safe_load(printed.out)["task_options"]["generator"] == "unet_32", printed.err
