@@ -411,8 +411,6 @@ MUTANTS = [
            "and FIELDS[name].metadata[\"identity\"]}", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a resume takes the run's values that equal this command line's", "phalanx/resume_options.py",
            "and value != alone[name]", "and True", ("tests/test_resume.py -k leaves_out",)),
-    Mutant("a resume under another task takes the run's options", "phalanx/resume_options.py",
-           "        return {}  # another task", "        pass  # another task", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a finished run's resume rewrites the run", "phalanx/run.py",
            "resume.state[\"epoch\"] >= cfg.schedule.epochs and not resume.state[\"position\"]:", "False:",
            ("tests/test_resume.py -k leaves_out",)),

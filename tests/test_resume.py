@@ -145,9 +145,10 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     assert again.code == 0 and "nothing to do: " in again.out and "already has 2 epochs" in again.out, again.err
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written  # nothing rewritten
     # What is typed is still checked against the run, and another task takes nothing of it.
-    for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "classify"], "--task 'simclr'")):
+    for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "byol"], "--task 'simclr'")):
         refused = phalanx("train", "--resume", "auto", "--epochs", 3, *typed, *common)
         assert refused.code == 2 and f"was trained with {flag}" in refused.err, refused.err
+        assert ("continuing with" in refused.err) == (flag != "--task 'simclr'")  # another task takes nothing
     # The data's folder is the run's too (translate's, as the newcomer's), printed without training.
     saved = from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"), "generator": "unet_32",
                           "image_size": 32, "ngf": 8}, source="test")
