@@ -248,15 +248,14 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
 
 
 def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
-    """--resume: what the command line leaves out is the run's own (``resume_options``), said in one
-    line. The run's task is set in ``merged`` as if given, so the checks that follow are its task's."""
+    """--resume: what the command line leaves out is the run's own (``resume_options``), named in
+    ``resumed_with`` (the run says it once its checks pass). The run's task is set in ``merged`` as
+    if given, so the checks that follow are its task's."""
     taken = saved_options(merged)
     if "task" in taken:
         merged["task"] = {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
     task = merged.get("task", tasks.DEFAULT)
-    if noted := described(taken, task["name"] if isinstance(task, dict) else task):
-        click.echo(f"phalanx: --resume: continuing with the run's own {', '.join(noted)} (options not given here)",
-                   err=True)
+    merged["resumed_with"] = tuple(described(taken, task["name"] if isinstance(task, dict) else task))
     return taken
 
 

@@ -43,6 +43,8 @@ class RunConfig:
     resume: str | None = option(None, "Continue a run: a checkpoint path, or 'auto' for the latest "
                                 "checkpoint in the run directory.", identity=False, metavar="PATH|auto")
     overwrite: bool = option(False, "Replace a previous run in the run directory.", identity=False)
+    resumed_with: tuple[str, ...] = option((), "What --resume took from the run it continues, as flags (said when "
+                                           "the run starts).", identity=False, cli=False)
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
     data: DataOptions = field(default_factory=DataOptions)
     network: ModelOptions = field(default_factory=ModelOptions)

@@ -259,6 +259,9 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
     where = (f"in epoch {trainer.epoch + 1} at sample {trainer.position} of {trainer.num_train}" if trainer.position
              else f"after epoch {trainer.epoch}")
     lines = [f"phalanx: resumed from {resume.path} {where}" + (f" (elastic restart {restart})" if restart else "")]
+    if cfg.resumed_with:
+        lines.append(f"phalanx: --resume: continuing with the run's own {', '.join(cfg.resumed_with)} (options not "
+                     "given here)")
     old_world, old_batch = state.get("world_size"), state.get("effective_batch")
     if old_batch is not None and old_batch != trainer.strategy.plan.effective_batch:
         lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
