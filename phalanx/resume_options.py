@@ -2,8 +2,9 @@
 
 ``--resume`` continues a run, so the options that decide what the run computes (its task, model,
 data, task options: the identity options), its --dataroot, --epochs and what it records are the
-saved run's unless they are typed or in ``--config``: ``phalanx train --name X --resume auto`` needs nothing else, as
-``evaluate``/``predict``/``export`` need no ``--task``. A typed value that differs from the saved
+saved run's where they are neither typed nor in ``--config`` and would otherwise resolve to another
+value: ``phalanx train --name X --resume auto`` needs nothing else, as ``evaluate``, ``predict`` and
+``export`` need no ``--task``. A typed value that differs from the saved
 one is still refused, naming both (``rundir``). Where the saved configuration cannot be read
 here, nothing is taken and ``rundir`` reports the checkpoint's problem.
 """

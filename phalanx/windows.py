@@ -17,7 +17,6 @@ import base64
 from typing import Any
 
 
-
 def escape(text: str) -> str:
     """``html.escape``, imported where a window is drawn: html's entity table (4 ms) is not on a
     training process's way to its first step (benchmarks/first_step.py --profile)."""
