@@ -165,6 +165,19 @@ def _backend(cfg: RunConfig) -> str:
     return "gloo" if cfg.devices.uses_cpu else "nccl"
 
 
+def _nothing_to_do(cfg: RunConfig, resume: rundir.Resume | None) -> str:
+    """Why a resumed run has no step left to train (its epochs, or --max-steps reached), or ''."""
+    if resume is None:
+        return ""
+    state, limit = resume.state, cfg.schedule.max_steps
+    if state["epoch"] >= cfg.schedule.epochs and not state["position"]:
+        return f"{resume.path} already has {state['epoch']} epochs; a larger --epochs trains on"
+    if limit and state["step"] >= limit:
+        return f"{resume.path} is at step {state['step']}, --max-steps {limit}; a larger --max-steps (0: every " \
+               "epoch) trains on"
+    return ""
+
+
 def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     def say(line: str) -> None:
         if strategy.is_main:
@@ -173,10 +186,9 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     # Every check first (run directory, task, data, networks, weights): bad input writes nothing.
     check_batch_memory(cfg)
     resume = rundir.plan(cfg)
-    if resume is not None and resume.state["epoch"] >= cfg.schedule.epochs and not resume.state["position"]:
-        # The checkpoint ends the run already: nothing is built and nothing written (config, records, snapshot).
-        say(f"phalanx: nothing to do: {resume.path} already has {resume.state['epoch']} epochs; a larger --epochs "
-            "trains on")
+    done = _nothing_to_do(cfg, resume)
+    if done:  # the checkpoint ends the run already: nothing is built and nothing written (config, records, snapshot)
+        say(f"phalanx: nothing to do: {done}")
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg)
     data, models = build_networks(cfg, task)

@@ -412,8 +412,10 @@ MUTANTS = [
     Mutant("a resume takes the run's values that equal this command line's", "phalanx/resume_options.py",
            "and value != alone[name]", "and True", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a finished run's resume rewrites the run", "phalanx/run.py",
-           "resume.state[\"epoch\"] >= cfg.schedule.epochs and not resume.state[\"position\"]:", "False:",
+           "if state[\"epoch\"] >= cfg.schedule.epochs and not state[\"position\"]:", "if False:",
            ("tests/test_resume.py -k leaves_out",)),
+    Mutant("a resume at its --max-steps trains and rewrites the run", "phalanx/run.py",
+           "if limit and state[\"step\"] >= limit:", "if False:", ("tests/test_scale.py -k max_steps",)),
     Mutant("windows escape nothing", "phalanx/windows.py", "    return html.escape(text)", "    return text",
            ("tests/test_visualize_robust.py -k names_its_window_kind",)),
     # --- --sync-bn on CPU workers (GlobalBatchNorm)

@@ -95,8 +95,9 @@ def test_scale_runs_the_world_sizes_it_says_and_touches_no_run(tmp_path, phalanx
 
 def test_max_steps_stops_mid_epoch_with_a_checkpoint_that_resumes_bitwise(tmp_path, phalanx):
     """--max-steps 30 (of 45 a digits epoch) stops with latest.pt 960 samples into epoch 1, no
-    validation; --max-steps 45 ends epoch 1 as any epoch ends; --resume auto then trains to the end,
-    bitwise the straight run, and a limit already reached is nothing to do."""
+    validation (resumed at --max-steps 30, nothing to do, nothing written); --max-steps 45 ends epoch 1
+    as any epoch ends; --resume auto then trains to the end, bitwise the straight run, and a limit
+    already reached is nothing to do."""
     common = ["--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
     assert phalanx("train", "--name", "straight", *common).code == 0
     stopped = phalanx("train", "--name", "cut", "--max-steps", 30, *common)
@@ -105,6 +106,10 @@ def test_max_steps_stops_mid_epoch_with_a_checkpoint_that_resumes_bitwise(tmp_pa
     saved = torch.load(tmp_path / "cut/latest.pt", weights_only=True)
     assert (saved["epoch"], saved["position"], saved["step"]) == (0, 960, 30)
     assert not (tmp_path / "cut/best.pt").exists()  # nothing validated
+    written = {path: path.read_bytes() for path in (tmp_path / "cut").rglob("*") if path.is_file()}
+    reached = phalanx("train", "--name", "cut", "--max-steps", 30, *common, "--resume", "auto")
+    assert reached.code == 0 and "nothing to do: " in reached.out and "is at step 30, --max-steps 30" in reached.out
+    assert {path: path.read_bytes() for path in (tmp_path / "cut").rglob("*") if path.is_file()} == written
     at_epoch_end = phalanx("train", "--name", "cut", "--max-steps", 45, *common, "--resume", "auto")  # 45: epoch 1's last
     assert at_epoch_end.code == 0 and "stopped at step 45 (--max-steps), after epoch 1" in at_epoch_end.out
     assert (tmp_path / "cut/best.pt").exists()  # an epoch's end as any other: validated
