@@ -215,6 +215,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
             field = FIELDS[name] if name in FIELDS else tasks.option_fields()[name][0]
             is_list = field.type.startswith("tuple[")
             merged[name] = tuple(v for values in value for v in values) if is_list else value
+            if name == "task" and isinstance((file_values or {}).get("task"), dict):  # the file's task: section stays
+                merged[name] = {**file_values["task"], "name": value}
             typed.add(name)
     given = {}
     for item in values.get("task_option") or ():
@@ -255,7 +257,7 @@ def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
     if "task" in taken:
         merged["task"] = {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
     task = merged.get("task", tasks.DEFAULT)
-    merged["resumed_with"] = tuple(described(taken, task["name"] if isinstance(task, dict) else task))
+    merged["resumed_with"] = tuple(described(taken, task.get("name", tasks.DEFAULT) if isinstance(task, dict) else task))
     return taken
 
 

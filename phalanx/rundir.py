@@ -101,8 +101,22 @@ def plan(cfg: RunConfig) -> Resume | None:
         resume = Resume(*found)
     else:
         resume = Resume(Path(cfg.resume), checkpoint.load(Path(cfg.resume)))
+        if not cfg.overwrite:
+            _check_not_another_run(run_dir, resume)
     _check_same_run(cfg, resume)
     return resume
+
+
+def _check_not_another_run(run_dir: Path, resume: Resume) -> None:
+    """A checkpoint given by path continues its own run, or starts a new directory from it: never
+    over another run (whose history and best.pt would be mixed with this one's)."""
+    if not holds_a_run(run_dir) or failed_before_a_checkpoint(run_dir):
+        return
+    own = checkpoint.load_latest_valid(run_dir)
+    if own is not None and own[1].get("run_id") == resume.state.get("run_id"):
+        return
+    raise PhalanxError(f"{run_dir} holds another run than {resume.path}'s; choose another --name to continue "
+                       "from it there, or --overwrite to replace that run", "--name")
 
 
 def check_creatable(run_dir: Path, name: str) -> None:

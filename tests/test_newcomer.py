@@ -122,6 +122,12 @@ def test_config_file_errors_name_the_file_the_line_and_the_key(tmp_path, phalanx
     assert result.code == 2 and "broken.yaml: line 4: does not parse" in result.err  # where PyYAML stops
     flag_wins = phalanx("train", "--config", tmp_path / "run.yaml", "--epochs", 1, "--print-config")
     assert flag_wins.code == 0  # the bad value was overridden
+    # A task: section without its name: one line (it raised KeyError), and --task typed keeps the section.
+    (tmp_path / "section.yaml").write_text("task:\n  ngf: 32\n")
+    result = phalanx("train", "--config", tmp_path / "section.yaml", "--dry-run")
+    assert result.code == 2 and "--ngf: is an option of --task translate" in result.err and len(result.err.splitlines()) == 1
+    result = phalanx("train", "--config", tmp_path / "section.yaml", "--task", "translate", "--print-config")
+    assert result.code == 0 and "ngf: 32" in result.out, result.err
 
 
 def test_the_last_window_of_an_epoch_is_never_a_spike_of_a_few_samples(tmp_path, phalanx):

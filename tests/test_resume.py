@@ -124,6 +124,26 @@ def test_a_longer_cosine_schedule_at_resume_is_followed_and_said(tmp_path, phala
     assert_lr_follows_the_schedule(run, epochs=4, from_epoch=3)
 
 
+def test_a_checkpoint_given_by_path_never_continues_over_another_run(tmp_path, phalanx):
+    # Found by a newcomer: a segment run's checkpoint resumed under a classifier's --name trained on
+    # there, its latest.pt and history mixed with the classifier's best.pt.
+    common = ["--max-steps", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
+    for name, seed in (("mine", 0), ("theirs", 1)):
+        assert phalanx("train", "--name", name, "--seed", seed, *common).code == 0
+    written = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    refused = phalanx("train", "--name", "mine", "--resume", tmp_path / "theirs/latest.pt", "--max-steps", 3,
+                      "--checkpoints-dir", tmp_path, "--no-progress")
+    assert refused.code == 2 and f"{tmp_path / 'mine'} holds another run than" in refused.err, refused.err
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == written
+    # Its own checkpoint by path, and another's into a new directory (a fork), go on as before.
+    for name in ("mine", "fork"):
+        source = tmp_path / ("mine" if name == "mine" else "theirs") / "latest.pt"
+        assert phalanx("train", "--name", name, "--resume", source, "--max-steps", 3, "--checkpoints-dir", tmp_path,
+                       "--no-progress").code == 0
+    assert torch.load(tmp_path / "fork/latest.pt", weights_only=True)["run_id"] == \
+        torch.load(tmp_path / "theirs/latest.pt", weights_only=True)["run_id"]
+
+
 def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continues(tmp_path, phalanx):
     # The README: --resume needs no --task. A newcomer's translate run once resumed only with --task,
     # --generator, --dataroot and --image-size typed again (each refused as the default's conflict).
