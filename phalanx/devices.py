@@ -102,6 +102,13 @@ def worker_device(devices: DeviceOptions, env: Placement) -> torch.device:
     return local_rank_device(devices, env.local_rank, env.local_world_size)
 
 
+def refuse_data_parallel(mode: str, task: Any) -> None:
+    """A plan's DataParallel refused for a task that declares it cannot train under it."""
+    if mode == "dataparallel" and task.data_parallel_refused:
+        raise PhalanxError(f"--task {task.name} cannot train under DataParallel: {task.data_parallel_refused}; use "
+                           "trainlaunch (DDP), one GPU a worker", "--gpu-ids")
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """Devices, backend, world size, effective batch and learning rate of one training process:

@@ -21,7 +21,7 @@ from .data import close_loaders
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
-from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run
+from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run, refuse_data_parallel
 from .memory_plan import memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
@@ -70,9 +70,11 @@ def restart_config(cfg: RunConfig, restart: int) -> RunConfig:
     return cfg.replace(resume="auto", overwrite=False)
 
 
-def build_task(cfg: RunConfig) -> Task:
-    """The run's task (a built-in by name, or the user's class, imported by name)."""
-    return task_class(cfg.task)(cfg)
+def build_task(cfg: RunConfig, mode: str = "") -> Task:
+    """The run's task (a built-in or the user's class, by name), checked against the plan's ``mode``."""
+    task = task_class(cfg.task)(cfg)
+    refuse_data_parallel(mode, task)
+    return task
 
 
 def build_networks(cfg: RunConfig, task: Task) -> tuple[TaskData, dict[str, nn.Module]]:
@@ -120,7 +122,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
              f"devices: {plan.describe()}"]
-    data, checked = describe_checks(cfg, plan.world_size)
+    data, checked = describe_checks(cfg, plan.world_size, plan.mode)
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
@@ -128,12 +130,12 @@ def describe_run(cfg: RunConfig) -> list[str]:
     return lines
 
 
-def describe_checks(cfg: RunConfig, world_size: int) -> tuple[TaskData, list[str]]:
+def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[TaskData, list[str]]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
     input fails here as it would; their memory per rank under each strategy), and the run directory
     (said, as a real run would stop there)."""
     check_batch_memory(cfg)
-    task = build_task(cfg)
+    task = build_task(cfg, mode)
     data = task.build_data()
     try:
         # On the meta device: a plan counts parameters without allocating them (a --hidden-dim of a
@@ -190,7 +192,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     if done:  # the checkpoint ends the run already: nothing is built and nothing written (config, records, snapshot)
         say(f"phalanx: nothing to do: {done}")
         return {"epochs": resume.state["epoch"]}
-    task = build_task(cfg)
+    task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)

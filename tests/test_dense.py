@@ -258,3 +258,12 @@ def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_sk
     skipped = phalanx("train", *options, "--skip-broken")
     assert skipped.code == 0, skipped.err
     assert "left out" in skipped.out
+
+
+def test_a_detector_refuses_dataparallel_but_not_trainlaunchs_ddp_over_the_same_gpu_ids(scenes, tmp_path, phalanx):
+    # The README's DDP example for detection (trainlaunch --gpu-ids 0,1) was refused as DataParallel.
+    common = [*DETECTOR, "--dataroot", scenes, "--gpu-ids", "0,1", "--dry-run", "--checkpoints-dir", tmp_path]
+    refused = phalanx("train", *common)
+    assert refused.code == 2 and "--task detect cannot train under DataParallel" in refused.err, refused.err
+    launched = phalanx("trainlaunch", *common, "--use-torchrun", "--nproc_per_node 2")
+    assert launched.code == 0 and "world size: 2" in launched.out and "DataParallel" not in launched.err, launched.err

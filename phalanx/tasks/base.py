@@ -71,6 +71,8 @@ class Task:
     - ``best_metric``: ``(validation metric, "max" | "min")`` that picks ``best.pt``;
     - ``manual_optimization``: the step calls ``ctx.backward``/``ctx.step`` itself;
     - ``find_unused_parameters``: DDP's option, for networks whose forward leaves parameters out;
+    - ``data_parallel_refused``: why the task cannot train under DataParallel (several --gpu-ids in
+      one process), if it cannot; trainlaunch's DDP, one GPU a worker, is unaffected;
     - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one);
     - ``Inference``: what ``evaluate``, ``predict`` and ``export`` do with the trained task
       (``tasks.inference.Inference``: the base evaluates on the validation split and has no
@@ -88,6 +90,7 @@ class Task:
     best_metric: tuple[str, str] = ("loss", "min")
     manual_optimization = False
     find_unused_parameters = False
+    data_parallel_refused = ""
     ema_models: tuple[str, ...] | None = None
     metrics: tuple[str, ...] | None = None
     Inference: type[Inference] = Inference

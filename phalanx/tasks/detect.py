@@ -67,13 +67,10 @@ class DetectTask(Task):
     metrics = ("mAP", "mAP50", "mAP75")
     metric_labels = {"mAP": "COCO mAP@[.5:.95]", "mAP50": "mAP@.5", "mAP75": "mAP@.75"}
     options: DetectOptions
+    data_parallel_refused = "torchvision's detectors take lists of images, which DataParallel does not split"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        if len(cfg.devices.gpu_ids) > 1 and not cfg.devices.uses_cpu:
-            raise PhalanxError("--task detect cannot train under DataParallel: torchvision's detectors take lists of "
-                               "images, which DataParallel does not split; use trainlaunch (DDP), one GPU a worker",
-                               "--gpu-ids")
         self.categories: list[dict[str, Any]] = []
 
     # --- data and networks
