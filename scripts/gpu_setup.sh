@@ -17,6 +17,9 @@ if wanted := lacking(["lightning", "timm", "pytest_timeout"]):
     print(f"gpu_setup.sh: warning: this Python lacks {wanted}", file=sys.stderr)
 PY
 "$python" -m pip install --quiet --no-index --no-deps --no-compile .whl/*.whl
+# DeepLIIF 1.2.7's files where tests/deepliif_reference.py loads them (as scripts/setup.sh --test does)
+prefix=$("$python" -c "import sys; print(sys.prefix)")
+"$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$prefix/deepliif-1.2.7" .whl/deepliif/*
 # phalanx itself, editable; where the image's build tools cannot do that offline, a .pth file
 # puts this checkout on the path (the same effect) and a small launcher gives the command.
 if ! "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation -e . >/tmp/phalanx-pip.log 2>&1; then
