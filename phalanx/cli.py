@@ -212,7 +212,19 @@ def say_error(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: runs the CLI and maps failures to documented exit codes."""
+    """``phalanx ARGS`` in this process (a script, a notebook, the tests): the exit code, and the
+    caller's signal mask as it was (a failed run holds SIGTERM and SIGINT until its process exits)."""
+    from .failures import restore_signal_mask, signal_mask
+
+    mask = signal_mask()
+    try:
+        return _main(argv)
+    finally:
+        restore_signal_mask(mask)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """Runs the CLI and maps failures to documented exit codes."""
     args = sys.argv[1:] if argv is None else list(argv)
     for before, arg in zip(["", *args], args):  # open() and os calls raise ValueError on one, deep inside
         if "\x00" in str(arg):
@@ -261,8 +273,8 @@ def _internal_error(exc: Exception) -> int:
 
 
 def entry() -> None:
-    """The ``phalanx`` console script."""
-    code = main()
+    """The ``phalanx`` console script: a failed run's stop signals stay held until it exits."""
+    code = _main()
     if "phalanx.parallel" in sys.modules:  # a run happened in this process
         from .strategies import exit_process
 

@@ -57,7 +57,8 @@ def summarize(exc: BaseException, backend: str | None = None) -> str:
 
 
 def hold_stop_signals() -> None:
-    """Defer SIGTERM and SIGINT for the rest of this failing process's life.
+    """Defer SIGTERM and SIGINT for the rest of this failing process's life (or until
+    ``restore_signal_mask``, when phalanx was called in process).
 
     When one DDP worker fails, torchrun terminates the others, which are failing too (they lost
     their peer) and are writing why: without this, the report of every rank but the first is cut
@@ -65,6 +66,20 @@ def hold_stop_signals() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
+def signal_mask() -> set | None:
+    """This thread's blocked signals (None off the main thread, where hold_stop_signals does nothing)."""
+    if threading.current_thread() is threading.main_thread():
+        return signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    return None
+
+
+def restore_signal_mask(mask: set | None) -> None:
+    """Undo hold_stop_signals for a caller that lives on (``phalanx.cli.main`` called in process): a
+    mask left blocked would keep its Ctrl-C and SIGTERM from it, and from every process it starts."""
+    if mask is not None and threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def write_traceback(path: Path, exc: BaseException, header: str) -> Path | None:

@@ -479,6 +479,8 @@ MUTANTS = [
     Mutant("small JPEGs decoded at reduced scale", "phalanx/data/images.py",
            "min(size) >= max(DRAFT_REDUCTION * min_side, DRAFT_MIN_SIDE)", "min(size) >= DRAFT_REDUCTION * min_side",
            ("tests/test_loader.py -k fast_jpeg",)),
+    Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
+           "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
 ]
 
 

@@ -72,6 +72,14 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+def max_scaled_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest difference of a tensor over its largest magnitude (at least 1): float64 rounding
+    grows with the values rounded (DINO's head biases reach 10^3, where 1e-12 absolute is about 4 ulps)."""
+    assert a.keys() == b.keys()
+    return max(((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp(min=1)).item()
+               for k in a)
+
+
 def set_lrs(optimizers, lr: float, factor: float) -> None:
     for optimizer in optimizers:
         for group in optimizer.param_groups:

@@ -79,6 +79,21 @@ def rank_draws(folder: Path) -> dict[str, list[str]]:
     return draws
 
 
+def test_a_run_that_fails_in_process_gives_the_caller_back_its_stop_signals(tmp_path, phalanx):
+    # A failing run holds SIGTERM and SIGINT until its process exits (so each rank's report is whole).
+    # Called in process (a script, a notebook, these tests), it once left them held: the caller's
+    # Ctrl-C did nothing, and every process started after inherited the mask (a worker sent SIGTERM
+    # trained on to its end).
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    failed = phalanx("train", "--model", "phalanx_testmodels:raises", "--epochs", 1, "--checkpoints-dir", tmp_path,
+                     "--no-progress")
+    assert failed.code == 1 and "boom from the test model" in failed.err, failed.err
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    child = subprocess.run([sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGTERM); "
+                            "time.sleep(30)"], timeout=60)
+    assert child.returncode == -signal.SIGTERM
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_is_bitwise_the_same(tmp_path):
     # A scheduler may signal one process only: the ranks agree on a stop step, rank 0 saves it.

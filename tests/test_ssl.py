@@ -26,7 +26,7 @@ def weights(path):
 def test_simclr_under_ddp_equals_one_process_in_float64_with_the_global_batch(tmp_path, phalanx, gather):
     # No BatchNorm anywhere (smallcnn, --head-norm none): 2 x 16 must be 1 x 32, views and all.
     common = ["--task", "simclr", "--head-norm", "none", "--task-option", f"gather={gather}", "--precision", "fp64",
-              "--epochs", 1, "--val-fraction", 0.9, "--log-every", 1, "--checkpoints-dir", tmp_path, *SMALL]
+              "--epochs", 1, "--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1, "--log-every", 1, "--checkpoints-dir", tmp_path, *SMALL]
     ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2")
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
@@ -76,7 +76,7 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
 
 @pytest.mark.slow
 def test_byol_resumes_mid_epoch_bitwise_with_its_momentum_teacher(tmp_path, phalanx, monkeypatch):
-    common = ["--epochs", 2, "--val-fraction", 0.8, "--batch-size", 32, "--log-every", 1, "--checkpoints-dir", tmp_path,
+    common = ["--epochs", 2, "--dataset", "synthetic", "--synthetic-samples", 399, "--val-fraction", 0.1, "--batch-size", 32, "--log-every", 1, "--checkpoints-dir", tmp_path,
               *SMALL]
     assert phalanx("train", "--task", "byol", "--name", "straight", *common).code == 0
     monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "7")
@@ -186,13 +186,14 @@ def test_dinos_backbone_probed_with_its_features_standardised_tells_the_digits_a
 
 @pytest.mark.slow
 def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
-    # 1,617 validation images in batches of 8: the last holds one. The momentum teacher validates
+    # 9 validation images in batches of 8: the last holds one. The momentum teacher validates
     # in eval mode, as the networks do (in train mode its BatchNorm cannot take a single image).
-    result = phalanx("train", "--task", "byol", "--val-fraction", 0.9, "--epochs", 1, "--batch-size", 8,
+    result = phalanx("train", "--task", "byol", "--dataset", "synthetic", "--synthetic-samples", 100, "--val-fraction", 0.09,
+                     "--epochs", 1, "--batch-size", 8,
                      "--checkpoints-dir", tmp_path, *SMALL)
     assert result.code == 0, result.err
     recorded = records(tmp_path / "experiment", "val")[-1]
-    assert recorded["samples"] == 1617
+    assert recorded["samples"] == 9
     # evaluate rebuilds the teacher from the checkpoint (it once crashed: no teacher outside training)
     # and reproduces what training's validation recorded, the teacher's view loss included.
     evaluated = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--batch-size", 8,

@@ -44,6 +44,15 @@ class _FailsOnRank1(SmallCNN):
         return super().forward(x)
 
 
+class _Raises(SmallCNN):
+    def forward(self, x):
+        raise RuntimeError("boom from the test model")
+
+
+def raises(num_classes, in_channels):
+    return _Raises(num_classes=num_classes, in_channels=in_channels)
+
+
 def slow(num_classes, in_channels):
     return _Slow(num_classes=num_classes, in_channels=in_channels)
 
