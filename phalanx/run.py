@@ -1,7 +1,5 @@
-"""One training process from a ``RunConfig``: check everything, then create the run and fit.
-
-Shared by ``phalanx train`` and by every DDP worker that ``phalanx trainlaunch`` starts.
-"""
+"""One training process from a ``RunConfig`` (``phalanx train``, each DDP worker of ``trainlaunch``):
+check everything, then create the run and fit."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import checkpoint, rundir
+from . import checkpoint, rundir, tasks
 from .cluster import launcher_name
 from .config import RunConfig
 from .config_sections import means_cpu
@@ -26,7 +24,7 @@ from .memory_plan import memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
-from . import tasks
+from .single_rows import refuse_single_rows
 from .tasks import task_class
 from .tasks.base import Declaration, Task, TaskData
 from .best import Best
@@ -150,6 +148,7 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[Ta
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    refuse_single_rows(cfg, len(data.train), models, world_size)
     lines += memory_lines(cfg, models, world_size)
     try:
         resume = rundir.plan(cfg)
@@ -194,6 +193,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
+    refuse_single_rows(cfg, len(data.train), models, strategy.world_size)
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)

@@ -479,6 +479,11 @@ MUTANTS = [
     Mutant("small JPEGs decoded at reduced scale", "phalanx/data/images.py",
            "min(size) >= max(DRAFT_REDUCTION * min_side, DRAFT_MIN_SIDE)", "min(size) >= DRAFT_REDUCTION * min_side",
            ("tests/test_loader.py -k fast_jpeg",)),
+    Mutant("a last training batch of one image reaches BatchNorm1d", "phalanx/run.py",
+           "refuse_single_rows(cfg, len(data.train), models, strategy.world_size)", "None",
+           ("tests/test_train_guards.py -k batchnorm1d",)),
+    Mutant("a padding sample counted as no row", "phalanx/sampling.py", "return max(1, tail // world_size)",
+           "return tail // world_size", ("tests/test_train_guards.py -k smallest_share",)),
     Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
            "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
 ]

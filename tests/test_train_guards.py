@@ -234,3 +234,37 @@ def test_the_step_time_breakdown_says_a_step_waits_for_its_data(phalanx, tmp_pat
     assert abs(measured - elapsed) < 0.15 * elapsed, (measured, elapsed)
     line = next(line for line in result.out.splitlines() if line.startswith("phalanx: time per step: data "))
     assert int(line.split("data ")[1].split("%")[0]) >= 50, line
+
+
+def test_a_last_batch_of_one_image_for_batchnorm1d_is_refused_before_anything_is_written(phalanx, tmp_path):
+    # 81 training images in batches of 8: BYOL's projector (BatchNorm1d) once failed at the last step
+    # of epoch 1 ("Expected more than 1 value per channel"), an epoch's work lost.
+    common = ["--task", "byol", "--dataset", "synthetic", "--synthetic-samples", 90, "--val-fraction", 0.1,
+              "--image-size", 16, "--checkpoints-dir", tmp_path / "ck", "--no-progress"]
+    for command in (["train"], ["train", "--dry-run"]):
+        refused = phalanx(*command, "--batch-size", 8, *common)
+        assert refused.code == 2 and refused.out == "" and refused.err.count("\n") == 1, refused
+        assert refused.err.startswith("phalanx: --batch-size: 8 leaves one image for the last training batch of every "
+                                      "epoch (81 training images), and BatchNorm1d (projector.1) cannot train on one")
+        assert refused.err.rstrip().endswith("leaves at least two: 7, say")
+    assert not (tmp_path / "ck").exists()
+    assert phalanx("train", "--dry-run", "--batch-size", 7, *common).code == 0  # 81 = 11 x 7 + 4
+    # Two ranks of 20: the last global batch holds one image (the other rank a padding sample); with
+    # --sync-bn, BatchNorm over both ranks' rows sees that one image alone too.
+    for sync in ([], ["--sync-bn"]):
+        ddp = phalanx("trainlaunch", "--dry-run", "--batch-size", 20, *sync, *common, "--use-torchrun",
+                      "--nproc-per-node 2")
+        assert ddp.code == 2 and "20 leaves one image on a rank" in ddp.err and "over 2 ranks" in ddp.err, ddp.err
+
+
+def test_the_smallest_share_is_the_smallest_micro_batch_of_the_plan():
+    import torch
+
+    from phalanx.sampling import plan_epoch, smallest_share
+
+    for total in range(1, 40):
+        for batch in range(1, 6):
+            for world in range(1, 4):
+                for accumulate in (1, 3):
+                    plans = [plan_epoch(torch.arange(total), 0, batch, world, rank, accumulate) for rank in range(world)]
+                    assert smallest_share(total, batch, world) == min(len(m.indices) for plan in plans for m in plan)
