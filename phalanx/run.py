@@ -172,7 +172,7 @@ def _nothing_to_do(cfg: RunConfig, resume: rundir.Resume | None) -> str:
         return ""
     state, limit = resume.state, cfg.schedule.max_steps
     if state["epoch"] >= cfg.schedule.epochs and not state["position"]:
-        return f"{resume.path} already has {state['epoch']} epochs; a larger --epochs trains on"
+        return f"{resume.path} already has {state['epoch']} epoch{'s' if state['epoch'] != 1 else ''}; a larger --epochs trains on"
     if limit and state["step"] >= limit:
         return f"{resume.path} is at step {state['step']}, --max-steps {limit}; a larger --max-steps (0: every " \
                "epoch) trains on"
@@ -262,7 +262,7 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
             f"{task.format_metric(best['metric'], best['value'])}); checkpoints in {cfg.run_dir}{left_out}")
         say(f"phalanx: time per step: {summary['step_times']} (mean over ranks; the dashboard's step-time pane)")
     else:
-        say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} already has {cfg.schedule.epochs} epochs")
+        say(f"phalanx: nothing to do: {resume.path if resume else 'the run'} has trained every epoch (--epochs {cfg.schedule.epochs})")
     return summary
 
 

@@ -216,7 +216,7 @@ class SelfSupervisedTask(Task):
     def summary(self, metrics: dict[str, float]) -> str:
         text = f"val_view_loss {metrics['view_loss']:.4f}"
         if "knn_acc" in metrics:
-            text += f"  knn_acc {100 * metrics['knn_acc']:.2f}%"
+            text += f"  val_knn_acc {100 * metrics['knn_acc']:.2f}%"
         return text
 
     def format_metric(self, name: str, value: float) -> str:
