@@ -20,18 +20,19 @@ def test_the_validation_images_pane_shows_every_class_of_a_val_folder(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_relative_dataroot_is_recorded_absolute_and_a_missing_one_is_named(tmp_path):
+def test_a_relative_dataroot_is_recorded_absolute_and_a_missing_one_is_named(tmp_path, phalanx, monkeypatch):
     write_digit_pngs(tmp_path / "digits", per_class=10)
     (tmp_path / "work").mkdir()
     (tmp_path / "elsewhere").mkdir()
-    trained = run_phalanx("train", "--dataroot", "../digits", "--epochs", 1, "--no-hflip", "--no-progress",
-                          cwd=tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    trained = phalanx("train", "--dataroot", "../digits", "--epochs", 1, "--no-hflip", "--no-progress")
     assert trained.code == 0, trained.err
     checkpoint = tmp_path / "work/checkpoints/experiment/best.pt"
-    evaluated = run_phalanx("evaluate", "--checkpoint", checkpoint, cwd=tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    evaluated = phalanx("evaluate", "--checkpoint", checkpoint)
     assert evaluated.code == 0, evaluated.err
     shutil.move(tmp_path / "digits", tmp_path / "moved")
-    missing = run_phalanx("evaluate", "--checkpoint", checkpoint, cwd=tmp_path / "elsewhere")
+    missing = phalanx("evaluate", "--checkpoint", checkpoint)
     assert missing.code == 2 and missing.err.count("\n") == 1
     assert f"recorded in the checkpoint as {tmp_path / 'digits'}" in missing.err and "pass --dataroot" in missing.err
 
