@@ -241,12 +241,23 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     try:
         return config_mod.from_mapping(merged, source="--config")
     except PhalanxError as exc:
-        # A bad value from the file: name the file, the line and the key, not only the flag.
-        name = (exc.option or "").removeprefix("--").replace("-", "_")
-        where = file_values.where(name) if file_values is not None and name not in typed else None
+        where = _in_the_file(exc, file_values, typed)
         if where is None:
             raise
-        raise PhalanxError(f"{name}: {exc.message}", where) from None
+        raise PhalanxError(f"{where[1]}: {exc.message}", where[0]) from None
+
+
+def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[str, str] | None:
+    """A bad value or an unknown key from the ``--config`` file: where (the file and the key's line)
+    and which key, rather than the flag alone; a key of the file's task: section included."""
+    name = (exc.option or "").removeprefix("--").replace("-", "_")
+    if file_values is None or name in typed:
+        return None
+    section = file_values.get("task") if isinstance(file_values.get("task"), dict) else {}
+    key = name if name in section else next((k for k in section if f"'{k}'" in exc.message), None) \
+        if name == "task_option" else None
+    where = file_values.where(f"task.{key}") if key else file_values.where(name)
+    return (where, key or name) if where else None
 
 
 def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:

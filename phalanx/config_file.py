@@ -20,7 +20,8 @@ class ConfigFileValues(dict):
         self.path, self.lines = path, lines
 
     def where(self, name: str) -> str | None:
-        """``--config FILE, line N`` for an option set in this file, else None."""
+        """``--config FILE, line N`` for an option set in this file (``task.KEY``: in its task: section),
+        else None."""
         for key, line in self.lines.items():
             if key.replace("-", "_") == name:
                 return f"--config {self.path}, line {line}"
@@ -48,7 +49,10 @@ def load_config_file(path: str) -> ConfigFileValues:
             data = yaml.safe_load(text)
             node = yaml.compose(text)
             if isinstance(node, yaml.MappingNode):
-                lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value if hasattr(k, "value")}
+                for key, value in node.value:
+                    lines[str(key.value)] = key.start_mark.line + 1
+                    if str(key.value) == "task" and isinstance(value, yaml.MappingNode):  # the task: section's keys
+                        lines.update({f"task.{k.value}": k.start_mark.line + 1 for k, _ in value.value})
     except json.JSONDecodeError as exc:
         raise PhalanxError(f"line {exc.lineno}: does not parse: {exc.msg}", where) from None
     except Exception as exc:  # yaml.YAMLError
@@ -61,9 +65,7 @@ def load_config_file(path: str) -> ConfigFileValues:
     if not isinstance(data, dict):
         raise PhalanxError("must hold a mapping of option: value", where)
     if path.endswith(".json"):
-        for key in data:
-            at = text.find(f'"{key}"')
-            lines[str(key)] = text.count("\n", 0, at) + 1 if at >= 0 else 0
+        lines = _json_lines(text, data)
     for key, value in data.items():  # unknown keys: named now, with the file and the key's line
         try:
             split_keys({key: value}, where)
@@ -71,3 +73,15 @@ def load_config_file(path: str) -> ConfigFileValues:
             line = lines.get(str(key))
             raise PhalanxError(exc.message, f"{where}, line {line}" if line else where) from None
     return ConfigFileValues(path, data, lines)
+
+
+def _json_lines(text: str, data: dict[str, Any]) -> dict[str, int]:
+    """Each key's line in a JSON file (its first occurrence; a task: section's after "task"), 0 if not found."""
+    def line(key: object, start: int = 0) -> int:
+        at = text.find(f'"{key}"', start)
+        return text.count("\n", 0, at) + 1 if at >= 0 else 0
+
+    lines = {str(key): line(key) for key in data}
+    section = data.get("task") if isinstance(data.get("task"), dict) else {}
+    lines.update({f"task.{key}": line(key, max(0, text.find('"task"'))) for key in section})
+    return lines

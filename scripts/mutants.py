@@ -484,6 +484,9 @@ MUTANTS = [
            ("tests/test_train_guards.py -k batchnorm1d",)),
     Mutant("a padding sample counted as no row", "phalanx/sampling.py", "return max(1, tail // world_size)",
            "return tail // world_size", ("tests/test_train_guards.py -k smallest_share",)),
+    Mutant("a key of a --config file's task: section not located", "phalanx/config_file.py",
+           'lines.update({f"task.{k.value}": k.start_mark.line + 1 for k, _ in value.value})', "pass",
+           ("tests/test_newcomer.py -k config_file_errors",)),
     Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
            "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
 ]

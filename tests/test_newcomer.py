@@ -126,9 +126,20 @@ def test_config_file_errors_name_the_file_the_line_and_the_key(tmp_path, phalanx
     # A task: section without its name: one line (it raised KeyError), and --task typed keeps the section.
     (tmp_path / "section.yaml").write_text("task:\n  ngf: 32\n")
     result = phalanx("train", "--config", tmp_path / "section.yaml", "--dry-run")
-    assert result.code == 2 and "--ngf: is an option of --task translate" in result.err and len(result.err.splitlines()) == 1
+    assert result.code == 2 and len(result.err.splitlines()) == 1, result.err
+    assert f"--config {tmp_path / 'section.yaml'}, line 2: ngf: is an option of --task translate" in result.err
     result = phalanx("train", "--config", tmp_path / "section.yaml", "--task", "translate", "--print-config")
     assert result.code == 0 and "ngf: 32" in result.out, result.err
+    # A key of the task: section, misspelt or with a bad value: the file, the key's line and the key
+    # (they named the flag alone).
+    (tmp_path / "typo.yaml").write_text("epochs: 1\ntask:\n  name: translate\n  ngff: 32\n")
+    result = phalanx("train", "--config", tmp_path / "typo.yaml", "--dry-run")
+    assert result.code == 2 and len(result.err.splitlines()) == 1, result.err
+    assert result.err.startswith(f"phalanx: --config {tmp_path / 'typo.yaml'}, line 4: ngff: ") and \
+        "did you mean ngf?" in result.err, result.err
+    (tmp_path / "value.json").write_text('{"epochs": 1,\n "task": {"name": "translate",\n  "ngf": "x"}}\n')
+    result = phalanx("train", "--config", tmp_path / "value.json", "--dry-run")
+    assert result.code == 2 and f"--config {tmp_path / 'value.json'}, line 3: ngf: expected int" in result.err, result.err
 
 
 def test_the_last_window_of_an_epoch_is_never_a_spike_of_a_few_samples(tmp_path, phalanx):
