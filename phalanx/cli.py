@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
                       training_options)
@@ -180,7 +181,9 @@ def predict(images: tuple[str, ...], **values: Any) -> None:
     run's validation prepared them. Unreadable images are reported and skipped."""
     from .inference.predict import predict as run_predict  # imports torch
 
-    run_predict(images, build_options(PredictOptions, values))
+    context = click.get_current_context()
+    typed = frozenset(name for name in values if context.get_parameter_source(name) == ParameterSource.COMMANDLINE)
+    run_predict(images, build_options(PredictOptions, values), typed)
 
 
 EXPORT_EXAMPLES = """\b

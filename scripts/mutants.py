@@ -487,6 +487,9 @@ MUTANTS = [
     Mutant("a key of a --config file's task: section not located", "phalanx/config_file.py",
            'lines.update({f"task.{k.value}": k.start_mark.line + 1 for k, _ in value.value})', "pass",
            ("tests/test_newcomer.py -k config_file_errors",)),
+    Mutant("predict takes another task's option silently", "phalanx/inference/predict.py",
+           "if name in typed and name not in read]", "if False]",
+           ("tests/test_bad_input.py -k another and tasks and option",)),
     Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
            "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
 ]

@@ -40,6 +40,9 @@ class EvaluateOptions:
 
 @dataclass(frozen=True)
 class PredictOptions:
+    # Read by some tasks' predictors alone (each task's Inference.predict_options says which).
+    TASK_SPECIFIC = ("top_k", "score_threshold", "tile_overlap", "region_size")
+
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
     output: str = option(None, f"Where to write the predictions: {tasks.predict_outputs_help()}; .npy with "
                          "--features.", metavar="PATH")

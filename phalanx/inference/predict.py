@@ -22,11 +22,17 @@ from .options import PredictOptions
 from .outputs import check_predict_files, check_predict_place
 
 
-def predict(paths_given: tuple[str, ...], opts: PredictOptions) -> int:
+def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset[str] = frozenset()) -> int:
+    """``typed``: the options given on the command line (one another task reads is refused)."""
     output = Path(opts.output)
     check_predict_place(output)  # before the model loads
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
+    read = () if opts.features else inference.predict_options
+    unread = [name for name in PredictOptions.TASK_SPECIFIC if name in typed and name not in read]
+    if unread:
+        raise PhalanxError(f"--task {trained.config.task}'s predict{' --features' if opts.features else ''} does not "
+                           "read it (another task's option: see `phalanx predict --help`)", f"--{unread[0].replace('_', '-')}")
     if opts.features:
         if type(inference).feature_inputs is Inference.feature_inputs:
             raise PhalanxError(f"--task {trained.config.task} has no network that makes features of an image", "--features")

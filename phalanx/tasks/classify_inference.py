@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 class ClassifyInference(Inference):
     task: ClassifyTask
+    predict_options = ("top_k",)
 
     def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
         if not dataroot or (dataset or "folder") != "folder":

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class DetectInference(Inference):
     task: DetectTask
 
+    predict_options = ("score_threshold",)
     script_export = True  # torchvision's detectors take lists of images: TorchScript scripts them; tracing cannot
 
     eval_collate = staticmethod(collate)

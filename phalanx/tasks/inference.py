@@ -67,11 +67,14 @@ class Inference:
 
     Declarations: ``script_export`` (export scripts the networks, TorchScript only: for networks
     whose input is not one tensor, such as a detector's list of images); ``eval_collate`` (how
-    ``evaluate`` batches samples; None: stacked).
+    ``evaluate`` batches samples; None: stacked); ``predict_options``.
     """
 
     script_export = False
     eval_collate: Callable | None = None
+    # The task-specific ``predict`` options its predictor reads (of PredictOptions.TASK_SPECIFIC):
+    # another is refused when typed, as ``train`` refuses another task's option.
+    predict_options: tuple[str, ...] = ()
 
     def __init__(self, trained: Trained):
         self.trained, self.task, self.cfg = trained, trained.task, trained.config
