@@ -490,6 +490,9 @@ MUTANTS = [
     Mutant("predict takes another task's option silently", "phalanx/inference/predict.py",
            "if name in typed and name not in read]", "if False]",
            ("tests/test_bad_input.py -k another and tasks and option",)),
+    Mutant("a user module not found says not where phalanx looked", "phalanx/plugins.py",
+           'if isinstance(exc, ModuleNotFoundError) and exc.name == top else ""', 'if False else ""',
+           ("tests/test_bad_input.py -k model and module and missing",)),
     Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
            "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
 ]

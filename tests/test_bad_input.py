@@ -75,7 +75,9 @@ CASES = [
     ("mnist-not-there", ["--dataset", "mnist", "--dataroot", "{w}/empty"], "--dataroot", "--download"),
     ("dataset-needs-dataroot", ["--dataset", "cifar10"], "--dataroot", "required"),
     ("unknown-model", ["--model", "resnet19"], "--model", "resnet18"),
-    ("model-module-missing", ["--model", "no_such_pkg.nets:make"], "--model", "cannot import"),
+    ("model-module-missing", ["--model", "no_such_pkg.nets:make"], "--model",
+     "cannot import module 'no_such_pkg.nets' (ModuleNotFoundError: No module named 'no_such_pkg'); phalanx looks "
+     "in the current directory"),
     ("model-function-missing", ["--model", "json:no_such_function"], "--model", "no function"),
     ("model-function-fails", ["--model", "json:dumps"], "--model", "TypeError"),
     ("model-not-a-module", ["--model", "os:getcwd"], "--model", "not a torch.nn.Module"),
