@@ -76,8 +76,8 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
 
 @pytest.mark.slow
 def test_byol_resumes_mid_epoch_bitwise_with_its_momentum_teacher(tmp_path, phalanx, monkeypatch):
-    common = ["--epochs", 2, "--dataset", "synthetic", "--synthetic-samples", 399, "--val-fraction", 0.1, "--batch-size", 32, "--log-every", 1, "--checkpoints-dir", tmp_path,
-              *SMALL]
+    common = ["--epochs", 2, "--dataset", "synthetic", "--synthetic-samples", 399, "--val-fraction", 0.1, "--batch-size", 32,
+              "--log-every", 1, "--checkpoints-dir", tmp_path, *SMALL]
     assert phalanx("train", "--task", "byol", "--name", "straight", *common).code == 0
     monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "7")
     stopped = phalanx("train", "--task", "phalanx_testtasks:StoppingBYOL", "--name", "cut", *common)

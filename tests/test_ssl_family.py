@@ -41,6 +41,7 @@ SIZES = {"moco": [*SMALL, "--queue-size", 50],
 # 161 training images: 5 steps of 32, then 1 image, which one rank of two trains and the other takes
 # part in as a padding sample; 18 held out (validating 1,636 digits took 2 s of each run's 4 here).
 PADDED = ["--dataset", "synthetic", "--synthetic-samples", 179, "--val-fraction", 0.1]
+SYNTHETIC_180 = ["--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1]  # 6 steps of 32
 
 
 def embeddings(seed: int, rows: int = 7, dim: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,7 +371,7 @@ def test_a_run_resumed_mid_epoch_is_the_straight_run_its_queue_or_centre_too(tmp
     # runs end within 1e-12.
     options = [item for name, value in RESUMED_STATE[task] for item in ("--task-option", f"{name}={value}")]
     common = ["--task", f"phalanx_testtasks:Stopping{'MoCo' if task == 'moco' else 'DINO'}", "--precision", "fp64",
-              "--batch-size", 32, "--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1, "--epochs", 2, "--image-size", 16, "--no-progress",
+              "--batch-size", 32, *SYNTHETIC_180, "--epochs", 2, "--image-size", 16, "--no-progress",
               "--checkpoints-dir", tmp_path, *options]
     # The same class for both runs (StopAtStep stops nothing without its variable).
     assert phalanx("train", "--name", "straight", *common).code == 0
@@ -402,8 +403,7 @@ def test_moco_cut_by_two_workers_holds_one_process_queue_and_resumes_on_one(tmp_
     # batch halves) resumes it and fills the queue on from where the workers left it.
     options = [item for name, value in (*RESUMED_STATE["moco"], ("head_norm", "none"))
                for item in ("--task-option", f"{name}={value}")]
-    common = ["--task", "phalanx_testtasks:StoppingMoCo", "--precision", "fp64", "--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1,
-              "--epochs", 2,
+    common = ["--task", "phalanx_testtasks:StoppingMoCo", "--precision", "fp64", *SYNTHETIC_180, "--epochs", 2,
               "--image-size", 16, "--no-progress", "--checkpoints-dir", tmp_path, "--log-every", 1, *options]
     cut = run_phalanx("trainlaunch", "--name", "cut", "--batch-size", 16, *common, "--use-torchrun",
                       "--nproc-per-node=2", env={**USER_MODELS, "PHALANX_TEST_STOP_STEP": "3"})
