@@ -254,8 +254,12 @@ def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[
     if file_values is None or name in typed:
         return None
     section = file_values.get("task") if isinstance(file_values.get("task"), dict) else {}
-    key = name if name in section else next((k for k in section if f"'{k}'" in exc.message), None) \
-        if name == "task_option" else None
+    if name in section:  # a bad value of the section's key
+        key = name
+    elif name == "task_option":  # an unknown key of the section, named in the message
+        key = next((k for k in section if f"'{k}'" in exc.message), None)
+    else:
+        key = None
     where = file_values.where(f"task.{key}") if key else file_values.where(name)
     return (where, key or name) if where else None
 

@@ -88,12 +88,17 @@ def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int
     return plan
 
 
-def smallest_share(num_samples: int, batch_size: int, world_size: int) -> int:
-    """The fewest rows a rank's micro-batch holds in an epoch cut from its start: the last micro-batch
-    of ``plan_epoch`` (a padding sample is one row). Gradient accumulation cuts no differently."""
+def last_micro_batch(num_samples: int, batch_size: int, world_size: int) -> int:
+    """The samples of an epoch's last global micro-batch, all ranks (``plan_epoch`` from the epoch's
+    start; gradient accumulation cuts no differently)."""
     per_micro = batch_size * world_size
-    tail = num_samples % per_micro or per_micro
-    return max(1, tail // world_size)
+    return num_samples % per_micro or per_micro
+
+
+def smallest_share(num_samples: int, batch_size: int, world_size: int) -> int:
+    """The fewest rows a rank's micro-batch holds in an epoch: its share of the last one (a padding
+    sample is one row)."""
+    return max(1, last_micro_batch(num_samples, batch_size, world_size) // world_size)
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, world_size: int, grad_accum: int = 1) -> int:

@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import RunConfig
 from .errors import PhalanxError
-from .sampling import smallest_share
+from .sampling import last_micro_batch, smallest_share
 
 
 def refuse_single_rows(cfg: RunConfig, train_samples: int, models: Mapping[str, nn.Module], world_size: int) -> None:
@@ -41,5 +41,5 @@ def _rows(cfg: RunConfig, train_samples: int, batch: int, world_size: int) -> in
     """The fewest rows one BatchNorm normalises over in an epoch: a rank's, or with ``--sync-bn`` every
     rank's together (a padding sample adds none)."""
     if cfg.devices.sync_bn and world_size > 1:
-        return train_samples % (batch * world_size) or batch * world_size
+        return last_micro_batch(train_samples, batch, world_size)
     return smallest_share(train_samples, batch, world_size)
