@@ -87,6 +87,7 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
     best = detector / "trained/best.pt"
     one = phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json")
     assert one.code == 0, one.err
+    assert "COCO's summary (its AP, AP50, AP75 are training's val_mAP, val_mAP50, val_mAP75)" in one.out
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
                           "phalanx.cli", "evaluate", "--checkpoint", str(best), "--output", str(tmp_path / "two.json")],
                          env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,

@@ -43,6 +43,11 @@ def test_the_example_trains_from_its_own_folder_with_both_optimizers_checkpointe
     assert saved["task"] == AAE and set(saved["models"]) == set(saved["optimizers"]) == {"generator", "discriminator"}
     assert all(opt["state"] for opt in saved["optimizers"].values())  # Adam's moments, for both
     assert "epoch 2/2  train_G_GAN" in result.out and "val_L1" in result.out
+    # evaluate's header (the checkpoint and its data) is evaluate's own: a user's task writes only its table.
+    evaluated = run_phalanx("evaluate", "--checkpoint", run / "best.pt", cwd=EXAMPLE)
+    assert evaluated.code == 0, evaluated.err
+    header, table = evaluated.out.splitlines()
+    assert header.startswith(f"{run / 'best.pt'} on ") and table.startswith("L1 ")
 
 
 @pytest.mark.slow

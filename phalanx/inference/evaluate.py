@@ -62,7 +62,8 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         results = {"checkpoint": str(trained.path), "data": what, "task": cfg.task, "world_size": strategy.world_size,
                    "metrics": evaluation.metrics, **inference.results(evaluation)}
         if strategy.is_main:
-            print(inference.results_table(results))
+            # The header is evaluate's, the same for every task (a user's own included); the table is the task's.
+            print(f"{results['checkpoint']} on {results['data']}\n{inference.results_table(results)}")
             if opts.output:
                 atomic_write_text(Path(opts.output), json.dumps(results, indent=2) + "\n")
         return results

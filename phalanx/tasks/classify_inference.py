@@ -70,8 +70,7 @@ class ClassifyInference(Inference):
 
     def results_table(self, results: dict[str, Any]) -> str:
         k = next(key for key in results if key.startswith("top") and key != "top1")
-        lines = [f"{results['checkpoint']} on {results['data']}",
-                 f"images {results['images']}  loss {results['loss']:.4f}  top-1 {100 * results['top1']:.2f}%  "
+        lines = [f"images {results['images']}  loss {results['loss']:.4f}  top-1 {100 * results['top1']:.2f}%  "
                  f"top-{k[3:]} {100 * results[k]:.2f}%", "", f"{'class':<20} {'images':>7} {'accuracy':>9}"]
         for name, row in results["per_class"].items():
             accuracy = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"

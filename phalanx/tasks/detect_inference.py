@@ -43,8 +43,8 @@ class DetectInference(Inference):
                 "per_class_AP": evaluation.extra["per_class"], "detections": evaluation.extra["detections"]}
 
     def results_table(self, results: dict[str, Any]) -> str:
-        lines = [f"{results['checkpoint']} on {results['data']}",
-                 f"images {results['images']}  detections {results['detections']}", ""]
+        lines = [f"images {results['images']}  detections {results['detections']}", "",
+                 "COCO's summary (its AP, AP50, AP75 are training's val_mAP, val_mAP50, val_mAP75)"]
         lines += [f"{name:<10} {'-' if value is None else f'{value:.4f}'}" for name, value in results["coco"].items()]
         lines += ["", f"{'category':<20} {'AP':>8}"]
         lines += [f"{name[:20]:<20} {ap:>8.4f}" if ap is not None else f"{name[:20]:<20} {'-':>8}"

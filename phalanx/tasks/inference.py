@@ -103,7 +103,7 @@ class Inference:
         return {"samples": evaluation.extra.get("samples")}
 
     def results_table(self, results: dict[str, Plain]) -> str:
-        """``evaluate``'s table."""
+        """``evaluate``'s table, below its header line (the checkpoint and the data)."""
         return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
 
     # --- predict -------------------------------------------------------------------------------

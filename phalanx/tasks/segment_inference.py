@@ -43,7 +43,7 @@ class SegmentInference(Inference):
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
-        lines = [f"{results['checkpoint']} on {results['data']}", f"scored on {results['scored_at']}",
+        lines = [f"scored on {results['scored_at']}",
                  f"images {results['images']}  mIoU {m['mIoU']:.4f}  pixel accuracy {100 * m['pixel_acc']:.2f}%", "",
                  f"{'class':<8} {'IoU':>8}"]
         lines += [f"{c:<8} {'-' if v is None else f'{v:.4f}':>8}" for c, v in enumerate(results["iou"])]

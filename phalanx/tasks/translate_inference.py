@@ -42,7 +42,7 @@ class TranslateInference(Inference):
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
-        lines = [f"{results['checkpoint']} on {results['data']}", f"images {results['images']}", "",
+        lines = [f"images {results['images']}", "",
                  f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
         for t in range(self.task.targets):
             s = self.task.suffix(t)
