@@ -25,7 +25,6 @@ from .parallel import Strategy
 from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
 from .single_rows import refuse_single_rows
-from .tasks import task_class
 from .tasks.base import Declaration, Task, TaskData
 from .best import Best
 from .trainer import Trainer
@@ -70,7 +69,7 @@ def restart_config(cfg: RunConfig, restart: int) -> RunConfig:
 
 def build_task(cfg: RunConfig, mode: str = "") -> Task:
     """The run's task (a built-in or the user's class, by name), checked against the plan's ``mode``."""
-    task = task_class(cfg.task)(cfg)
+    task = tasks.task_class(cfg.task)(cfg)
     refuse_data_parallel(mode, task)
     return task
 
@@ -148,8 +147,8 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[Ta
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
-    refuse_single_rows(cfg, len(data.train), models, world_size)
     lines += memory_lines(cfg, models, world_size)
+    resume = None
     try:
         resume = rundir.plan(cfg)
         action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume
@@ -159,6 +158,7 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[Ta
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"
     lines.append(f"run dir: {cfg.run_dir}: {action}")
+    refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0)
     return data, lines
 
 
@@ -193,7 +193,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
-    refuse_single_rows(cfg, len(data.train), models, strategy.world_size)
+    refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0)
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)

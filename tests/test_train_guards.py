@@ -255,6 +255,22 @@ def test_a_last_batch_of_one_image_for_batchnorm1d_is_refused_before_anything_is
         ddp = phalanx("trainlaunch", "--dry-run", "--batch-size", 20, *sync, *common, "--use-torchrun",
                       "--nproc-per-node 2")
         assert ddp.code == 2 and "20 leaves one image on a rank" in ddp.err and "over 2 ranks" in ddp.err, ddp.err
+    # A resume at another world size cuts the rest of its first epoch elsewhere: one step of 6 in one
+    # process, then 2 ranks of 6 take the 75 images left in 6 batches of 12 and one of 3 (ranks 2 and 1).
+    # Every whole epoch of 81 is fine (6 x 12 + 9); that first one is refused, before anything is written.
+    assert phalanx("train", "--batch-size", 6, "--max-steps", 1, *common).code == 0
+    run = tmp_path / "ck/experiment"
+    written = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    for dry in (["--dry-run"], []):
+        resumed = phalanx("trainlaunch", *dry, "--resume", "auto", "--max-steps", 0, *common, "--use-torchrun",
+                          "--nproc-per-node 2")
+        # (each worker of a real launch refuses it: a line a rank, the first to stop naming why)
+        assert resumed.code == 2 and ("--batch-size: 6 leaves one image on a rank for the last training batch of the "
+                                      "epoch this resume continues (75 of 81 training images left over 2 ranks)"
+                                      in resumed.err), resumed.err
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written
+    assert phalanx("trainlaunch", "--dry-run", "--resume", "auto", "--max-steps", 0, *common, "--use-torchrun",
+                   "--nproc-per-node 2", "--batch-size", 7).code == 0  # the resumed run's other batch size: 75 % 14 = 5
 
 
 def test_the_smallest_share_is_the_smallest_micro_batch_of_the_plan():
@@ -266,5 +282,10 @@ def test_the_smallest_share_is_the_smallest_micro_batch_of_the_plan():
         for batch in range(1, 6):
             for world in range(1, 4):
                 for accumulate in (1, 3):
-                    plans = [plan_epoch(torch.arange(total), 0, batch, world, rank, accumulate) for rank in range(world)]
-                    assert smallest_share(total, batch, world) == min(len(m.indices) for plan in plans for m in plan)
+                    for start in {0, batch, total // 2}:  # a resume's first epoch: the rest from ``start``
+                        if start >= total:
+                            continue
+                        plans = [plan_epoch(torch.arange(total), start, batch, world, rank, accumulate)
+                                 for rank in range(world)]
+                        assert smallest_share(total - start, batch, world) == \
+                            min(len(m.indices) for plan in plans for m in plan)
