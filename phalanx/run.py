@@ -188,7 +188,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     check_batch_memory(cfg)
     resume = rundir.plan(cfg)
     done = _nothing_to_do(cfg, resume)
-    if done:  # the checkpoint ends the run already: nothing is built and nothing written (config, records, snapshot)
+    if done and not elastic_restart_count():  # nothing written; torchrun's restart after a failure ends the records
         say(f"phalanx: nothing to do: {done}")
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)

@@ -488,6 +488,8 @@ MUTANTS = [
     Mutant("evaluate's header line left to each task", "phalanx/inference/evaluate.py",
            """print(f"{results['checkpoint']} on {results['data']}\\n{inference.results_table(results)}")""",
            "print(inference.results_table(results))", ("tests/test_tasks.py -k trains_from_its_own_folder",)),
+    Mutant("an elastic restart with nothing left to train leaves the run's last status failed", "phalanx/run.py",
+           "if done and not elastic_restart_count():", "if done:", ("tests/test_resume.py -k leaves_out_from_the_run",)),
     Mutant("the rest of a resumed epoch not counted", "phalanx/single_rows.py",
            "return min(whole, _rows(cfg, train_samples - start, batch, world_size)) if 0 < start < train_samples else whole",
            "return whole", ("tests/test_train_guards.py -k batchnorm1d",)),

@@ -19,6 +19,8 @@ import yaml
 from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx
 import reference
 from phalanx.config import from_mapping
+from phalanx.snapshots import assemble, loads
+from phalanx.visualize.plots import status_rows
 
 TRAIN_SAMPLES = 1438  # the built-in digits after the 20% hold-out
 
@@ -144,7 +146,7 @@ def test_a_checkpoint_given_by_path_never_continues_over_another_run(tmp_path, p
         torch.load(tmp_path / "theirs/latest.pt", weights_only=True)["run_id"]
 
 
-def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continues(tmp_path, phalanx):
+def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continues(tmp_path, phalanx, monkeypatch):
     # The README: --resume needs no --task. A newcomer's translate run once resumed only with --task,
     # --generator, --dataroot and --image-size typed again (each refused as the default's conflict).
     common = ["--checkpoints-dir", tmp_path, "--no-progress"]
@@ -164,6 +166,17 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     again = phalanx("train", "--resume", run / "latest.pt", *common)
     assert again.code == 0 and "nothing to do: " in again.out and "already has 2 epochs" in again.out, again.err
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written  # nothing rewritten
+    # A run that failed past its last checkpoint (its last record "failed"), restarted by torchrun: the
+    # restart has nothing to train, and ends the run's records, so the dashboard no longer says failed.
+    with (run / "metrics.jsonl").open("a") as log:
+        log.write(json.dumps({"kind": "status", "state": "failed", "time": 1.0}) + "\n")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted = phalanx("train", "--resume", run / "latest.pt", *common)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    assert restarted.code == 0 and "has trained every epoch" in restarted.out, restarted.err
+    assert [r["state"] for r in records(run, "status")][-1] == "restarted" and records(run, "end")[-1]["epoch"] == 2
+    history = assemble(loads(path.read_bytes()) for path in sorted((run / "pickle").glob("segment_*.pkl")))
+    assert dict(status_rows(history))["state"] == "finished" and history.records[-1]["kind"] == "end"
     # What is typed is still checked against the run, and another task takes nothing of it.
     for typed, flag in ((["--hidden-dim", 64], "--hidden-dim 32"), (["--task", "byol"], "--task 'simclr'")):
         refused = phalanx("train", "--resume", "auto", "--epochs", 3, *typed, *common)
