@@ -199,6 +199,7 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     evaluated = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--batch-size", 8,
                         "--output", tmp_path / "eval.json")
     assert evaluated.code == 0, evaluated.err
+    assert "view loss " in evaluated.out and "(BYOL's loss between an image's two views)" in evaluated.out  # what it is
     metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
     assert metrics["knn_acc"] == pytest.approx(recorded["knn_acc"], abs=1e-9)
     assert metrics["view_loss"] == pytest.approx(recorded["view_loss"], rel=1e-5)

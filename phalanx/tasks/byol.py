@@ -53,6 +53,7 @@ class BYOLTask(MomentumTeacherTask):
     name = "byol"
     Options = BYOLOptions
     loss_label = "BYOL loss (2 - 2 cos)"
+    view_loss_meaning = "BYOL's loss between an image's two views"
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)

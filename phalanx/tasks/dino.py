@@ -49,6 +49,7 @@ class DINOTask(MomentumTeacherTask):
     name = "dino"
     Options = DINOOptions
     loss_label = "DINO loss (teacher to student cross-entropy)"
+    view_loss_meaning = "DINO's loss between an image's two views"
     loss_names = ("loss", "teacher_entropy", "center_norm")
     metric_labels = {**MomentumTeacherTask.metric_labels, "teacher_entropy": "teacher entropy (nats)",
                      "center_norm": "centre norm"}

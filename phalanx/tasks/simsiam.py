@@ -22,6 +22,7 @@ class SimSiamTask(SelfSupervisedTask):
     name = "simsiam"
     Options = SimSiamOptions
     loss_label = "SimSiam loss (-cos)"
+    view_loss_meaning = "SimSiam's loss between an image's two views"
     loss_names = ("loss", "embedding_std")
     metric_labels = {**SelfSupervisedTask.metric_labels, "embedding_std": "embedding std (collapse: 0)"}
     options: SimSiamOptions

@@ -74,6 +74,7 @@ class SelfSupervisedTask(Task):
     best_metric = ("knn_acc", "max")
     metrics = ("knn_acc", "view_loss")
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
+    view_loss_meaning = "2 - 2 cos between the embeddings of an image's two views"  # evaluate says it (view_loss)
 
     # --- data and networks
     def build_data(self) -> TaskData:
