@@ -14,6 +14,7 @@ import torch
 from .cluster import Placement, placement_from
 from .config import RunConfig
 from .config_sections import DeviceOptions, means_cpu
+from .cores import available_cores
 from .errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ def elastic_restart_count(environ: dict[str, str] | None = None) -> int:
 
 def cpu_threads_per_worker(local_workers: int) -> int:
     """Cores / local workers: 2 workers x 2 threads on 2 cores ran 6x slower than 2 x 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, local_workers))
+    return max(1, available_cores() // max(1, local_workers))
 
 
 def tune_cpu_allocator() -> None:

@@ -133,6 +133,35 @@ def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(mo
     assert loader_workers(RunConfig.flat(num_workers="3").data.num_workers, local_processes=8, training_threads=1) == 3
 
 
+def test_a_process_given_fewer_cores_than_the_machine_sizes_threads_and_process_pools_by_them(tmp_path, monkeypatch):
+    # A job given 3 cores of a 64-core node (SLURM's --cpus-per-task, taskset): the manifest's check
+    # once started os.cpu_count() processes, 64 on 3 cores.
+    from phalanx.devices import cpu_threads_per_worker
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cpu_threads_per_worker(1) == 3 and loader_workers(RunConfig().data.num_workers, 1, 1) == 2
+    pools = []
+
+    class Pool:  # records the size, runs the checks in this process
+        def __init__(self, max_workers, mp_context):
+            pools.append(max_workers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, items, chunksize):
+            return map(fn, items)
+
+    monkeypatch.setattr(manifest, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(manifest, "PARALLEL_FROM", 10)
+    root = make_folder(tmp_path / "data", files_per_class=10)
+    assert len(manifest.checked(root / "train").paths) == 30 and pools == [3]
+
+
 def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypatch):
     """PadCropFlip (phalanx's fast path) against the recipe it replaces, written out: pad with black,
     crop at the drawn corner, flip when drawn; every draw."""

@@ -10,7 +10,6 @@ any loader worker, on any rank, at any world size, and after a resume.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
+from ..cores import available_cores
 from ..sampling import derive_seed
 from . import transforms
 from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
@@ -186,8 +186,7 @@ def loader_workers(num_workers: str, local_processes: int, training_threads: int
     (none on a CPU run, whose compute threads take the cores already)."""
     if num_workers != "auto":
         return int(num_workers)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, cores // max(1, local_processes) - training_threads)
+    return max(0, available_cores() // max(1, local_processes) - training_threads)
 
 
 def run_loaders(train: Dataset, val: Dataset, collate: Callable | None, batches: Sampler, batch_size: int,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write_text
+from ..cores import available_cores
 from ..errors import PhalanxError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -138,9 +139,10 @@ def _check_all(root: Path, files: list[tuple[str, int, int, int]], known: dict[s
         else:
             todo.append((rel, size, mtime))
     paths = [str(root / rel) for rel, _, _ in todo]
-    if len(todo) >= PARALLEL_FROM and (os.cpu_count() or 1) > 1:
+    cores = available_cores()
+    if len(todo) >= PARALLEL_FROM and cores > 1:
         # fork: a child needs PIL only, and a fresh interpreter would import torch again
-        with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(max_workers=cores, mp_context=multiprocessing.get_context("fork")) as pool:
             outcomes = list(pool.map(check_file, paths, chunksize=256))
     else:
         outcomes = [check_file(p) for p in paths]
