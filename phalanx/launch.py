@@ -139,7 +139,7 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)
         return 0
     check_gpu_ids(cfg.devices.gpu_ids)
-    from .run import check_batch_memory
+    from .memory_plan import check_batch_memory
 
     check_batch_memory(cfg)  # before a worker starts, as train checks it
     if plan.nnodes[1] == 1:

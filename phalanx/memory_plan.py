@@ -1,13 +1,17 @@
 """``--dry-run``'s memory line: what each rank keeps of the networks' weights, gradients and
 optimizer state under each strategy, counted from the parameters (built on the meta device, no
 memory taken), so a user sees before launching whether a model fits. Activations, the batch and
-the framework's own buffers are not counted: they depend on the inputs, not on the strategy."""
+the framework's own buffers are not counted: they depend on the inputs, not on the strategy. And
+the one bound checked before anything is allocated: a batch at ``--image-size`` must fit in memory."""
 
 from __future__ import annotations
+
+import os
 
 from torch import nn
 
 from .config import RunConfig
+from .errors import PhalanxError
 from .blocks import blocks
 
 GIB = 2 ** 30
@@ -56,3 +60,20 @@ def memory_lines(cfg: RunConfig, models: dict[str, nn.Module], world_size: int) 
 
 def size(count: int) -> str:
     return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / 2 ** 20:.2f} MiB"
+
+
+def check_batch_memory(cfg: RunConfig) -> None:
+    """``--image-size`` bounded before anything is allocated, whatever the data: a batch of
+    one-channel float32 images at that size (the least any task holds) must fit in this machine's
+    memory. A folder at --image-size 100000 asked for 39 GB for its first image, after the run
+    directory had been made."""
+    if not cfg.data.image_size:  # the data's own size: the data source bounds what it holds
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    per_image = cfg.data.image_size ** 2 * 4
+    if cfg.optim.batch_size * per_image > memory:
+        largest = int((memory / (cfg.optim.batch_size * 4)) ** 0.5)
+        raise PhalanxError(f"a batch of {cfg.optim.batch_size} image(s) at {cfg.data.image_size} px would take at least "
+                           f"{cfg.optim.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
+                           f"{memory / 2 ** 30:.0f} GiB of memory; give at most {largest} px, or a smaller "
+                           "--batch-size", "--image-size")

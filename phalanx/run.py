@@ -20,7 +20,7 @@ from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
 from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run, refuse_data_parallel
-from .memory_plan import memory_lines
+from .memory_plan import check_batch_memory, memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
@@ -83,23 +83,6 @@ def build_networks(cfg: RunConfig, task: Task) -> tuple[TaskData, dict[str, nn.M
     return data, models
 
 
-def check_batch_memory(cfg: RunConfig) -> None:
-    """``--image-size`` bounded before anything is allocated, whatever the data: a batch of
-    one-channel float32 images at that size (the least any task holds) must fit in this machine's
-    memory. A folder at --image-size 100000 asked for 39 GB for its first image, after the run
-    directory had been made."""
-    if not cfg.data.image_size:  # the data's own size: the data source bounds what it holds
-        return
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    per_image = cfg.data.image_size ** 2 * 4
-    if cfg.optim.batch_size * per_image > memory:
-        largest = int((memory / (cfg.optim.batch_size * 4)) ** 0.5)
-        raise PhalanxError(f"a batch of {cfg.optim.batch_size} image(s) at {cfg.data.image_size} px would take at least "
-                           f"{cfg.optim.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
-                           f"{memory / 2 ** 30:.0f} GiB of memory; give at most {largest} px, or a smaller "
-                           "--batch-size", "--image-size")
-
-
 def remote_notes(cfg: RunConfig) -> list[str]:
     """DeepLIIF's guide has DDP users pass --remote True so that rank 0 pickles what visdom would
     show: phalanx always does. Alone, it copies nothing anywhere: say so, and what would."""
@@ -119,7 +102,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
              f"devices: {plan.describe()}"]
-    data, checked = describe_checks(cfg, plan.world_size, plan.mode)
+    data, checked = describe_checks(cfg, plan.world_size, plan.mode, len(plan.devices))
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
@@ -127,7 +110,7 @@ def describe_run(cfg: RunConfig) -> list[str]:
     return lines
 
 
-def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[TaskData, list[str]]:
+def describe_checks(cfg: RunConfig, world_size: int, mode: str = "", replicas: int = 1) -> tuple[TaskData, list[str]]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
     input fails here as it would; their memory per rank under each strategy), and the run directory
     (said, as a real run would stop there)."""
@@ -158,7 +141,7 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "") -> tuple[Ta
     except PhalanxError as exc:
         action = f"a real run would stop here: {exc}"
     lines.append(f"run dir: {cfg.run_dir}: {action}")
-    refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0)
+    refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
     return data, lines
 
 
@@ -193,7 +176,8 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
-    refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0)
+    refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0,
+                       len(strategy.plan.devices))
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)

@@ -6,11 +6,12 @@ Barlow Twins, VICReg, MoCo v2) then failed at the last step of the first epoch w
 images left one for a rank's last batch (81 images in batches of 8): an epoch's work lost, where the
 batch size alone decides it, and a check at the start can say so. (BatchNorm2d over feature maps
 larger than 1 x 1 takes one image.) A resume at another world size cuts the rest of its first epoch
-elsewhere: that rest is checked too.
+elsewhere, and DataParallel cuts each batch over its GPUs: both are checked too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from torch import nn
@@ -21,38 +22,62 @@ from .sampling import last_micro_batch, smallest_share
 
 
 def refuse_single_rows(cfg: RunConfig, train_samples: int, models: Mapping[str, nn.Module], world_size: int,
-                       start: int = 0) -> None:
+                       start: int = 0, replicas: int = 1) -> None:
     """Refuse (``--batch-size``) a run whose rank would train BatchNorm1d on a batch of one row: in
     every epoch, or in the first one of a resume from sample ``start`` (another world size cuts it
-    elsewhere)."""
+    elsewhere), or on one of DataParallel's ``replicas`` (its split of a batch)."""
     batch = cfg.optim.batch_size
-    if train_samples < 1 or _fewest_rows(cfg, train_samples, start, batch, world_size) > 1:
+    cut = _Cut(world_size, replicas, cfg.devices.sync_bn)
+    if train_samples < 1 or cut.fewest_rows(train_samples, start, batch) > 1:
         return
     found = next((f"{name}.{module_name}" if module_name else name for name, model in models.items()
                   for module_name, module in model.named_modules() if isinstance(module, nn.BatchNorm1d)), None)
     if found is None:
         return
     better = next((size for distance in range(1, 2 * batch + 2) for size in (batch - distance, batch + distance)
-                   if size >= 1 and _fewest_rows(cfg, train_samples, start, size, world_size) > 1), None)
+                   if size >= 1 and cut.fewest_rows(train_samples, start, size) > 1), None)
     ranks = f" over {world_size} ranks" if world_size > 1 else ""
-    where = f"every epoch ({train_samples} training images{ranks})"
-    if _rows(cfg, train_samples, batch, world_size) > 1:  # only the resumed epoch's rest is cut badly
-        where = f"the epoch this resume continues ({train_samples - start} of {train_samples} training images left{ranks})"
+    where = f"the last training batch of every epoch ({train_samples} training images{ranks})"
+    if cut.rows(train_samples, batch) > 1:  # only the resumed epoch's rest is cut badly
+        where = (f"the last training batch of the epoch this resume continues ({train_samples - start} of "
+                 f"{train_samples} training images left{ranks})")
+    on = " on a rank" if world_size > 1 else ""
+    if replicas > 1:
+        on, where = " on a GPU", (f"a training batch (DataParallel splits each over {replicas} GPUs; {train_samples} "
+                                   "training images)")
     hint = f": {better}, say" if better else ""
-    raise PhalanxError(f"{batch} leaves one image{' on a rank' if world_size > 1 else ''} for the last training "
-                       f"batch of {where}, and BatchNorm1d ({found}) cannot train on one; choose a --batch-size that "
-                       f"leaves at least two{hint}", "--batch-size")
+    raise PhalanxError(f"{batch} leaves one image{on} for {where}, and BatchNorm1d ({found}) cannot train on one; "
+                       f"choose a --batch-size that leaves at least two{hint}", "--batch-size")
 
 
-def _fewest_rows(cfg: RunConfig, train_samples: int, start: int, batch: int, world_size: int) -> int:
-    """The fewest rows of any epoch from here: the resumed one's rest (from ``start``) and the whole ones."""
-    whole = _rows(cfg, train_samples, batch, world_size)
-    return min(whole, _rows(cfg, train_samples - start, batch, world_size)) if 0 < start < train_samples else whole
+def smallest_chunk(rows: int, replicas: int) -> int:
+    """The fewest rows DataParallel gives a replica of a batch of ``rows``: its scatter cuts the batch
+    as ``Tensor.chunk`` does (pieces of ceil(rows / replicas); the last holds what is left)."""
+    piece = -(-rows // replicas)
+    return rows - piece * (-(-rows // piece) - 1)
 
 
-def _rows(cfg: RunConfig, train_samples: int, batch: int, world_size: int) -> int:
-    """The fewest rows one BatchNorm normalises over in an epoch of ``train_samples`` (or its rest): a
-    rank's, or with ``--sync-bn`` every rank's together (a padding sample adds none)."""
-    if cfg.devices.sync_bn and world_size > 1:
-        return last_micro_batch(train_samples, batch, world_size)
-    return smallest_share(train_samples, batch, world_size)
+@dataclass(frozen=True)
+class _Cut:
+    """How an epoch's samples reach each BatchNorm: over ranks, and over DataParallel's replicas."""
+
+    world_size: int
+    replicas: int
+    sync_bn: bool
+
+    def fewest_rows(self, train_samples: int, start: int, batch: int) -> int:
+        """The fewest rows of any epoch from here: the resumed one's rest (from ``start``) and the whole ones."""
+        whole = self.rows(train_samples, batch)
+        return min(whole, self.rows(train_samples - start, batch)) if 0 < start < train_samples else whole
+
+    def rows(self, train_samples: int, batch: int) -> int:
+        """The fewest rows one BatchNorm normalises over in an epoch of ``train_samples`` (or its rest):
+        a rank's, with ``--sync-bn`` every rank's together (a padding sample adds none), under
+        DataParallel a replica's share of a full batch or of the last one."""
+        if self.sync_bn and self.world_size > 1:
+            return last_micro_batch(train_samples, batch, self.world_size)
+        share = smallest_share(train_samples, batch, self.world_size)
+        if self.replicas == 1:
+            return share
+        sizes = [share] + ([batch] if train_samples >= batch else [])
+        return min(smallest_chunk(rows, self.replicas) for rows in sizes)

@@ -271,6 +271,25 @@ def test_a_last_batch_of_one_image_for_batchnorm1d_is_refused_before_anything_is
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written
     assert phalanx("trainlaunch", "--dry-run", "--resume", "auto", "--max-steps", 0, *common, "--use-torchrun",
                    "--nproc-per-node 2", "--batch-size", 7).code == 0  # the resumed run's other batch size: 75 % 14 = 5
+    # DataParallel cuts every batch over its GPUs (a batch of 3 over 2: 2 and 1). This machine has no
+    # GPU: the dry run plans DataParallel over GPUs 0 and 1 all the same (a real run needs them).
+    dp = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 3, *common)
+    assert dp.code == 2 and dp.out == "" and dp.err == (
+        "phalanx: --batch-size: 3 leaves one image on a GPU for a training batch (DataParallel splits each over 2 "
+        "GPUs; 81 training images), and BatchNorm1d (projector.1) cannot train on one; choose a --batch-size that "
+        "leaves at least two: 7, say\n"), dp.err  # 4 to 6 leave a last batch of 1 or 3 (1 and 2 rows to a GPU)
+    assert phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 7, *common).code == 0
+
+
+def test_dataparallels_smallest_piece_is_the_smallest_chunk_of_its_scatter():
+    import torch
+
+    from phalanx.single_rows import smallest_chunk
+
+    for rows in range(1, 60):
+        for replicas in range(1, 9):
+            pieces = torch.arange(rows).chunk(replicas)  # what DataParallel's scatter does to a batch
+            assert smallest_chunk(rows, replicas) == min(len(piece) for piece in pieces), (rows, replicas)
 
 
 def test_the_smallest_share_is_the_smallest_micro_batch_of_the_plan():
