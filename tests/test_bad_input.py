@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_phalanx, snapshot_tree, write_digit_pngs
+from phalanx_testdata import translation_pairs
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,7 @@ def world(tmp_path_factory):
     (root / "corrupt/train/digit3/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
     shutil.copytree(root / "corrupt/train/digit2", root / "oneclass/train/digit3")
     (root / "bad.yaml").write_text("epochs: [1, 2\n")
+    translation_pairs(root / "pairs", size=16, per_split={"train": 4, "val": 2})
     (root / "unknown.yaml").write_text("epochs: 1\nlearning_rate: 0.1\n")
     (root / "list.json").write_text("[1, 2]")
     (root / "garbage.pt").write_bytes(b"not a checkpoint at all")
@@ -69,6 +71,11 @@ CASES = [
      "is an option of --task translate or --task deepliif; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
      "--task-option ngf=VALUE"),
     ("translate-model", ["--task", "translate", "--model", "resnet18"], "--model", "--task translate does not use it"),
+    # unet_16, as --generator's own error suggests at 16 px, with the default 3-layer PatchGAN: torch
+    # failed in the first step, the run directory made
+    ("discriminator-too-deep", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "16", "--generator",
+                                "unet_16"], "--d-layers", "leaving 2 pixel(s) of the 3 its last layers need "
+                                "(--image-size 16); use --d-layers 2, or --image-size 24 or more"),
     ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
     ("ssl-no-train-folder", ["--task", "simclr", "--dataroot", "{w}/empty"], "--dataroot", "class folders optional"),
     ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),

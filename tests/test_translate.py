@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from conftest import records, run_phalanx, snapshot_tree
+from phalanx.errors import PhalanxError
 from phalanx_testdata import translation_pairs
 import reference
 
@@ -199,3 +200,25 @@ def test_bad_pairs_are_named_in_one_line_with_nothing_written_or_skipped_and_cou
                       "--checkpoints-dir", tmp_path / "ck")
     assert skipped.code == 0, skipped.err
     assert "1 sample(s) left out" in skipped.out
+
+
+def test_the_discriminator_check_refuses_exactly_the_sizes_torch_cannot_run():
+    from phalanx.tasks.deepliif_nets import discriminator
+    from phalanx.tasks.translate_nets import check_discriminator, patch_discriminator
+
+    for layers in range(1, 5):
+        for size in range(4, 56):
+            try:
+                check_discriminator(layers, size)
+                refused = False
+            except PhalanxError:
+                refused = True
+            for build in (patch_discriminator, discriminator):  # pix2pix's, and DeepLIIF's
+                try:
+                    with torch.no_grad():
+                        build(2, 1, layers, "batch").eval()(torch.zeros(1, 2, size, size))
+                    runs = True
+                except RuntimeError:
+                    runs = False
+                assert refused != runs, (layers, size, build.__name__)
+

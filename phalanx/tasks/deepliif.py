@@ -36,7 +36,7 @@ from .deepliif_inference import DeepLIIFInference
 from .deepliif_nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import DeepLIIFOptions
 from .translate import TranslateTask, gan_loss
-from .translate_nets import check_generator, unet_size
+from .translate_nets import check_discriminator, check_generator, unet_size
 
 DEEPLIIF_NAMES = ("Hema", "DAPI", "Lap2", "Marker")  # what `deepliif test` names the 4 modalities' outputs
 SEG_WEIGHTS_4 = (0.25, 0.15, 0.25, 0.1, 0.25)  # DeepLIIF's segmentation weights with 4 modalities
@@ -96,6 +96,7 @@ class DeepLIIFTask(TranslateTask):
             check_generator(name, size, option)
             if (unet_size(name) or 32) < 32:  # its five fixed levels: unet_32 is DeepLIIF's smallest too
                 raise PhalanxError(f"DeepLIIF's U-Nets start at unet_32 (got {name})", option)
+        check_discriminator(self.options.d_layers, size)
 
     def network_info(self) -> dict[str, Any]:
         return {"net_g": self.options.net_g, "net_gs": self.options.net_gs}

@@ -28,7 +28,7 @@ from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_pr
 from .options import TranslateOptions
 from .translate_inference import TranslateInference
 from .image_metrics import psnr, ssim
-from .translate_nets import build_discriminator, build_generator, check_generator
+from .translate_nets import build_discriminator, build_generator, check_discriminator, check_generator
 
 SHOWN = 4  # validation samples drawn each epoch
 
@@ -86,6 +86,7 @@ class TranslateTask(Task):
 
     def check_networks(self, size: int) -> None:
         check_generator(self.options.generator, size)
+        check_discriminator(self.options.d_layers, size)
 
     def network_info(self) -> dict[str, Any]:
         return {"generator": self.options.generator}

@@ -164,6 +164,23 @@ def check_generator(name: str, image_size: int, option: str = "--generator") -> 
                            option)
 
 
+def check_discriminator(layers: int, image_size: int) -> None:
+    """A PatchGAN of ``layers`` layers halves its input ``layers`` times, then its two last 4x4
+    convolutions need 3 pixels (3 -> 2 -> 1 logit a patch); smaller, torch failed in the first step,
+    after the run directory was made (``unet_16`` at 16 px with the default 3 layers)."""
+    if not image_size:  # the data's own size: not known here
+        return
+    left = image_size
+    for _ in range(layers):
+        left //= 2  # a 4x4 convolution of stride 2, padding 1
+    if left >= 3:
+        return
+    fits = [n for n in range(1, layers) if image_size // 2 ** n >= 3]
+    hint = f"--d-layers {fits[-1]}, or " if fits else ""
+    raise PhalanxError(f"{layers} layers halve the image {layers} times, leaving {left} pixel(s) of the 3 its last layers need "
+                       f"(--image-size {image_size}); use {hint}--image-size {3 * 2 ** layers} or more", "--d-layers")
+
+
 def _largest_unet(image_size: int) -> int:
     size = 4
     while image_size % (size * 2) == 0 and size * 2 <= image_size:
