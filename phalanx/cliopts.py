@@ -38,14 +38,18 @@ class Option(click.Option):
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         task = ctx.meta.get(HELP_TASK)
-        if task is None or self.name not in tasks.BUILTIN[task].defaults:
+        own = tasks.own_options(task) if task else {}
+        if task is None or (self.name not in tasks.BUILTIN[task].defaults and self.name not in own):
             return super().get_help_record(ctx)
-        saved = self.default
-        self.default = tasks.BUILTIN[task].defaults[self.name]
+        saved = self.default, self.help
+        if self.name in own:  # the named task's own default and words, not those of the task declaring it first
+            self.default, self.help = own[self.name]
+        else:
+            self.default = tasks.BUILTIN[task].defaults[self.name]
         try:
             return super().get_help_record(ctx)
         finally:
-            self.default = saved
+            self.default, self.help = saved
 
 
 def user_task_help(name: str, formatter: click.HelpFormatter) -> None:
@@ -103,9 +107,11 @@ class Command(click.Command):
         # With --task named, the other built-in tasks' options are left out: they would be refused.
         user_task = ctx.meta.get(HELP_USER_TASK)
         hidden = {info.heading for info in tasks.BUILTIN.values() if (task or user_task) and info.name != task}
+        own = tasks.own_options(task) if task else {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            section = getattr(param, "section", GENERAL)
+            # An option the named task shares with another sits under the named task's heading.
+            section = tasks.BUILTIN[task].heading if param.name in own else getattr(param, "section", GENERAL)
             if record is not None and section not in hidden:
                 groups.setdefault(section, []).append(record)
         if task:

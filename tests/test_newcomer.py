@@ -186,6 +186,23 @@ def test_help_shows_the_named_tasks_defaults_and_only_its_options(phalanx):
     assert "Defaults shown for --task translate" in translate
     assert "Segmentation (--task segment) options" in classify and "(--task segment)" not in translate
     assert "--ngf" in translate  # its own options stay
+    # An option a task shares with another (SimCLR declared --temperature first) is the named task's
+    # own: under its heading, with its default and words. A newcomer's `--task moco --help` once listed
+    # --queue-size alone; `--task vicreg` hid its 2048-wide projector.
+    from phalanx import tasks
+    from phalanx.fields import flag
+
+    for name, info in tasks.BUILTIN.items():
+        page = phalanx("train", "--task", name, "--help").out
+        section = page.split(f"{info.heading} options:\n", 1)[1].split("\n\n", 1)[0]
+        for option, (value, _) in tasks.own_options(name).items():
+            entry = next(line for line in ("\n" + section).split("\n  --") if line and line.split()[0] == flag(option)[2:])
+            assert f"[default: {str(value).lower()}" in " ".join(entry.split()).lower() or value is None or isinstance(value, (bool, tuple)), \
+                (name, option)
+    moco = phalanx("train", "--task", "moco", "--help").out
+    assert default(moco, "--temperature") == "0.1" and "InfoNCE loss against the queue" in moco
+    assert "Also --task" not in moco and default(phalanx("train", "--task", "vicreg", "--help").out,
+                                                   "--projection-dim") == "2048"
 
 
 def test_a_translate_run_records_its_own_networks_and_refuses_model(phalanx, tmp_path):
