@@ -505,6 +505,8 @@ MUTANTS = [
     Mutant("a task's shared options left under the heading of the task declaring them first", "phalanx/cliopts.py",
            'section = tasks.BUILTIN[task].heading if param.name in own else getattr(param, "section", GENERAL)',
            'section = getattr(param, "section", GENERAL)', ("tests/test_newcomer.py -k named_tasks_defaults",)),
+    Mutant("no warning where every labelled image votes in the kNN accuracy", "phalanx/tasks/ssl.py",
+           "    if not voters or k < voters:", "    if True:", ("tests/test_ssl.py -k last_batch_of_one_image",)),
     Mutant("the rest of a resumed epoch not counted", "phalanx/single_rows.py",
            "return min(whole, self.rows(train_samples - start, batch)) if 0 < start < train_samples else whole",
            "return whole", ("tests/test_train_guards.py -k batchnorm1d",)),

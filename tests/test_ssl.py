@@ -192,6 +192,9 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
                      "--epochs", 1, "--batch-size", 8,
                      "--checkpoints-dir", tmp_path, *SMALL)
     assert result.code == 0, result.err
+    # 91 labelled training images at the default k of 200: every one votes for every validation image
+    assert result.out.startswith("phalanx: warning: --knn-k 200 reaches the 91 labelled images the kNN accuracy votes "
+                                 "with: every one votes"), result.out
     recorded = records(tmp_path / "experiment", "val")[-1]
     assert recorded["samples"] == 9
     # evaluate rebuilds the teacher from the checkpoint (it once crashed: no teacher outside training)

@@ -74,6 +74,7 @@ class SelfSupervisedTask(Task):
     best_metric = ("knn_acc", "max")
     metrics = ("knn_acc", "view_loss")
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
+    knn_note = ""  # build_data's warning where --knn-k reaches the labelled images
     view_loss_meaning = "2 - 2 cos between the embeddings of an image's two views"  # evaluate says it (view_loss)
 
     # --- data and networks
@@ -102,6 +103,8 @@ class SelfSupervisedTask(Task):
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
+        voters = {"train": len(source.train), "val": len(source.val) - 1, None: 0}[self.bank_source]
+        self.knn_note = _every_image_votes(self.options.knn_k, voters)
         views = crops.words if isinstance(crops, MultiCrop) else \
             f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
         description = f"{source.description}; {views}; {monitor}"
@@ -118,6 +121,9 @@ class SelfSupervisedTask(Task):
             return multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
                               self.cfg.data.hflip, blur, mean, std)
         return TwoViews(self.views)
+
+    def notes(self) -> list[str]:
+        return [self.knn_note] if self.knn_note else []
 
     def restore_info(self, info: dict[str, Any]) -> None:
         self.classes = list(info.get("classes") or [])
@@ -237,3 +243,15 @@ class SelfSupervisedTask(Task):
     def visuals(self, data: TaskData) -> ViewSample:
         return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
                           data.info["std"])
+
+
+def _every_image_votes(k: int, voters: int) -> str:
+    """A warning where --knn-k reaches the labelled images: each then votes for every validation
+    image, the kNN accuracy nears the majority class's share whatever the features (a newcomer's 60
+    labelled images at the default k of 200 gave 10%, where k 5 gave 80%)."""
+    if not voters or k < voters:
+        return ""
+    return (f"phalanx: warning: --knn-k {k} reaches the {voters} labelled images the kNN accuracy votes with: every "
+            f"one votes, and the accuracy says little of the features; a k well under {voters} ({max(1, voters // 5)}, "
+            "say) measures them")
+
