@@ -72,6 +72,25 @@ def _timm_weights(model: str) -> Path:
                        f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
 
 
+def checkpoint_normalisation(spec: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The mean and std a phalanx checkpoint given to ``--weights`` was trained with, which
+    ``--normalize auto`` takes: a probe of a self-supervised backbone normalised as ImageNet's
+    features are, where the backbone learnt on [-1, 1], trained on other inputs than it learnt on
+    (a newcomer's linear probe). None for any other weights (torchvision's, timm's: ImageNet's)."""
+    path = Path(spec)
+    if not path.is_file() or path.suffix == ".safetensors":
+        return None
+    try:  # mmap: the header and the small values, not the tensors
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a checkpoint phalanx reads: load_weights says why, later
+        return None
+    info = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
+    mean, std = (info.get("mean"), info.get("std")) if isinstance(info, dict) else (None, None)
+    if not isinstance(mean, list) or not isinstance(std, list) or len(mean) != channels or len(std) != channels:
+        return None
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
 def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str]:
     """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
     says, and what of a checkpoint of another task was taken (a self-supervised run's backbone)."""

@@ -507,6 +507,8 @@ MUTANTS = [
            'section = getattr(param, "section", GENERAL)', ("tests/test_newcomer.py -k named_tasks_defaults",)),
     Mutant("no warning where every labelled image votes in the kNN accuracy", "phalanx/tasks/ssl.py",
            "    if not voters or k < voters:", "    if True:", ("tests/test_ssl.py -k last_batch_of_one_image",)),
+    Mutant("--normalize auto gives a phalanx checkpoint's weights ImageNet's statistics", "phalanx/data/transforms.py",
+           "        if own is not None:\n            return own\n", "", ("tests/test_ssl.py -k label_free_folder",)),
     Mutant("the rest of a resumed epoch not counted", "phalanx/single_rows.py",
            "return min(whole, self.rows(train_samples - start, batch)) if 0 < start < train_samples else whole",
            "return whole", ("tests/test_train_guards.py -k batchnorm1d",)),
