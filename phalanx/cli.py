@@ -63,7 +63,10 @@ def train(ctx: click.Context, dry_run: bool, print_config: bool, **values: Any) 
     if dry_run:
         from .run import describe_run  # imports torch
 
-        click.echo("\n".join(describe_run(cfg)))
+        lines, stop = describe_run(cfg)
+        click.echo("\n".join(lines))
+        if stop is not None:
+            raise stop  # the plan printed, the dry run exits as the real run would
         return
     from .run import train_run  # imports torch
 

@@ -132,11 +132,13 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
         from .run import describe_checks
 
         # (memory per rank at the fewest nodes: the most each rank holds)
-        data, checked = describe_checks(cfg, plan.nnodes[0] * plan.nproc_per_node)
-        print("\n".join(describe(cfg, plan, len(data.train)) + checked))
+        data, checked, stop = describe_checks(cfg, plan.nnodes[0] * plan.nproc_per_node)
+        print("\n".join(describe(cfg, plan, len(data.train)) + checked), flush=True)
         missing = missing_gpus(cfg.devices.gpu_ids)
         if missing:
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)
+        if stop is not None:
+            raise stop  # the plan printed, the dry run exits as the real run would
         return 0
     check_gpu_ids(cfg.devices.gpu_ids)
     from .memory_plan import check_batch_memory

@@ -93,27 +93,28 @@ def remote_notes(cfg: RunConfig) -> list[str]:
             "MODULE.FUNCTION or --remote-transfer s3://BUCKET/PREFIX"]
 
 
-def describe_run(cfg: RunConfig) -> list[str]:
-    """``train --dry-run``: what this process would do, checked as a run checks it, nothing written.
-    GPUs that are not on this machine are warned about, not refused: a plan is most useful on a
-    login node, before the job reaches its GPUs."""
+def describe_run(cfg: RunConfig) -> tuple[list[str], PhalanxError | None]:
+    """``train --dry-run``: what this process would do, checked as a run checks it, nothing written,
+    and where the run directory would stop a real run, why. GPUs that are not on this machine are
+    warned about, not refused: a plan is most useful on a login node, before the job reaches its GPUs."""
     env = placement()
     plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
     lines = [f"launcher: {launcher_name(os.environ)}",
              f"task: {cfg.task}",
              f"devices: {plan.describe()}"]
-    data, checked = describe_checks(cfg, plan.world_size, plan.mode, len(plan.devices))
+    data, checked, stop = describe_checks(cfg, plan.world_size, plan.mode, len(plan.devices))
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
         lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
-    return lines
+    return lines, stop
 
 
-def describe_checks(cfg: RunConfig, world_size: int, mode: str = "", replicas: int = 1) -> tuple[TaskData, list[str]]:
+def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
+                    replicas: int = 1) -> tuple[TaskData, list[str], PhalanxError | None]:
     """What a dry run checks as the run would, nothing written: the task, its data and networks (bad
     input fails here as it would; their memory per rank under each strategy), and the run directory
-    (said, as a real run would stop there)."""
+    (said in the plan, and returned: the dry run then exits as the real run would, 2)."""
     check_batch_memory(cfg)
     task = build_task(cfg, mode)
     data = task.build_data()
@@ -131,18 +132,25 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "", replicas: i
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
     lines += memory_lines(cfg, models, world_size)
-    resume = None
+    resume, stop = None, None
     try:
         resume = rundir.plan(cfg)
-        action = (f"resumes from {resume.path} (epoch {resume.state['epoch']})" if resume
+        action = (f"resumes from {resume.path} ({_where(resume.state)})" if resume
                   else "no checkpoint there: a new run (--resume auto)" if cfg.resume == "auto"
                   else "replaces the run there" if cfg.overwrite and rundir.holds_a_run(cfg.run_dir)
                   else rundir.REPLACED_NOTE if rundir.failed_before_a_checkpoint(cfg.run_dir) else "a new run")
     except PhalanxError as exc:
-        action = f"a real run would stop here: {exc}"
+        action, stop = f"a real run would stop here: {exc}", exc
     lines.append(f"run dir: {cfg.run_dir}: {action}")
     refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
-    return data, lines
+    return data, lines, stop
+
+
+def _where(state: dict[str, Any]) -> str:
+    """A checkpoint's place in training: "after epoch 2, step 90", or mid-epoch "in epoch 1 at sample 96, step 3"."""
+    if state["position"]:
+        return f"in epoch {state['epoch'] + 1} at sample {state['position']}, step {state['step']}"
+    return f"after epoch {state['epoch']}, step {state['step']}"
 
 
 def _backend(cfg: RunConfig) -> str:

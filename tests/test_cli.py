@@ -60,12 +60,15 @@ def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx
 
 
 def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
-    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    assert phalanx("train", "--max-steps", 3, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     before = snapshot_tree(tmp_path)
+    # The plan is printed, and the dry run exits as the real run would: a pre-check in a job script
+    # that passed on exit 0 let the job fail (a newcomer's finding).
     taken = phalanx("train", "--dry-run", "--checkpoints-dir", tmp_path)
-    assert taken.code == 0 and "a real run would stop here: --name:" in taken.out
+    assert taken.code == 2 and "a real run would stop here: --name:" in taken.out
+    assert taken.err.startswith("phalanx: --name: ") and taken.err.count("\n") == 1, taken.err
     resumed = phalanx("train", "--dry-run", "--resume", "auto", "--checkpoints-dir", tmp_path)
-    assert "resumes from" in resumed.out and "latest.pt (epoch 1)" in resumed.out
+    assert resumed.code == 0 and "latest.pt (in epoch 1 at sample 96, step 3)" in resumed.out  # not "epoch 0"
     assert snapshot_tree(tmp_path) == before
 
 

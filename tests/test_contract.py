@@ -143,7 +143,7 @@ def test_a_declaration_follows_the_data_and_is_frozen(tmp_path):
     for i in range(4):  # input | target 1 | target 2, side by side
         Image.fromarray((torch.rand(8, 24, 3) * 255).to(torch.uint8).numpy()).save(root / f"{i}.png")
     task = task_class("translate")(from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"),
-                                                 "image_size": 8, "generator": "unet_8"}, "test"))
+                                                 "image_size": 8, "generator": "unet_8", "d_layers": 1}, "test"))
     class_view = (task.primary_model, task.loss_names)
     declared = task.declare(task.build_data(), {})
     assert declared.primary_model == "generator1" and declared.ema_models == ("generator1", "generator2")

@@ -53,7 +53,8 @@ def test_trainlaunch_dry_run_checks_the_data_and_the_run_directory(tmp_path):
     assert bad.code == 2 and "no train/ folder" in bad.err
     assert run_phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     taken = run_phalanx("trainlaunch", "--dry-run", "--checkpoints-dir", tmp_path)
-    assert taken.code == 0 and "a real run would stop here: --name:" in taken.out and "already holds a run" in taken.out
+    assert taken.code == 2 and "a real run would stop here: --name:" in taken.out and "already holds a run" in taken.out
+    assert taken.err.startswith("phalanx: --name: ") and "already holds a run" in taken.err
     assert "data: built-in digits" in taken.out and "network model: SmallCNN" in taken.out
 
 

@@ -168,8 +168,7 @@ def option_owners() -> dict[str, list[str]]:
 
 
 def own_options(name: str) -> dict[str, tuple[Any, str]]:
-    """A built-in task's own options -> (its default, its help text): ``train --task moco --help``
-    shows MoCo's temperature, 0.1, under MoCo's heading, though SimCLR declared the option first."""
+    """A built-in task's own options -> (default, help): ``--task moco --help`` shows MoCo's temperature."""
     return {f.name: (f.default_factory() if callable(f.default_factory) else f.default,  # type: ignore[misc]
                      f.metadata["help"]) for f in dataclasses.fields(BUILTIN[name].options)}
 
