@@ -95,6 +95,8 @@ class Command(click.Command):
                 arg = dashed + eq + tail
             normalised.append(arg)
         named = task_named(normalised)
+        if named is not None and any(a in ("-h", "--help") for a in normalised):
+            tasks.check_name(named)  # `--task bogus --help` is refused as a run would be, not the general page
         if named in tasks.BUILTIN:
             ctx.meta[HELP_TASK] = named
         elif named and tasks.is_user_task(named) and any(a in ("-h", "--help") for a in normalised):

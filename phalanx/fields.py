@@ -47,8 +47,10 @@ def flag(name: str) -> str:
 
 
 def suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
+    """Up to three close names, case aside (a Lightly user's ``--task SimCLR`` is ``simclr``)."""
+    spelt = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(spelt), n=3)
+    return f" (did you mean {', '.join(spelt[c] for c in close)}?)" if close else ""
 
 
 def parse_list(value: Any, kind: type, option: str) -> tuple:

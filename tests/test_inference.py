@@ -24,10 +24,12 @@ def trained(tmp_path_factory):
     return root / "experiment"
 
 
-def test_evaluate_reproduces_the_validation_accuracy_training_recorded(trained, phalanx, tmp_path):
-    result = phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "r.json")
+def test_evaluate_reproduces_the_validation_accuracy_training_recorded(trained, phalanx, tmp_path, monkeypatch):
+    monkeypatch.chdir(trained)
+    result = phalanx("evaluate", "--checkpoint", "latest.pt", "--output", tmp_path / "r.json")
     assert result.code == 0, result.err
     saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["checkpoint"] == str((trained / "latest.pt").resolve())  # absolute: the JSON is read elsewhere
     val = records(trained, "val")[-1]
     assert saved["top1"] == val["acc"] and saved["images"] == val["samples"] == 359
     assert saved["loss"] == pytest.approx(val["loss"], rel=1e-6)

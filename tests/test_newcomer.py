@@ -200,6 +200,9 @@ def test_help_shows_the_named_tasks_defaults_and_only_its_options(phalanx):
             entry = next(line for line in ("\n" + section).split("\n  --") if line and line.split()[0] == flag(option)[2:])
             assert f"[default: {str(value).lower()}" in " ".join(entry.split()).lower() or value is None or isinstance(value, (bool, tuple)), \
                 (name, option)
+    bogus = phalanx("train", "--task", "SimCLR", "--help")  # refused as a run is, not the general page
+    assert bogus.code == 2 and bogus.out == "" and bogus.err.startswith("phalanx: --task: unknown task 'SimCLR' (did "
+                                                                        "you mean simclr?)"), bogus
     moco = phalanx("train", "--task", "moco", "--help").out
     assert default(moco, "--temperature") == "0.1" and "InfoNCE loss against the queue" in moco
     assert "Also --task" not in moco and default(phalanx("train", "--task", "vicreg", "--help").out,

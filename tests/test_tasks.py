@@ -235,9 +235,13 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
     predicted = phalanx("predict", "--checkpoint", fixture, tmp_path / "pngs", "--output", tmp_path / "p.csv")
     assert predicted.code == 0, predicted.err
     assert len((tmp_path / "p.csv").read_text().splitlines()) == 11
-    exported = phalanx("export", "--checkpoint", fixture, "--output", tmp_path / "m.pt2", "--format", "exported-program")
+    exported = phalanx("export", "--checkpoint", os.path.relpath(fixture), "--output", tmp_path / "m.pt2", "--format",
+                       "exported-program")  # a relative path: the metadata holds the absolute one
     assert exported.code == 0, exported.err
     assert (tmp_path / "m.pt2").stat().st_size > 0
+    import json
+
+    assert json.loads((tmp_path / "m.pt2.json").read_text())["checkpoint"] == str(Path(fixture).resolve())
 
 
 @pytest.mark.slow

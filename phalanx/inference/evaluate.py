@@ -59,7 +59,8 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         evaluation = task.evaluate(models, loader, RunContext(strategy, cfg.optim.precision, cfg.network.channels_last))
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
-        results = {"checkpoint": str(trained.path), "data": what, "task": cfg.task, "world_size": strategy.world_size,
+        # The checkpoint's absolute path: the JSON is read from elsewhere (a newcomer found a relative one).
+        results = {"checkpoint": str(trained.path.resolve()), "data": what, "task": cfg.task, "world_size": strategy.world_size,
                    "metrics": evaluation.metrics, **inference.results(evaluation)}
         if strategy.is_main:
             # The header is evaluate's, the same for every task (a user's own included); the table is the task's.

@@ -64,7 +64,7 @@ def export(opts: ExportOptions) -> list[Path]:
         _write(path, module.cpu().eval(), example, opts.format, trained.config.network.model if name == "model" else name,
                scripted)
         meta = {**inference.export_metadata(), "network": name, "task": trained.config.task,
-                "format": opts.format, "checkpoint": str(trained.path), "input_shape": list(example.shape[1:])}
+                "format": opts.format, "checkpoint": str(trained.path.resolve()), "input_shape": list(example.shape[1:])}
         atomic_write_text(path.with_name(path.name + ".json"), json.dumps(meta, indent=2) + "\n")
         written.append(path)
         print(f"phalanx: wrote {path} and {path.name}.json ({opts.format}, {trained.config.task} {name}, "
