@@ -167,6 +167,8 @@ INFERENCE = [
 ]
 CASES += [("evaluate", *case) for case in INFERENCE + [
     ("no-checkpoint", [], "--checkpoint", "Missing option"),
+    ("eval-knn-k-of-a-classifier", ["--checkpoint", "{w}/ck/done/latest.pt", "--knn-k", "5"], "--knn-k",
+     "--task classify (this checkpoint's) does not read it"),
     ("eval-dataroot-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"], "--dataroot",
      "not a directory"),
     ("eval-output-is-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],

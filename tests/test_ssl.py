@@ -209,6 +209,10 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
     assert metrics["knn_acc"] == pytest.approx(recorded["knn_acc"], abs=1e-9)
     assert metrics["view_loss"] == pytest.approx(recorded["view_loss"], rel=1e-5)
+    # 91 labelled images at the run's k of 200: evaluate says every one votes; --knn-k changes k here alone
+    assert "phalanx: warning: --knn-k 200 reaches the 91 labelled images" in evaluated.out
+    fewer = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--batch-size", 8, "--knn-k", 3)
+    assert fewer.code == 0 and "warning" not in fewer.out and "kNN accuracy " in fewer.out, fewer.err
     # A checkpoint laid out as before the teacher became a network (format 3: the task's own state)
     # still evaluates to the same.
     saved = torch.load(tmp_path / "experiment/latest.pt", weights_only=True)

@@ -41,7 +41,7 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         check_file(Path(opts.output), opts.checkpoint, opts.overwrite, evaluate_results, "a results JSON")
     # The trained task (its networks and its own state) with this command's data,
     # batch and devices.
-    trained = load_trained(opts.checkpoint, opts.ema, config_changes(opts))
+    trained = load_trained(opts.checkpoint, opts.ema, config_changes(opts), {"knn_k": opts.knn_k} if opts.knn_k else None)
     cfg, task = trained.config, trained.task
     recorded = cfg.data.dataroot
     if not opts.dataroot and recorded and not Path(recorded).exists():
@@ -60,8 +60,8 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         # The checkpoint's absolute path: the JSON is read from elsewhere (a newcomer found a relative one).
-        results = {"checkpoint": str(trained.path.resolve()), "data": what, "task": cfg.task, "world_size": strategy.world_size,
-                   "metrics": evaluation.metrics, **inference.results(evaluation)}
+        results = {"checkpoint": str(trained.path.resolve()), "data": what, "task": cfg.task,
+                   "world_size": strategy.world_size, "metrics": evaluation.metrics, **inference.results(evaluation)}
         if strategy.is_main:
             # The header is evaluate's, the same for every task (a user's own included); the table is the task's.
             print(f"{results['checkpoint']} on {results['data']}\n{inference.results_table(results)}")

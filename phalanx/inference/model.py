@@ -12,6 +12,7 @@ from ..sharded_checkpoint import load_whole
 from ..run_state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
+from ..fields import flag
 from ..tasks import task_class
 from ..tasks.base import TaskData
 from ..tasks.inference import Trained
@@ -19,10 +20,12 @@ from ..tasks.inference import Trained
 OPTION = "--checkpoint"
 
 
-def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None = None) -> Trained:
+def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None = None,
+                 task_changes: Mapping[str, Any] | None = None) -> Trained:
     """Rebuild the task's networks by name and load their weights and the task's own state (a
     momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
-    ``changes``: this command's options over the run's (devices, batch size, data)."""
+    ``changes``: this command's options over the run's (devices, batch size, data); ``task_changes``:
+    over the task's own, each refused where the checkpoint's task has no such option."""
     state = load_whole(Path(path), OPTION, optimizers=False)  # a sharded checkpoint: its networks read whole
     try:
         cfg = from_mapping(state["config"], source=OPTION)
@@ -30,6 +33,11 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
         raise PhalanxError(f"{path} has no usable run configuration ({exc})", OPTION) from None
     if changes:
         cfg = cfg.replace(**changes)
+    for name in task_changes or {}:
+        if name not in cfg.task_options:
+            raise PhalanxError(f"--task {cfg.task} (this checkpoint's) does not read it", flag(name))
+    if task_changes:
+        cfg = cfg.replace(task_options={**cfg.task_options, **task_changes})
     task = task_class(cfg.task)(cfg)
     info = state.get("data") or _infer_data(cfg, state["models"]["model"])
     task.restore_info(info)

@@ -32,10 +32,13 @@ class EvaluateOptions:
     gpu_ids: tuple[int, ...] = option((), "GPU to evaluate on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Evaluate the moving average of the weights (a run with --ema-decay).")
+    knn_k: int = option(0, "A self-supervised checkpoint's kNN accuracy with this many neighbours (0: the run's "
+                        "--knn-k); fewer than the labelled images, or every one votes.", metavar="K")
     overwrite: bool = option(False, OVERWRITE_HELP)
 
     def __post_init__(self) -> None:
         at_least(self.batch_size, 0, "--batch-size", "images per batch; 0 for the run's")
+        at_least(self.knn_k, 0, "--knn-k", "neighbours; 0 for the run's")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ class SelfSupervisedInference(Inference):
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
         knn = f"  kNN accuracy {100 * m['knn_acc']:.2f}%" if "knn_acc" in m else ""
-        return f"images {results['samples']}  view loss {m['view_loss']:.4f} ({self.task.view_loss_meaning}){knn}"
+        warned = f"\n{self.task.knn_note}" if "knn_acc" in m and self.task.knn_note else ""  # every image votes
+        return f"images {results['samples']}  view loss {m['view_loss']:.4f} ({self.task.view_loss_meaning}){knn}{warned}"
 
     def check_predict_output(self, output: str) -> None:
         check_features_output(output)
