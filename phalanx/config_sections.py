@@ -55,8 +55,8 @@ class DataOptions:
                                  "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros, as torchvision's "
                                  "CenterCrop does; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
-                            "(computed once, saved with the run), none, or auto (with --weights: a phalanx "
-                            "checkpoint's own, other weights imagenet; else [-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
+                            "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
+                            "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
     mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406).",
                                      metavar="M[,M...]")
     std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with.", metavar="S[,S...]")

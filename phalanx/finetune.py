@@ -18,6 +18,7 @@ from torch import nn
 from .errors import PhalanxError
 
 OPTION = "--weights"
+Stats = tuple[list[float], list[float]]  # a mean and a std, per channel
 
 
 def weights_file(spec: str, model: str = "") -> Path:
@@ -72,28 +73,10 @@ def _timm_weights(model: str) -> Path:
                        f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
 
 
-def checkpoint_normalisation(spec: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """The mean and std a phalanx checkpoint given to ``--weights`` was trained with, which
-    ``--normalize auto`` takes: a probe of a self-supervised backbone normalised as ImageNet's
-    features are, where the backbone learnt on [-1, 1], trained on other inputs than it learnt on
-    (a newcomer's linear probe). None for any other weights (torchvision's, timm's: ImageNet's)."""
-    path = Path(spec)
-    if not path.is_file() or path.suffix == ".safetensors":
-        return None
-    try:  # mmap: the header and the small values, not the tensors
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a checkpoint phalanx reads: load_weights says why, later
-        return None
-    info = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
-    mean, std = (info.get("mean"), info.get("std")) if isinstance(info, dict) else (None, None)
-    if not isinstance(mean, list) or not isinstance(std, list) or len(mean) != channels or len(std) != channels:
-        return None
-    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
-
-
-def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str]:
+def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str, Stats | None]:
     """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
-    says, and what of a checkpoint of another task was taken (a self-supervised run's backbone)."""
+    says, what of a checkpoint of another task was taken (a self-supervised run's backbone), and the
+    mean and std its inputs were normalised with (a phalanx checkpoint's)."""
     try:
         if path.suffix == ".safetensors":  # timm's and the hub's format: tensors only, nothing runs
             from safetensors.torch import load_file
@@ -105,13 +88,15 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
         from .checkpoint import unloadable
 
         raise PhalanxError(f"{path} does not load as weights: {unloadable(path, exc)}", OPTION) from None
-    classes, note = None, ""
+    classes, note, stats = None, "", None
     if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint":
         if state.get("sharded"):
             from .sharded_checkpoint import load_whole
 
             state = load_whole(path, OPTION, optimizers=False)
         task = state.get("task")
+        data = state.get("data") or {}
+        stats = (list(data["mean"]), list(data["std"])) if data.get("mean") and data.get("std") else None
         # One whole network (formats 1 and 2 hold nothing else): its head ends in the data's classes.
         if list(state.get("models") or {"model": None}) == ["model"]:
             classes = (state.get("data") or {}).get("classes")
@@ -123,15 +108,17 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PhalanxError(f"{path} holds no state dict of tensors", OPTION)
-    return {k.removeprefix("module."): v for k, v in state.items()}, classes, note
+    return {k.removeprefix("module."): v for k, v in state.items()}, classes, note, stats
 
 
-def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: str = "") -> str:
+def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: str = "",
+                 normalised: Stats | None = None) -> str:
     """Load what fits; report what was loaded, replaced, left as built. A head trained on other
     classes starts anew: of another shape, or (a phalanx checkpoint tells) of other class names,
-    whose rows would otherwise mean the wrong classes."""
+    whose rows would otherwise mean the wrong classes. ``normalised``: this run's mean and std, said
+    beside a phalanx checkpoint's where they differ."""
     path = weights_file(spec, model_spec)
-    state, trained_on, note = _state_of(path)
+    state, trained_on, note, stats = _state_of(path)
     own = model.state_dict()
     head = f"{head_module(model)[0]}."
     other_classes = trained_on is not None and list(trained_on) != list(classes)
@@ -154,7 +141,23 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
     return (f"phalanx: weights {path}{note}: {loaded_count} tensors loaded, {len(replaced)} replaced"
             + (f" ({why}: {shapes})" if replaced else "")
             + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")
-            + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused")
+            + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused" + _other_inputs(stats, normalised))
+
+
+def _other_inputs(own: Stats | None, run: Stats | None) -> str:
+    """Where a phalanx checkpoint learnt on inputs normalised otherwise than this run's (with --weights,
+    --normalize auto is ImageNet's; a self-supervised run's default is [-1, 1]): what to give. A
+    newcomer's linear probe of a SimCLR backbone trained on ImageNet-normalised inputs unawares."""
+    if own is None or _close(own, run):
+        return ""
+    mean, std = (",".join(f"{v:.4g}" for v in values) for values in own)
+    run_mean, run_std = (",".join(f"{v:.4g}" for v in values) for values in run)  # type: ignore[union-attr]
+    return (f"\nphalanx: --weights: the checkpoint learnt on inputs normalised with mean {mean}, std {std}; this "
+            f"run's are mean {run_mean}, std {run_std}: give --mean {mean} --std {std} to feed it what it learnt on")
+
+
+def _close(a: Stats, b: Stats | None) -> bool:
+    return b is None or (len(a[0]) == len(b[0]) and all(abs(x - y) < 1e-6 for x, y in zip([*a[0], *a[1]], [*b[0], *b[1]])))
 
 
 def _shape(tensor: torch.Tensor) -> str:

@@ -67,8 +67,7 @@ def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
 def normalisation(data: DataOptions, weights: str | None, channels: int,
                   model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
-    a model's own statistics (timm's pretrained config), taken by auto, as a phalanx checkpoint's
-    given to ``--weights`` are; other weights get ImageNet's."""
+    a model's own statistics (timm's pretrained config), taken by auto."""
     if data.mean:
         if len(data.mean) != channels:
             from ..errors import PhalanxError
@@ -81,12 +80,6 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
         if channels == 1:  # one channel: the mean of the colour statistics, as timm does
             return (sum(mean) / 3,), (sum(std) / 3,)
         return mean, std
-    if kind == "auto" and weights:
-        from ..finetune import checkpoint_normalisation
-
-        own = checkpoint_normalisation(weights, channels)  # a phalanx checkpoint's own statistics
-        if own is not None:
-            return own
     if kind == "auto":
         kind = "imagenet" if weights else "half"
     if kind == "imagenet":

@@ -81,7 +81,8 @@ class ClassifyTask(Task):
         return {"model": model}
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
-        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.network.model)]
+        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.network.model,
+                             (data.info["mean"], data.info["std"]))]
 
     def notes(self) -> list[str]:
         notes = [f"phalanx: {self.backbone.description}"] if self.backbone is not None else []
