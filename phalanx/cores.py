@@ -1,5 +1,5 @@
-"""The cores this process may run on: its CPU affinity (a SLURM step's ``--cpus-per-task``,
-``taskset``'s, a pinned test worker's), not the machine's count. On a 128-core node a job given 8
+"""The cores this process may run on: its CPU affinity (``taskset``'s, SLURM's CPU binding, a pinned
+test worker's), not the machine's count (a CPU quota without an affinity is not seen). On a 128-core node a job given 8
 cores that sized its threads or process pools by ``os.cpu_count()`` would run 16 of them on each."""
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
     except PhalanxError as exc:
         action, stop = f"a real run would stop here: {exc}", exc
     lines.append(f"run dir: {cfg.run_dir}: {action}")
-    refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
+    if stop is None:  # a real run stops at its run directory first
+        refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
     return data, lines, stop
 
 
@@ -184,8 +185,9 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
-    refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0,
-                       len(strategy.plan.devices))
+    if not done:  # (a restart with nothing left to train ends the records at any world size)
+        refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0,
+                           len(strategy.plan.devices))
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)

@@ -39,17 +39,20 @@ def refuse_single_rows(cfg: RunConfig, train_samples: int, models: Mapping[str, 
     ranks = f" over {world_size} ranks" if world_size > 1 else ""
     where = f"the last training batch of every epoch ({train_samples} training images{ranks})"
     fix = "choose a --batch-size that leaves at least two" + (f": {better}, say" if better else "")
-    if cut.rows(train_samples, batch) > 1:  # only the resumed epoch's rest is cut badly
+    resumed_rest = cut.rows(train_samples, batch) > 1  # only the resumed epoch's rest is cut badly
+    if resumed_rest:
         where = (f"the last training batch of the epoch this resume continues ({train_samples - start} of "
                  f"{train_samples} training images left{ranks})")
-        # A resume keeps the run's --batch-size: the number of workers is what can change.
-        workers = next((w for d in range(1, 2 * world_size + 1) for w in (world_size - d, world_size + d)
-                        if w >= 1 and replace(cut, world_size=w).fewest_rows(train_samples, start, batch) > 1), None)
-        fix = f"resume with a number of workers that leaves at least two{f': {workers}, say' if workers else ''}"
+        # A resume keeps the run's --batch-size: the number of processes is what can change.
+        processes = next((w for d in range(1, 2 * world_size + 1) for w in (world_size - d, world_size + d)
+                          if w >= 1 and replace(cut, world_size=w).fewest_rows(train_samples, start, batch) > 1), None)
+        fix = f"resume in a number of processes that leaves at least two{f': {processes}, say' if processes else ''}"
     on = " on a rank" if world_size > 1 else ""
     if replicas > 1:
         on, where = " on a GPU", (f"a training batch (DataParallel splits each over {replicas} GPUs; {train_samples} "
                                    "training images)")
+        if resumed_rest:  # one process: the GPUs that share its batch are what can change
+            fix = "resume on another number of GPUs (--gpu-ids) that leaves at least two a GPU"
     raise PhalanxError(f"{batch} leaves one image{on} for {where}, and BatchNorm1d ({found}) cannot train on one; {fix}",
                        "--batch-size")
 

@@ -75,7 +75,7 @@ CASES = [
     # failed in the first step, the run directory made
     ("discriminator-too-deep", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "16", "--generator",
                                 "unet_16"], "--d-layers", "leaving 2 pixel(s) of the 3 its last layers need "
-                                "(--image-size 16); use --d-layers 2, or --image-size 24 or more"),
+                                "(--image-size 16); use --d-layers 2, or a larger --image-size"),
     ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
     ("ssl-no-train-folder", ["--task", "simclr", "--dataroot", "{w}/empty"], "--dataroot", "class folders optional"),
     ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),

@@ -213,6 +213,7 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
     assert "phalanx: warning: --knn-k 200 reaches the 91 labelled images" in evaluated.out
     fewer = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--batch-size", 8, "--knn-k", 3)
     assert fewer.code == 0 and "warning" not in fewer.out and "kNN accuracy " in fewer.out, fewer.err
+    assert json.loads((tmp_path / "eval.json").read_text())["knn_k"] == 200  # the JSON says which k
     # A checkpoint laid out as before the teacher became a network (format 3: the task's own state)
     # still evaluates to the same.
     saved = torch.load(tmp_path / "experiment/latest.pt", weights_only=True)

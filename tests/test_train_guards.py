@@ -267,7 +267,7 @@ def test_a_last_batch_of_one_image_for_batchnorm1d_is_refused_before_anything_is
         # (each worker of a real launch refuses it: a line a rank, the first to stop naming why)
         assert resumed.code == 2 and ("--batch-size: 6 leaves one image on a rank for the last training batch of the "
                                       "epoch this resume continues (75 of 81 training images left over 2 ranks), and "
-                                      "BatchNorm1d (projector.1) cannot train on one; resume with a number of workers "
+                                      "BatchNorm1d (projector.1) cannot train on one; resume in a number of processes "
                                       "that leaves at least two: 1, say" in resumed.err), resumed.err
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == written
     # (the run's batch size is its own: a resume at another is refused, so the rest cannot be cut otherwise)
@@ -279,6 +279,28 @@ def test_a_last_batch_of_one_image_for_batchnorm1d_is_refused_before_anything_is
         "GPUs; 81 training images), and BatchNorm1d (projector.1) cannot train on one; choose a --batch-size that "
         "leaves at least two: 7, say\n"), dp.err  # 4 to 6 leave a last batch of 1 or 3 (1 and 2 rows to a GPU)
     assert phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 7, *common, "--name", "dp").code == 0
+
+
+def test_a_single_row_refusal_names_what_can_change_under_dataparallel_and_after_a_resume():
+    # (DataParallel itself needs GPUs: the check is called as a run on two GPUs calls it)
+    from torch import nn
+
+    from phalanx.config import RunConfig
+    from phalanx.errors import PhalanxError
+    from phalanx.single_rows import refuse_single_rows
+
+    head = {"projector": nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))}
+    cfg = RunConfig.flat(batch_size=4)
+    refuse_single_rows(cfg, 84, head, 1, replicas=2)  # 21 batches of 4: 2 rows a GPU
+    with pytest.raises(PhalanxError, match=r"^--batch-size: 3 leaves one image on a GPU .* choose a --batch-size that leaves at least "
+                                           r"two: 4, say$"):
+        refuse_single_rows(RunConfig.flat(batch_size=3), 84, head, 1, replicas=2)  # 2 and 1 in every batch
+    # Resumed at sample 3, the 81 left end in a batch of 1: the batch size is the run's, the GPUs can change
+    with pytest.raises(PhalanxError, match=r"on a GPU .* resume on another number of GPUs \(--gpu-ids\)"):
+        refuse_single_rows(cfg, 84, head, 1, start=3, replicas=2)
+    with pytest.raises(PhalanxError, match=r"resume in a number of processes that leaves at least two: 1, say$"):
+        refuse_single_rows(cfg, 84, head, 2, start=2)  # 82 left over 2 ranks of 4: a last batch of 2, one a rank
+    refuse_single_rows(cfg, 84, {"plain": nn.Linear(2, 2)}, 1, start=3, replicas=2)  # no BatchNorm1d: nothing to refuse
 
 
 def test_dataparallels_smallest_piece_is_the_smallest_chunk_of_its_scatter():

@@ -175,7 +175,7 @@ class MultiCropOptions(ViewOptions):
                                  "SwAV's 0.14).", metavar="FRACTION", above=0, at_most=1)
     local_views: int = option(6, "Local crops per image (0: the two global views alone).", metavar="N", at_least=0)
     local_size: int = option(0, "Side of a local crop (0: 3/7 of --image-size, as DINO's and SwAV's 96 of 224, and at "
-                             "least 8 px: at --image-size 8 or less as large as a global crop).",
+                             "least 8 px: at --image-size 8 as large as a global crop).",
                              metavar="N", at_least=0)
     local_scale: float = option(0.05, "Smallest area fraction of a local crop (its largest: --global-scale).",
                                 metavar="FRACTION", above=0, at_most=1)

@@ -17,11 +17,15 @@ from .inference import Inference, Predictor
 
 if TYPE_CHECKING:
     from ..inference.options import PredictOptions
+    from .contract import Evaluation
     from .ssl import SelfSupervisedTask
 
 
 class SelfSupervisedInference(Inference):
     task: SelfSupervisedTask
+
+    def results(self, evaluation: Evaluation) -> dict[str, Any]:
+        return {**super().results(evaluation), "knn_k": self.task.options.knn_k}  # which k gave knn_acc
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]

@@ -176,9 +176,10 @@ def check_discriminator(layers: int, image_size: int) -> None:
     if left >= 3:
         return
     fits = [n for n in range(1, layers) if image_size // 2 ** n >= 3]
-    hint = f"--d-layers {fits[-1]}, or " if fits else ""
+    # (a larger --image-size also fits, where the generator takes it: unet_N wants a multiple of N)
+    hint = f"use --d-layers {fits[-1]}, or a larger --image-size" if fits else "use a larger --image-size"
     raise PhalanxError(f"{layers} layers halve the image {layers} times, leaving {left} pixel(s) of the 3 its last layers need "
-                       f"(--image-size {image_size}); use {hint}--image-size {3 * 2 ** layers} or more", "--d-layers")
+                       f"(--image-size {image_size}); {hint}", "--d-layers")
 
 
 def _largest_unet(image_size: int) -> int:

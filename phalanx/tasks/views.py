@@ -88,6 +88,9 @@ def multi_crop(global_scale: float, local_views: int, local_size: int, local_sca
     if local > size:
         from ..errors import PhalanxError
 
+        if not local_size:  # the default's 8-px floor, not a --local-size the user gave
+            raise PhalanxError(f"{size} px is smaller than a local crop's 8 px at the least: give --image-size 8 or "
+                               "more, or --local-views 0", "--image-size")
         raise PhalanxError(f"{local} px is larger than the images' {size} px: a local crop is a small part of "
                            "an image", "--local-size")
     words = (f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
