@@ -520,8 +520,6 @@ MUTANTS = [
     Mutant("evaluate's --knn-k taken and ignored", "phalanx/inference/model.py",
            "        cfg = cfg.replace(task_options={**cfg.task_options, **task_changes})", "        pass",
            ("tests/test_ssl.py -k last_batch_of_one_image",)),
-    Mutant("a restart with nothing left to train refused for its batches", "phalanx/run.py",
-           "    if not done:  # (a restart", "    if True:  # (a restart", ("tests/test_resume.py -k leaves_out_from_the_run",)),
     Mutant("a DataParallel resume's refusal suggests more processes", "phalanx/single_rows.py",
            "        if resumed_rest:  # one process", "        if False:  # one process",
            ("tests/test_train_guards.py -k names_what_can_change",)),
