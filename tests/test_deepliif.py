@@ -232,10 +232,11 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
 
     monkeypatch.setattr(DeepLIIFTask, "generate", with_cells)
     rng = np.random.default_rng(1)
-    # 160 x 190 in regions of 48 px (the 32 px tiles' stride of 24, twice): the last rows a strip of 16,
-    # thinner than a tile past the tiles before it, where the whole image's last tile reaches back
-    # (wider than the tiles' overlap of 8, so that reading only the overlap past a region would miss it)
-    picture = np.kron(rng.integers(0, 256, (16, 19, 3), dtype=np.uint8), np.ones((10, 10, 1), dtype=np.uint8))
+    # 160 x 150 in regions of 48 px (the 32 px tiles' stride of 24, twice): the last rows a strip of 16,
+    # the last columns one of 6, each thinner than a tile past the tiles before it, where the whole
+    # image's last tile reaches back; the rows' wider than the tiles' overlap of 8 (reading only the
+    # overlap past a region would miss it), the columns' thinner (so would the region's own start)
+    picture = np.kron(rng.integers(0, 256, (16, 15, 3), dtype=np.uint8), np.ones((10, 10, 1), dtype=np.uint8))
     picture = np.clip(picture.astype(int) + rng.integers(-20, 20, picture.shape), 0, 255).astype(np.uint8)
     (tmp_path / "whole").mkdir()
     (tmp_path / "slides").mkdir()
