@@ -148,16 +148,17 @@ def _other_inputs(own: Stats | None, run: Stats | None) -> str:
     """Where a phalanx checkpoint learnt on inputs normalised otherwise than this run's (with --weights,
     --normalize auto is ImageNet's; a self-supervised run's default is [-1, 1]): what to give. A
     newcomer's linear probe of a SimCLR backbone trained on ImageNet-normalised inputs unawares."""
-    if own is None or _close(own, run):
+    if own is None or run is None or _close(own, run):
         return ""
     mean, std = (",".join(f"{v:.4g}" for v in values) for values in own)
-    run_mean, run_std = (",".join(f"{v:.4g}" for v in values) for values in run)  # type: ignore[union-attr]
+    run_mean, run_std = (",".join(f"{v:.4g}" for v in values) for values in run)
     return (f"\nphalanx: --weights: the checkpoint learnt on inputs normalised with mean {mean}, std {std}; this "
             f"run's are mean {run_mean}, std {run_std}: give --mean {mean} --std {std} to feed it what it learnt on")
 
 
-def _close(a: Stats, b: Stats | None) -> bool:
-    return b is None or (len(a[0]) == len(b[0]) and all(abs(x - y) < 1e-6 for x, y in zip([*a[0], *a[1]], [*b[0], *b[1]])))
+def _close(a: Stats, b: Stats) -> bool:
+    """The same statistics, but for the float rounding of a JSON round trip."""
+    return len(a[0]) == len(b[0]) and all(abs(x - y) < 1e-6 for x, y in zip([*a[0], *a[1]], [*b[0], *b[1]]))
 
 
 def _shape(tensor: torch.Tensor) -> str:
