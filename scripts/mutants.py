@@ -508,7 +508,7 @@ MUTANTS = [
     Mutant("no warning where every labelled image votes in the kNN accuracy", "phalanx/tasks/ssl.py",
            "    if not voters or k < voters:", "    if True:", ("tests/test_ssl.py -k last_batch_of_one_image",)),
     Mutant("a probe of a phalanx checkpoint normalised otherwise says nothing", "phalanx/finetune.py",
-           "    if own is None or _close(own, run):", "    if True:", ("tests/test_ssl.py -k label_free_folder",)),
+           "    if own is None or run is None or _close(own, run):", "    if True:", ("tests/test_ssl.py -k label_free_folder",)),
     Mutant("a dry run that found the run directory would stop the run exits 0", "phalanx/cli.py",
            "            raise stop  # the plan printed", "            pass  # the plan printed",
            ("tests/test_cli.py -k dry_run_says",)),
