@@ -541,6 +541,21 @@ MUTANTS = [
            ("tests/test_bad_input.py -k model and module and missing",)),
     Mutant("a failed run in process leaves the caller's stop signals held", "phalanx/cli.py",
            "        restore_signal_mask(mask)", "        pass", (f"{RELIABILITY} -k gives_the_caller_back",)),
+    # --- the self-supervised views made a batch at a time
+    Mutant("the views' hue turned the other way", "phalanx/tasks/view_batch.py", "% 1.0 + shift[:, None, None]) % 1.0",
+           "% 1.0 - shift[:, None, None]) % 1.0", ("tests/test_view_batch.py",)),
+    Mutant("contrast blends with the batch's mean", "phalanx/tasks/view_batch.py", "mean = gray.reshape(len(gray), -1).double().mean(1)",
+           "mean = gray.double().mean().expand(len(gray))", ("tests/test_view_batch.py",)),
+    Mutant("colour jitter in one fixed order", "phalanx/tasks/view_batch.py", "chosen = (flags[:, ORDER + position] == step).nonzero()",
+           "chosen = (flags[:, JITTER] * (step == position) > 0).nonzero()", ("tests/test_view_batch.py",)),
+    Mutant("every view blurred with the first view's sigma", "phalanx/tasks/view_batch.py", "(taps[None] / sigma[:, None]) ** 2",
+           "(taps[None] / sigma[:1, None]) ** 2", ("tests/test_view_batch.py",)),
+    Mutant("a tall image's centre crop of the wrong height", "phalanx/tasks/view_batch.py", "(width, int(round(width * 4 / 3))) if ratio < 3 / 4",
+           "(width, int(round(width * 3 / 4))) if ratio < 3 / 4", ("tests/test_view_batch.py",)),
+    Mutant("flips drawn but not made", "phalanx/tasks/view_batch.py", "(FLIP, lambda v, _: v.flip(-1))", "(FLIP, lambda v, _: v)", ("tests/test_view_batch.py",)),
+    Mutant("every view made from the batch's first image", "phalanx/tasks/views.py",
+           "views = recipe.make(images, list(range(len(items))) * count, rows)",
+           "views = recipe.make(images, [0] * len(items) * count, rows)", ("tests/test_view_batch.py",)),
 ]
 
 
@@ -584,11 +599,11 @@ def run_mutant(mutant: Mutant, python: str, ref: str | None) -> tuple[bool, floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="run the mutants whose name contains this")
+    parser.add_argument("--only", help="run the mutants whose name contains this (or one of A|B|C)")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
     parser.add_argument("--ref", help="mutate this commit (git archive) instead of the working tree")
     opts = parser.parse_args()
-    chosen = [m for m in MUTANTS if not opts.only or opts.only in m.name]
+    chosen = [m for m in MUTANTS if not opts.only or any(part in m.name for part in opts.only.split("|"))]
     if opts.list:
         for m in chosen:
             print(f"{m.name}: {m.path}  ->  {', '.join(m.tests)}")

@@ -30,7 +30,8 @@ from ..sampling import ShardSampler
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import MultiCropOptions
 from .ssl_inference import SelfSupervisedInference
-from .views import Indexed, MultiCrop, TwoViews, ValidationViews, Views, ViewSample, multi_crop
+from .view_batch import ViewRecipe
+from .views import Indexed, ValidationViews, ViewSample, ViewSet, multi_crop, two_views
 
 SHOWN = 8  # training images drawn each epoch with their two views
 
@@ -88,7 +89,7 @@ class SelfSupervisedTask(Task):
             raise PhalanxError("self-supervised tasks take imagenet, none, auto or --mean/--std", "--normalize")
         mean, std = stats
         blur = self.options.blur if self.options.blur >= 0 else (0.5 if size > transforms.SMALL else 0.0)
-        self.views = Views(size, source.channels, cfg.data.crop_scale, cfg.data.hflip, blur, mean, std)
+        self.views = ViewRecipe(size, source.channels, (cfg.data.crop_scale, 1.0), cfg.data.hflip, blur, mean, std)
         prepare = transforms.Prepare(size, size, mean, std)
         labels = dataset_labels(source.train)
         val_labels = dataset_labels(source.val)
@@ -98,29 +99,28 @@ class SelfSupervisedTask(Task):
         crops = self.training_views(size, source.channels, blur, mean, std)
         train = SeededView(source.train, crops, cfg.seed, plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
-        if isinstance(crops, MultiCrop):  # validation's two views are global crops too
-            self.views = crops.global_views
+        self.views = crops.global_views  # validation's two views are global crops too
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
         voters = {"train": len(source.train), "val": len(source.val) - 1, None: 0}[self.bank_source]
         self.knn_note = _every_image_votes(self.options.knn_k, voters)
-        views = crops.words if isinstance(crops, MultiCrop) else \
+        views = crops.words or \
             f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
         description = f"{source.description}; {views}; {monitor}"
         info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
                 "classes": self.classes, "features": None}
-        return TaskData(train, val, description, info, skipped=source.skipped)
+        return TaskData(train, val, description, info, collate=crops.collate, skipped=source.skipped)
 
     def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
-                       std: tuple[float, ...]) -> TwoViews | MultiCrop:
+                       std: tuple[float, ...]) -> ViewSet:
         """What a training sample becomes: its two views, or with multi-crop options (DINO, SwAV)
         two global crops and local ones."""
         o = self.options
         if isinstance(o, MultiCropOptions):
             return multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
                               self.cfg.data.hflip, blur, mean, std)
-        return TwoViews(self.views)
+        return two_views(self.views)
 
     def notes(self) -> list[str]:
         return [self.knn_note] if self.knn_note else []
@@ -241,8 +241,8 @@ class SelfSupervisedTask(Task):
                      [("view_loss", "view loss")])]
 
     def visuals(self, data: TaskData) -> ViewSample:
-        return ViewSample(data.train, fixed_sample(len(data.train), SHOWN, self.cfg.seed), data.info["mean"],
-                          data.info["std"])
+        return ViewSample(data.train, data.collate, fixed_sample(len(data.train), SHOWN, self.cfg.seed),
+                          data.info["mean"], data.info["std"])
 
 
 def _every_image_votes(k: int, voters: int) -> str:
