@@ -105,7 +105,7 @@ class SelfSupervisedTask(Task):
                    None: "no labels: no kNN"}[self.bank_source]
         voters = {"train": len(source.train), "val": len(source.val) - 1, None: 0}[self.bank_source]
         self.knn_note = _every_image_votes(self.options.knn_k, voters)
-        views = crops.words or \
+        views = crops.description or \
             f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
         description = f"{source.description}; {views}; {monitor}"
         info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),

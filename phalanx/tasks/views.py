@@ -19,22 +19,22 @@ from .view_batch import ViewRecipe
 
 @dataclass
 class Drawn:
-    """A training sample before its views are made: the image, and each view group's parameters
-    (one row a view), drawn from the sample's seeded stream."""
+    """A training sample's views half made: each view group's resized crops (count, C, size, size)
+    and parameters (count, FIELDS), drawn from the sample's seeded stream."""
 
-    image: torch.Tensor
-    rows: list[torch.Tensor]
+    crops: list[torch.Tensor]
+    params: list[torch.Tensor]
 
 
 class ViewSet:
     """A training sample -> groups of views: SimCLR's two, or DINO's and SwAV's multi-crop (two
-    global crops and ``count`` local ones, smaller crops of a smaller part of the image). The
-    sample gives its parameters; ``collate`` makes every view of a batch at once (view_batch.py),
-    in view order: (view 1 of every sample, view 2 of every sample, ...)."""
+    global crops and ``count`` local ones, smaller crops of a smaller part of the image). Each
+    sample draws its views' parameters and crops them; ``collate`` finishes every view of a batch
+    at once (view_batch.py), in view order: (view 1 of every sample, view 2 of every sample, ...)."""
 
-    def __init__(self, groups: list[tuple[ViewRecipe, int]], words: str = ""):
+    def __init__(self, groups: list[tuple[ViewRecipe, int]], description: str = ""):
         self.groups = groups
-        self.words = words  # what the run's first line says of multi-crop
+        self.description = description  # what the run's first line says of multi-crop
 
     @property
     def global_views(self) -> ViewRecipe:
@@ -43,17 +43,18 @@ class ViewSet:
     def __call__(self, sample: tuple[torch.Tensor, int]) -> Drawn:
         image = sample[0]
         height, width = image.shape[-2:]
-        return Drawn(image, [torch.stack([recipe.draw(height, width) for _ in range(count)])
-                             for recipe, count in self.groups])
+        params = [torch.stack([recipe.draw(height, width) for _ in range(count)]) for recipe, count in self.groups]
+        crops = [torch.stack([recipe.crop(image, row) for row in rows]) for (recipe, _), rows in zip(self.groups, params)]
+        return Drawn(crops, params)
 
     def collate(self, items: list) -> Any:
         if not isinstance(items[0], Drawn):  # the validation loader's samples
             return default_collate(items)
-        images, made = [item.image for item in items], []
+        made = []
         for group, (recipe, count) in enumerate(self.groups):
-            rows = torch.cat([torch.stack([item.rows[group][view] for item in items]) for view in range(count)])
-            views = recipe.make(images, list(range(len(items))) * count, rows)
-            made += list(views.split(len(items)))
+            crops = torch.cat([torch.stack([item.crops[group][view] for item in items]) for view in range(count)])
+            params = torch.cat([torch.stack([item.params[group][view] for item in items]) for view in range(count)])
+            made += list(recipe.finish(crops, params).split(len(items)))
         return tuple(made)
 
 
@@ -74,11 +75,11 @@ def multi_crop(global_scale: float, local_views: int, local_size: int, local_sca
                                "more, or --local-views 0", "--image-size")
         raise PhalanxError(f"{local} px is larger than the images' {size} px: a local crop is a small part of "
                            "an image", "--local-size")
-    words = (f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
+    description = (f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
              f"(area {local_scale:g}-{global_scale:g}) per image, blur {blur:g}")
     local_crops = ViewRecipe(local, channels, (local_scale, global_scale), flip, blur, mean, std)
     return ViewSet([(ViewRecipe(size, channels, (global_scale, 1.0), flip, blur, mean, std), 2),
-                    *([(local_crops, local_views)] if local_views else [])], words)
+                    *([(local_crops, local_views)] if local_views else [])], description)
 
 
 class ValidationViews(Dataset):
