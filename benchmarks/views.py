@@ -1,14 +1,15 @@
-"""The self-supervised views of one batch: phalanx's (drawn per sample, made a batch at a time by the
-loader's collate) against Lightly's SimCLRTransform (torchvision's transforms on one PIL image at a
-time, as Lightly's loaders run it) at the same settings (run by hand; about a minute).
+"""The self-supervised views of one batch: phalanx's against Lightly's SimCLRTransform (torchvision's
+transforms on one PIL image at a time, as Lightly's loaders run it) at the same settings (run by
+hand; about two minutes).
 
     .venv/bin/python benchmarks/views.py [--repeats 7]
 
-A batch of 128 random 8-bit RGB images at 32 px (the self-supervised benchmark's digits) and 128
-at 96 px (blur on, at p 0.5, as above 64 px), two views each: random resized crop (area 0.08-1),
-flip, colour jitter (p 0.8; 0.4, 0.4, 0.4, 0.1), grayscale (p 0.2), normalisation; one thread.
-Milliseconds per batch, medians of the repeats (min-max), the contenders interleaved. Results:
-benchmarks/results/views.{json,md}.
+A batch of 128 random 8-bit RGB images of each size (32 px: the self-supervised benchmark's digits),
+two views each: random resized crop (area 0.08-1), flip, colour jitter (p 0.8; 0.4, 0.4, 0.4, 0.1),
+grayscale (p 0.2), blur above 64 px (p 0.5, sigma 0.1-2), normalisation; one thread. phalanx makes
+views of 64 px and under a batch at a time (drawn per sample, finished by the loader's collate),
+larger ones one image at a time as Lightly does. Milliseconds per batch, medians of the repeats
+(min-max), the contenders alternating. Results: benchmarks/results/views.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 BATCH = 128
-SIZES = (32, 96)
+SIZES = (32, 48, 64, 96, 224)
 
 
 def contenders(size: int) -> dict:
@@ -47,7 +48,7 @@ def contenders(size: int) -> dict:
     def phalanx_batch():
         return ours.collate([ours((image, 0)) for image in images])
 
-    return {"Lightly SimCLRTransform, per image": lightly_batch, "phalanx, a batch at a time": phalanx_batch}
+    return {"Lightly SimCLRTransform, per image": lightly_batch, "phalanx": phalanx_batch}
 
 
 def main() -> int:

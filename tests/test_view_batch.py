@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from PIL import ImageFilter
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
@@ -172,3 +173,29 @@ def test_the_collate_makes_each_group_of_views_in_view_order():
                 position += 1
     plain = views.collate([(torch.zeros(3), 1), (torch.ones(3), 2)])  # the validation loader's samples
     assert torch.equal(plain[1], torch.tensor([1, 2]))
+
+
+def test_larger_8_bit_views_are_torchvisions_transforms_on_pil_images_one_image_at_a_time():
+    # Above 64 px, 8-bit images take torchvision's own pipeline (the batched floats were slower
+    # there: benchmarks/views.py), seeded alike; float images still take the batched path.
+    recipe = vb.ViewRecipe(72, 3, (0.08, 1.0), True, 0.5, (0.5,) * 3, (0.25,) * 3)
+    views = two_views(recipe)
+    image = torch.randint(0, 256, (3, 80, 90), dtype=torch.uint8)
+    torch.manual_seed(5)
+    made = views((image, 0))
+    torch.manual_seed(5)
+
+    def blur(picture):  # PIL's own, as Lightly's GaussianBlur
+        return picture.filter(ImageFilter.GaussianBlur(radius=0.1 + 1.9 * torch.rand(1).item()))
+
+    pipeline = T.Compose([T.ToPILImage(), T.RandomResizedCrop(72, scale=(0.08, 1.0)), T.RandomHorizontalFlip(),
+                          T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
+                          T.RandomApply([blur], p=0.5), T.ToTensor(),
+                          T.Normalize([0.5] * 3, [0.25] * 3)])
+    expected = [pipeline(image), pipeline(image)]
+    assert isinstance(made, tuple) and all(torch.equal(a, b) for a, b in zip(made, expected))
+    batch = views.collate([made, made])
+    assert [tuple(b.shape) for b in batch] == [(2, 3, 72, 72)] * 2
+    assert not isinstance(views((image.float() / 255, 0)), tuple)  # floats: drawn, made by the collate
+    assert not isinstance(two_views(vb.ViewRecipe(64, 3, (0.08, 1.0), True, 0.5, (0.5,) * 3, (0.25,) * 3))((image, 0)),
+                          tuple)  # 64 px and under: a batch at a time

@@ -4,6 +4,7 @@ dashboard."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -12,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from .. import records
+from ..data.transforms import SMALL
 from ..pictures import denormalize, png, strip
 from ..sampling import derive_seed
 from .view_batch import ViewRecipe
@@ -40,15 +42,20 @@ class ViewSet:
     def global_views(self) -> ViewRecipe:
         return self.groups[0][0]
 
-    def __call__(self, sample: tuple[torch.Tensor, int]) -> Drawn:
+    def __call__(self, sample: tuple[torch.Tensor, int]) -> Drawn | tuple[torch.Tensor, ...]:
         image = sample[0]
+        if image.dtype == torch.uint8 and max(recipe.size for recipe, _ in self.groups) > SMALL:
+            # Larger 8-bit views are made one at a time by torchvision's transforms on PIL images, as
+            # Lightly's are: on float tensors a batch of 128 images' two views at 96 px took 0.71x
+            # Lightly's speed (memory-bound), at 32 px 2.87x (benchmarks/views.py).
+            return tuple(per_image(recipe)(image) for recipe, count in self.groups for _ in range(count))
         height, width = image.shape[-2:]
         params = [torch.stack([recipe.draw(height, width) for _ in range(count)]) for recipe, count in self.groups]
         crops = [torch.stack([recipe.crop(image, row) for row in rows]) for (recipe, _), rows in zip(self.groups, params)]
         return Drawn(crops, params)
 
     def collate(self, items: list) -> Any:
-        if not isinstance(items[0], Drawn):  # the validation loader's samples
+        if not isinstance(items[0], Drawn):  # views made one image at a time; the validation loader's samples
             return default_collate(items)
         made = []
         for group, (recipe, count) in enumerate(self.groups):
@@ -56,6 +63,28 @@ class ViewSet:
             params = torch.cat([torch.stack([item.params[group][view] for item in items]) for view in range(count)])
             made += list(recipe.finish(crops, params).split(len(items)))
         return tuple(made)
+
+
+@functools.lru_cache(maxsize=None)
+def per_image(recipe: ViewRecipe) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``recipe`` as torchvision's transforms on one 8-bit image made a PIL image (Lightly's SimCLRTransform)."""
+    from torchvision import transforms as T
+
+    steps = [T.ToPILImage(), T.RandomResizedCrop(recipe.size, scale=recipe.scale, antialias=True)]
+    steps += [T.RandomHorizontalFlip()] if recipe.flip else []
+    steps += [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1) if recipe.channels == 3 else T.ColorJitter(0.4, 0.4)],
+                            p=0.8)]
+    steps += [T.RandomGrayscale(p=0.2)] if recipe.channels == 3 else []
+    steps += [T.RandomApply([_pil_blur], p=recipe.blur)] if recipe.blur > 0 else []
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(list(recipe.mean), list(recipe.std))])
+
+
+def _pil_blur(picture):
+    """PIL's own Gaussian blur, sigma 0.1-2, as Lightly's GaussianBlur (torchvision's blurs a PIL
+    image as a float tensor: slower)."""
+    from PIL import ImageFilter
+
+    return picture.filter(ImageFilter.GaussianBlur(radius=0.1 + 1.9 * torch.rand(1).item()))
 
 
 def two_views(recipe: ViewRecipe) -> ViewSet:
