@@ -46,8 +46,8 @@ class ViewSet:
         image = sample[0]
         if image.dtype == torch.uint8 and max(recipe.size for recipe, _ in self.groups) > SMALL:
             # Larger 8-bit views are made one at a time by torchvision's transforms on PIL images, as
-            # Lightly's are: on float tensors a batch of 128 images' two views at 96 px took 0.71x
-            # Lightly's speed (memory-bound), at 32 px 2.87x (benchmarks/views.py).
+            # Lightly's are: on float tensors a batch of 128 images' two views at 96 px took 0.61-0.71x
+            # Lightly's speed (memory-bound), at 32 px 2.9x (benchmarks/views.py).
             return tuple(per_image(recipe)(image) for recipe, count in self.groups for _ in range(count))
         height, width = image.shape[-2:]
         params = [torch.stack([recipe.draw(height, width) for _ in range(count)]) for recipe, count in self.groups]
