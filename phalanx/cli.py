@@ -281,8 +281,8 @@ def _internal_error(exc: Exception) -> int:
 def entry() -> None:
     """The ``phalanx`` console script: a failed run's stop signals stay held until it exits."""
     code = _main()
-    if "phalanx.parallel" in sys.modules:  # a run happened in this process
-        from .strategies import exit_process
+    if "torch" in sys.modules:  # a run, a launch or an evaluation: see process_exit
+        from .process_exit import exit_process
 
         exit_process(code)
     sys.exit(code)

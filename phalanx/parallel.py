@@ -47,6 +47,8 @@ class Strategy:
 
     def __init__(self, device: torch.device):
         self.device = device
+        if device.type == "cpu" and torch.get_num_threads() > cpu_threads_per_worker(1):  # a CPU quota torch does not see
+            torch.set_num_threads(cpu_threads_per_worker(1))
         self.clock = CommClock()  # the step's waits for other ranks (the step-time breakdown's communication)
 
     @property

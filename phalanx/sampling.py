@@ -20,10 +20,12 @@ import math
 import random
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+from .errors import RunFailed
 
 
 def derive_seed(*parts: object) -> int:
@@ -126,6 +128,17 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
 
     def __len__(self) -> int:
         return len(self.plan)
+
+    def delivered(self, loader: Iterable[Any]) -> Iterator[tuple[MicroBatch, Any]]:
+        """The plan's micro-batches, each with the loader's batch of it. A loader that ends first
+        fails the run: a StopIteration raised inside a data set's ``__getitem__`` ends a
+        DataLoader's iteration silently (an epoch cut short; under DDP, the other ranks waiting)."""
+        made = 0
+        for made, pair in enumerate(zip(self.plan, loader), 1):
+            yield pair
+        if made < len(self.plan):
+            raise RunFailed(f"the training data ended after {made} of the {len(self.plan)} batches planned for epoch "
+                            f"{self.epoch}: a StopIteration raised inside the data set's __getitem__ ends a DataLoader")
 
 
 class ShardSampler(Sampler[int]):

@@ -1,17 +1,15 @@
-"""The strategy of a training or evaluating process, made from the run's plan, and the process's
-end: one place that knows every parallel mode (``parallel``: one device, DataParallel, DDP;
-``sharded``: FSDP)."""
+"""The strategy of a training or evaluating process, made from the run's plan: one place that knows
+every parallel mode (``parallel``: one device, DataParallel, DDP; ``sharded``: FSDP)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import traceback
 from typing import Iterator
 
 import torch
 
+from . import process_exit
 from .cluster import Placement
 from .config import RunConfig
 from .devices import check_gpu_ids, plan_run, tune_cpu_allocator
@@ -36,30 +34,12 @@ def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
     return strategy
 
 
-_joined_process_group = False
-
-
-def exit_process(code: int) -> None:
-    """Exit; after a process group, skip interpreter finalisation.
-
-    Gloo's worker threads can still hold tensors when Python tears itself down, and the process
-    then aborts (SIGABRT, "terminate called without an active exception") after a successful
-    run even with destroy_process_group() called (pytorch/pytorch#179291). By now every file is
-    written and closed, so flushing and ``os._exit`` loses nothing.
-    """
-    if not _joined_process_group:
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 @contextlib.contextmanager
 def strategy_for(cfg: RunConfig, env: Placement | None) -> Iterator[Strategy]:
     """The strategy for this process, torn down (process group destroyed) however the run ends."""
-    global _joined_process_group
     strategy = make_strategy(cfg, env)
-    _joined_process_group = _joined_process_group or isinstance(strategy, DDPStrategy)
+    if isinstance(strategy, DDPStrategy):
+        process_exit.joined_process_group = True
     try:
         yield strategy
     except BaseException as exc:

@@ -183,7 +183,7 @@ class Trainer(Checkpointing, Validation):
         manual = self.declared.manual_optimization
         steps_left = sum(micro.ends_step for micro in plan)
         clock = self.strategy.clock
-        for micro, batch in zip(plan, self.train_loader):
+        for micro, batch in self.batches.delivered(self.train_loader):
             self.times.lap("data")
             clock.take()  # what waited outside the step (validation, logging) is not this step's
             losses = self._forward_backward(epoch, micro, batch, manual)

@@ -52,6 +52,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .strategies import exit_process
+    from .process_exit import exit_process
 
     exit_process(main())

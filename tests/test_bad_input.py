@@ -76,6 +76,13 @@ CASES = [
     ("discriminator-too-deep", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "16", "--generator",
                                 "unet_16"], "--d-layers", "leaving 2 pixel(s) of the 3 its last layers need "
                                 "(--image-size 16); use --d-layers 2, or a larger --image-size"),
+    # 0, each image's own size: torch failed in the first step, the run directory made
+    ("translate-image-size-zero", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "0"], "--image-size",
+     "--task translate resizes every image to one size; 0 (each image's own) cannot be: give --image-size N"),
+    ("deepliif-image-size-zero", ["--task", "deepliif", "--dataroot", "{w}/pairs", "--image-size", "0", "--lambda-feat",
+                                  "0"], "--image-size", "--task deepliif resizes every image to one size"),
+    ("segment-image-size-zero", ["--task", "segment", "--dataroot", "{w}/empty", "--image-size", "0"], "--image-size",
+     "--task segment resizes every image to one size"),
     ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
     ("ssl-no-train-folder", ["--task", "simclr", "--dataroot", "{w}/empty"], "--dataroot", "class folders optional"),
     ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),

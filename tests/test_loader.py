@@ -4,12 +4,16 @@ manifest that checks each file once, broken files named among thousands, flat sa
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+from phalanx import cores
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, loader_workers
 from phalanx.data import manifest
@@ -126,6 +130,7 @@ def test_samples_are_held_in_flat_arrays():
 
 def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)  # any machine: 8 cores
+    monkeypatch.setattr(cores, "cpu_quota", lambda: None)  # and no CPU quota
     auto = RunConfig().data.num_workers
     assert loader_workers(auto, local_processes=1, training_threads=8) == 0  # CPU training: none
     assert loader_workers(auto, local_processes=1, training_threads=1) == 7  # one GPU
@@ -140,6 +145,7 @@ def test_a_process_given_fewer_cores_than_the_machine_sizes_threads_and_process_
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(cores, "cpu_quota", lambda: None)
     assert cpu_threads_per_worker(1) == 3 and loader_workers(RunConfig().data.num_workers, 1, 1) == 2
     pools = []
 
@@ -212,3 +218,37 @@ def test_a_hold_out_split_in_place_is_the_gathered_split():
         train, val = split_in_place(mine, train_idx, val_idx, chunk=chunk)
         assert torch.equal(train, images[train_idx]) and torch.equal(val, images[val_idx])
         assert train.data_ptr() == mine.data_ptr()  # no second copy of the training rows
+
+
+QUOTA_PROBE = """
+import json, torch
+from phalanx import cores
+from phalanx.config import RunConfig
+from phalanx.data import loader_workers
+from phalanx.parallel import Strategy
+Strategy(torch.device("cpu"))
+print(json.dumps([cores.cpu_quota(), cores.available_cores(), torch.get_num_threads(),
+                  loader_workers(RunConfig().data.num_workers, 1, 1)]))
+"""
+
+
+def test_a_cpu_quota_sizes_threads_and_loader_workers_as_an_affinity_does():
+    # A container's --cpus or a Kubernetes CPU limit is a cgroup quota, not an affinity: torch and
+    # os.cpu_count() see every core. A real cgroup (v1's cpu controller) with half a core's quota,
+    # the process in a cgroup below it: one core, one thread, no loader worker.
+    mounted = [d for d in cores._cpu_cgroup_directories() if (d / "cpu.cfs_quota_us").exists()]
+    if not mounted or not os.access(mounted[0], os.W_OK):
+        pytest.skip("needs a cgroup v1 cpu controller this user may write (root)")
+    group = mounted[0] / f"phalanx-test-{os.getpid()}"
+    inner = group / "inner"
+    inner.mkdir(parents=True)
+    try:
+        period = int((group / "cpu.cfs_period_us").read_text())
+        (group / "cpu.cfs_quota_us").write_text(str(period // 2))
+        run = f'echo $$ > {inner}/cgroup.procs && exec "{sys.executable}" -c "$0"'
+        done = subprocess.run(["sh", "-c", run, QUOTA_PROBE], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [0.5, 1, 1, 0]
+    finally:
+        inner.rmdir()
+        group.rmdir()

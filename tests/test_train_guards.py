@@ -217,6 +217,18 @@ def test_val_every_validates_every_nth_and_the_last_epoch_and_trains_the_same(ph
     assert torch.load(tmp_path / "sparse" / "best.pt", weights_only=True)["epoch"] in (2, 3)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_data_set_that_raises_stopiteration_fails_the_run_instead_of_cutting_its_epoch_short(phalanx, tmp_path, workers):
+    # A DataLoader takes a StopIteration from a data set (in its process or a worker's) for its own
+    # end: without a check the epoch ends after one batch of six, saved as if whole.
+    result = phalanx("train", "--task", "phalanx_testtasks:DataEndsEarly", "--epochs", 1, "--val-fraction", 0.9,
+                     "--num-workers", workers, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 1, result.err
+    assert result.err.strip() == ("phalanx: the training data ended after 1 of the 6 batches planned for epoch 1: a "
+                                  "StopIteration raised inside the data set's __getitem__ ends a DataLoader"), result.err
+    assert not (tmp_path / "experiment/latest.pt").exists() and not records(tmp_path / "experiment", "val")
+
+
 def test_the_step_time_breakdown_says_a_step_waits_for_its_data(phalanx, tmp_path):
     # 32 images of 20 ms each per step against a small CNN's step on 8x8 digits: the wait dominates.
     result = phalanx("train", "--task", "phalanx_testtasks:SlowData", "--epochs", 1, "--val-fraction", 0.9,

@@ -12,8 +12,9 @@ from PIL import ImageFilter
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
+from phalanx.sampling import derive_seed
 from phalanx.tasks import view_batch as vb
-from phalanx.tasks.views import two_views, multi_crop
+from phalanx.tasks.views import ValidationViews, two_views, multi_crop
 
 
 def torchvisions_view(image: torch.Tensor, row: torch.Tensor, recipe: vb.ViewRecipe) -> torch.Tensor:
@@ -199,3 +200,13 @@ def test_larger_8_bit_views_are_torchvisions_transforms_on_pil_images_one_image_
     assert not isinstance(views((image.float() / 255, 0)), tuple)  # floats: drawn, made by the collate
     assert not isinstance(two_views(vb.ViewRecipe(64, 3, (0.08, 1.0), True, 0.5, (0.5,) * 3, (0.25,) * 3))((image, 0)),
                           tuple)  # 64 px and under: a batch at a time
+    # Validation's views are made as training's: the same pipeline from the same seed
+    validation = ValidationViews([(image, 0)], recipe, lambda x: x, seed=0)[0]
+    torch.manual_seed(derive_seed(0, "validation views", 0))
+    assert torch.equal(validation[0], pipeline(image)) and torch.equal(validation[1], pipeline(image))
+    # 2 or 4 channels (PIL would take them for gray + alpha, or RGBA): the batched path at any size
+    for channels in (2, 4):
+        other = vb.ViewRecipe(72, channels, (0.08, 1.0), True, 0.5, (0.5,) * channels, (0.25,) * channels)
+        image = torch.randint(0, 256, (channels, 80, 90), dtype=torch.uint8)
+        assert not isinstance(two_views(other)((image, 0)), tuple)
+        assert ValidationViews([(image, 0)], other, lambda x: x, 0)[0][0].shape == (channels, 72, 72)

@@ -51,6 +51,18 @@ class Pipeline:
         return math.ceil(self.size / min(self.crop_pct, 1.0))
 
 
+def one_size(data: DataOptions, task: str) -> int:
+    """--image-size for a task that resizes every image to one size (pix2pix's pairs, a
+    segmenter's): 0, each image's own size, failed in the first step after the run directory was
+    made."""
+    if not data.image_size:
+        from ..errors import PhalanxError
+
+        raise PhalanxError(f"--task {task} resizes every image to one size; 0 (each image's own) cannot be: give "
+                           "--image-size N", "--image-size")
+    return data.image_size
+
+
 def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
             model: dict | None = None) -> tuple[int, str, float]:
     """(image size, augmentation, evaluation crop fraction) for this run; ``model``: what the model

@@ -17,7 +17,7 @@ from torch import nn
 from .. import records
 from ..data import SeededView
 from ..data.masks import MaskPairs, find_masks
-from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation
+from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation, one_size
 from ..errors import PhalanxError
 from ..pictures import denormalize, png, strip
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
@@ -58,6 +58,7 @@ class SegmentTask(Task):
 
     def build_data(self) -> TaskData:
         cfg, o = self.cfg, self.options
+        size = one_size(cfg.data, "segment")
         if not cfg.data.dataroot:
             raise PhalanxError("--task segment reads image and mask pairs: give --dataroot DIR (DIR/train/images/ "
                                "and DIR/train/masks/)", "--dataroot")
@@ -73,7 +74,6 @@ class SegmentTask(Task):
         stats = normalisation(cfg.data, cfg.network.weights, 3)
         self.mean, self.std = stats if stats is not None and cfg.data.normalize != "auto" or cfg.data.mean else \
             (IMAGENET_MEAN, IMAGENET_STD)
-        size = cfg.data.image_size
         augment = cfg.data.augment != "none"
         prepare = self.transforms(size, train=False)
         base = MaskPairs(train)

@@ -22,6 +22,7 @@ from .. import records
 from ..data import SeededView
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
+from ..data.transforms import one_size
 from ..errors import PhalanxError
 from ..pictures import png, strip
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
@@ -104,6 +105,7 @@ class TranslateTask(Task):
     # --- data and networks
     def build_data(self) -> TaskData:
         cfg = self.cfg
+        size = one_size(cfg.data, self.name)
         if not cfg.data.dataroot:
             raise PhalanxError(f"--task {self.name} reads paired images: give --dataroot DIR ({self.layout_words})",
                                "--dataroot")
@@ -116,7 +118,6 @@ class TranslateTask(Task):
         train_pairs = find_pairs(root / "train", self.expected_targets(), cfg.data.skip_broken, self.last_target_folder)
         self.targets = train_pairs.targets
         skipped = dict(train_pairs.skipped)
-        size = cfg.data.image_size
         self.check_networks(size)
         flip = cfg.data.hflip
         augment, crop = cfg.data.augment != "none", self.crops()

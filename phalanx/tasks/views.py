@@ -44,10 +44,7 @@ class ViewSet:
 
     def __call__(self, sample: tuple[torch.Tensor, int]) -> Drawn | tuple[torch.Tensor, ...]:
         image = sample[0]
-        if image.dtype == torch.uint8 and max(recipe.size for recipe, _ in self.groups) > SMALL:
-            # Larger 8-bit views are made one at a time by torchvision's transforms on PIL images, as
-            # Lightly's are: on float tensors a batch of 128 images' two views at 96 px took 0.61-0.71x
-            # Lightly's speed (memory-bound), at 32 px 2.9x (benchmarks/views.py).
+        if made_by_pil(image, max(recipe.size for recipe, _ in self.groups)):
             return tuple(per_image(recipe)(image) for recipe, count in self.groups for _ in range(count))
         height, width = image.shape[-2:]
         params = [torch.stack([recipe.draw(height, width) for _ in range(count)]) for recipe, count in self.groups]
@@ -63,6 +60,19 @@ class ViewSet:
             params = torch.cat([torch.stack([item.params[group][view] for item in items]) for view in range(count)])
             made += list(recipe.finish(crops, params).split(len(items)))
         return tuple(made)
+
+
+def made_by_pil(image: torch.Tensor, size: int) -> bool:
+    """Larger views of 8-bit images (gray or colour, as PIL holds them) are made one at a time by
+    torchvision's transforms on PIL images, as Lightly's are: on float tensors a batch of 128
+    images' two views at 96 px took 0.61-0.71x Lightly's speed (memory-bound), at 32 px 2.9x
+    (benchmarks/views.py)."""
+    return image.dtype == torch.uint8 and size > SMALL and image.shape[0] in (1, 3)
+
+
+def one_view(recipe: ViewRecipe, image: torch.Tensor) -> torch.Tensor:
+    """One view of one image, made as training makes it."""
+    return per_image(recipe)(image) if made_by_pil(image, recipe.size) else recipe(image)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +134,7 @@ class ValidationViews(Dataset):
     def __getitem__(self, index: int):
         image, label = self.raw[index]
         torch.default_generator.manual_seed(derive_seed(self.seed, "validation views", index))
-        return self.views(image), self.views(image), self.prepare(image), int(label), index
+        return one_view(self.views, image), one_view(self.views, image), self.prepare(image), int(label), index
 
 
 class Indexed(Dataset):

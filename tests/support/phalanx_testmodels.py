@@ -339,3 +339,24 @@ class _InfiniteGradient(SmallCNN):
 
 def infinite_gradient(num_classes, in_channels):
     return _InfiniteGradient(num_classes=num_classes, in_channels=in_channels)
+
+
+def exit_work(num_classes, in_channels):
+    """A SmallCNN whose maker leaves work for the process's exit, as a user's code can: a thread (not
+    a daemon) that writes a file a second after the run's last checkpoint, and an exit function
+    that writes another. Both files are in $PHALANX_TEST_EXIT_DIR afterwards, or the exit lost them."""
+    import atexit
+    import threading
+    from pathlib import Path
+
+    folder = Path(os.environ["PHALANX_TEST_EXIT_DIR"])
+
+    def late_writer():
+        while not (folder / "run/latest.pt").exists():
+            time.sleep(0.05)
+        time.sleep(1.0)
+        (folder / "thread.txt").write_text("written by a thread after the run")
+
+    threading.Thread(target=late_writer, daemon=False).start()
+    atexit.register(lambda: (folder / "atexit.txt").write_text("written at exit"))
+    return SmallCNN(num_classes, in_channels)

@@ -309,3 +309,27 @@ class SlowData(ClassifyTask):
                 return data.train[key]
 
         return dataclasses.replace(data, train=Slow())
+
+
+class DataEndsEarly(ClassifyTask):
+    """Classification whose training data set raises StopIteration at its 40th image (a bug in a
+    user's data set: a ``next()`` on an exhausted iterator), which a DataLoader takes for its end."""
+
+    def build_data(self):
+        import dataclasses
+
+        data = super().build_data()
+
+        class EndsEarly(torch.utils.data.Dataset):
+            takes_epoch, calls = getattr(data.train, "takes_epoch", False), 0
+
+            def __len__(self):
+                return len(data.train)
+
+            def __getitem__(self, key):
+                self.calls += 1
+                if self.calls == 40:
+                    raise StopIteration
+                return data.train[key]
+
+        return dataclasses.replace(data, train=EndsEarly())
