@@ -28,11 +28,12 @@ def scenes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def detector(scenes, tmp_path_factory):
-    """A tiny detector trained 6 epochs, and the same one barely trained (the untrained baseline)."""
+    """A tiny detector trained 5 epochs, and the same one barely trained (the untrained baseline).
+    Its best mAP50, measured at seeds 0 and 1 (2026-11-27): 0.45 and 0.40 (6 epochs: 0.49, 0.46)."""
     from phalanx.cli import main
 
     runs = tmp_path_factory.mktemp("detector")
-    for name, lr, epochs in (("trained", 0.02, 6), ("untrained", 1e-9, 1)):  # in this process: no start-up to wait for
+    for name, lr, epochs in (("trained", 0.02, 5), ("untrained", 1e-9, 1)):  # in this process: no start-up to wait for
         assert main([str(a) for a in ("train", *DETECTOR, "--dataroot", scenes, "--epochs", epochs, "--batch-size", 8,
                                       "--lr", lr, "--checkpoints-dir", runs, "--name", name)]) == 0
     return runs

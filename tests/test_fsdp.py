@@ -65,17 +65,27 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     epochs, each worker writing its half of every checkpoint. Its epoch-1 checkpoint resumes in one
     process and in 2 DDP workers, and one process's in 2 FSDP workers with accumulation (and
     --no-reshard-after-forward, --fsdp-checkpoints whole): each continues as the loop does with that
-    epoch's global batch. A
-    run preempted mid-epoch resumes bitwise. `phalanx consolidate` makes one file that evaluates as
-    the run's last validation did."""
+    epoch's global batch. The sharded run is preempted mid-epoch and resumed on the way. `phalanx
+    consolidate` makes one file that evaluates as the run's last validation did."""
     import phalanx_testmodels
 
     common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--batch-size", 16, "--save-epoch-freq", 1,
               "--checkpoints-dir", tmp_path, "--no-progress"]
-    sharded = run_phalanx("trainlaunch", "--name", "fsdp", "--strategy", "fsdp", *common, "--use-torchrun",
-                          "--nproc-per-node=2", env=USER_MODELS)
-    assert sharded.code == 0, sharded.err
-    assert "FSDP rank 0/2" in sharded.out
+    # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, each
+    # saves its shard, and the resumed run ends where the loop does. Shards no checkpoint names (a
+    # write cut short, an old save) are gone after the resumed run's first save.
+    stopping = ["--task", "phalanx_testtasks:StoppingClassify"]  # classify, and a SIGTERM at a chosen step
+    sharded = ["trainlaunch", "--name", "fsdp", "--strategy", "fsdp", *stopping, *common, "--use-torchrun",
+               "--nproc-per-node=2"]
+    stopped = run_phalanx(*sharded, env={**USER_MODELS, "PHALANX_TEST_STOP_STEP": "30"})
+    assert stopped.code == 143 and "stopped by SIGTERM at step 30" in stopped.err, stopped.err
+    assert "FSDP rank 0/2" in stopped.out
+    assert 0 < torch.load(tmp_path / "fsdp/latest.pt", weights_only=True)["position"] < 1438
+    for leftover in (".writing", "epoch0000-step00000001"):
+        (tmp_path / "fsdp/shards" / leftover).mkdir()
+        (tmp_path / "fsdp/shards" / leftover / "__0_0.distcp").write_bytes(b"cut short")
+    resumed = run_phalanx(*sharded, "--resume", "auto", env=USER_MODELS)
+    assert resumed.code == 0, resumed.err
     expected = reference_weights(phalanx_testmodels.double, epochs=2, global_batch=32, lr=0.1)
     assert reference.max_difference(weights(tmp_path / "fsdp/latest.pt"), expected) < 1e-12
     # Each epoch's shards, one file per rank, each about half of the weights and optimizer state
@@ -94,11 +104,11 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
         if source == "fsdp":  # a sharded checkpoint is its file and its shards
             shutil.copytree(tmp_path / "fsdp/shards/epoch0001-step00000045",
                             tmp_path / run / "shards/epoch0001-step00000045")
-    one = phalanx("train", "--name", "to-one", *common, "--resume", "auto")
+    one = phalanx("train", "--name", "to-one", *stopping, *common, "--resume", "auto")
     assert one.code == 0, one.err
     assert reference.max_difference(weights(tmp_path / "to-one/latest.pt"), reference_weights(
         phalanx_testmodels.double, epochs=2, global_batch=[32, 16], lr=0.1)) < 1e-12
-    ddp = run_phalanx("trainlaunch", "--name", "to-ddp", *common, "--resume", "auto", "--use-torchrun",
+    ddp = run_phalanx("trainlaunch", "--name", "to-ddp", *stopping, *common, "--resume", "auto", "--use-torchrun",
                       "--nproc-per-node=2", env=USER_MODELS)
     assert ddp.code == 0, ddp.err
     assert reference.max_difference(weights(tmp_path / "to-ddp/latest.pt"), expected) < 1e-12
@@ -110,28 +120,10 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     assert reference.max_difference(weights(tmp_path / "to-fsdp/latest.pt"), reference_weights(
         phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1)) < 1e-12
 
-    # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, each
-    # saves its shard, and the resume ends bitwise where the straight run did. Shards no checkpoint
-    # names (a write cut short, an old save) are gone after the resumed run's first save.
-    stop = {**USER_MODELS, "PHALANX_TEST_STOP_STEP": "30"}
-    cut = ["trainlaunch", "--name", "cut", "--strategy", "fsdp", "--task", "phalanx_testtasks:StoppingClassify", *common,
-           "--use-torchrun", "--nproc-per-node=2"]
-    stopped = run_phalanx(*cut, env=stop)
-    assert stopped.code == 143 and "stopped by SIGTERM at step 30" in stopped.err, stopped.err
-    assert 0 < torch.load(tmp_path / "cut/latest.pt", weights_only=True)["position"] < 1438
-    for leftover in (".writing", "epoch0000-step00000001"):
-        (tmp_path / "cut/shards" / leftover).mkdir()
-        (tmp_path / "cut/shards" / leftover / "__0_0.distcp").write_bytes(b"cut short")
-    resumed = run_phalanx(*cut, "--resume", "auto", env=USER_MODELS)
-    assert resumed.code == 0, resumed.err
-    final, straight = weights(tmp_path / "cut/latest.pt"), weights(tmp_path / "fsdp/latest.pt")
-    assert all(torch.equal(final[k], straight[k]) for k in straight)
-    assert sorted(d.name for d in (tmp_path / "cut/shards").iterdir()) == ["epoch0001-step00000045",
-                                                                           "epoch0002-step00000090"]
-
     made = phalanx("consolidate", "--checkpoint", tmp_path / "fsdp/latest.pt", "--output", tmp_path / "whole.pt")
     assert made.code == 0, made.err
     whole = torch.load(tmp_path / "whole.pt", weights_only=True)  # one file, the networks and Adam's state in it
+    straight = weights(tmp_path / "fsdp/latest.pt")
     assert all(torch.equal(whole["model"][k], straight[k]) for k in straight) and "sharded" not in whole
     # its optimizer state numbered as the optimizer numbers it: the one process's (the same training) to rounding
     alone = torch.load(tmp_path / "single/latest.pt", weights_only=True)["optimizers"]["model"]
@@ -142,7 +134,7 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     shutil.copytree(tmp_path / "fsdp", tmp_path / "part", ignore=shutil.ignore_patterns("pickle", "metrics.jsonl"))
     (tmp_path / "part/shards/epoch0002-step00000090/__1_0.distcp").unlink()
     for command in (["evaluate", "--checkpoint", tmp_path / "part/latest.pt"],
-                    ["train", "--name", "part", *common, "--epochs", 3, "--resume", "auto"]):
+                    ["train", "--name", "part", *stopping, *common, "--epochs", 3, "--resume", "auto"]):
         broken = phalanx(*command)
         assert broken.code == 2 and len(broken.err.strip().splitlines()) == 1, broken.err
         assert "epoch0002-step00000090 do not load: __1_0.distcp is missing" in broken.err, broken.err

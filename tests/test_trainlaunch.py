@@ -444,16 +444,19 @@ def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_
     # and the run resumes at the new world size as any resume does.
     port = free_port()
 
-    def node():
+    def node(hosts_the_store: bool):
+        # The node that stays hosts the rendezvous store; the other, started first, waits for it, so
+        # both join at once and the group forms without a last call. After the loss the one left
+        # waits last_call_timeout for the lost node before it goes on alone.
         return start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 3, "--name", "elastic",
                              "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1, "--use-torchrun",
                              f"--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=8",
+                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=3,"
+                             f"is_host={str(hosts_the_store).lower()}",
                              env={"PHALANX_TEST_DELAY": "0.03", **gate(tmp_path / "gate", 30)})
 
-    nodes = [node()]  # the first node hosts the rendezvous store: it must be the one that stays
-    wait_until(lambda: _listening(port), 60, "the rendezvous store")
-    nodes.append(node())
+    lost = node(hosts_the_store=False)
+    nodes = [node(hosts_the_store=True), lost]
     run = tmp_path / "elastic"
     try:
         paused(tmp_path / "gate", ranks=2)  # both nodes' workers in the 7th step of epoch 2
@@ -469,9 +472,3 @@ def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_
     assert [r["epoch"] for r in val] == [1, 2, 3] and val[0]["world_size"] == 2 and val[-1]["world_size"] == 1
     for epoch in (1, 2, 3):  # every sample once, across the change of world size
         assert sum(r["samples"] for r in records(run, "train") if r["epoch"] == epoch) == 1438
-
-
-def _listening(port: int) -> bool:
-    """A socket listens on ``port`` (IPv4 or IPv6), read from /proc: no traffic sent."""
-    lines = [line for table in ("tcp", "tcp6") for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
-    return any(int(line.split()[1].rsplit(":", 1)[1], 16) == port and line.split()[3] == "0A" for line in lines)
