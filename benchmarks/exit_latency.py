@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     opts = parser.parse_args()
     repos = [path.resolve() for path in opts.repo or [REPO]]
+    labels = {repo: subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True).stdout.strip() or str(repo) for repo in repos}  # each checkout's commit
     figures: dict[str, dict[str, list]] = {}
     for repeat in range(opts.repeats):
         order = repos[repeat % len(repos):] + repos[:repeat % len(repos)]
@@ -63,14 +65,15 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 for name, argv in commands(Path(tmp)).items():
                     wall, tail = timed(argv, repo)
-                    figures.setdefault(f"{repo}|{name}", {"wall": [], "tail": []})
-                    figures[f"{repo}|{name}"]["wall"].append(wall)
-                    figures[f"{repo}|{name}"]["tail"].append(tail)
-                    print(f"[{repeat + 1}/{opts.repeats}] {repo} {name}: {wall:.2f} s, {tail:.2f} s after the last line",
+                    key = f"{labels[repo]}|{name}"
+                    figures.setdefault(key, {"wall": [], "tail": []})
+                    figures[key]["wall"].append(wall)
+                    figures[key]["tail"].append(tail)
+                    print(f"[{repeat + 1}/{opts.repeats}] {labels[repo]} {name}: {wall:.2f} s, {tail:.2f} s after the last line",
                           flush=True)
     lines = [f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores, "
              f"{platform.python_version()}; {opts.repeats} interleaved repeats, medians (ranges)", "",
-             "| checkout | command | wall (s) | last line to exit (s) |", "| --- | --- | --- | --- |"]
+             "| checkout (commit) | command | wall (s) | last line to exit (s) |", "| --- | --- | --- | --- |"]
     for key, values in figures.items():
         repo, name = key.split("|")
         wall, tail = values["wall"], values["tail"]
