@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
-READ_LIMIT = 64 * 1024  # /proc/self/mountinfo of a busy host is a few KB
+READ_LIMIT = 4 * 1024 * 1024  # /proc/self/mountinfo: a few KB in a container, hundreds on a busy node
 
 
 def available_cores() -> int:
@@ -46,16 +47,24 @@ def _cpu_cgroup_directories() -> list[Path]:
             memberships[controller] = path
     directories = []
     for line in _read("/proc/self/mountinfo").splitlines():
-        fields = line.split()
+        fields = [_unescape(field) for field in line.split()]
+        if "-" not in fields or len(fields) < fields.index("-") + 4:
+            continue  # not a mount line
         kind, options = fields[fields.index("-") + 1], fields[-1].split(",")
         controller = "" if kind == "cgroup2" else "cpu" if kind == "cgroup" and "cpu" in options else None
         if controller is None or controller not in memberships:
             continue
-        root, mount, path = fields[3], Path(fields[4]), memberships[controller]
-        inner = path[len(root):] if path.startswith(root) else path  # a container sees its own cgroup as its root
+        root, mount, path = fields[3].rstrip("/"), Path(fields[4]), memberships[controller]
+        # a container sees its own cgroup as the mount's root
+        inner = path[len(root):] if path == root or path.startswith(root + "/") else path
         leaf = mount / inner.lstrip("/")
         directories += [leaf, *[p for p in leaf.parents if p == mount or mount in p.parents]]
     return directories
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (a space is \\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def _quota(directory: Path) -> float | None:

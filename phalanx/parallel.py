@@ -19,6 +19,7 @@ from torch import nn
 from .cluster import Placement
 from .comm_clock import CommClock
 from .config import RunConfig
+from .cores import available_cores, cpu_quota
 from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
 from .gather_rows import GatherRows
 from .rank_buffers import broadcast_from_rank0, ddp_without_buffer_broadcasts, max_difference_from_rank0
@@ -47,8 +48,8 @@ class Strategy:
 
     def __init__(self, device: torch.device):
         self.device = device
-        if device.type == "cpu" and torch.get_num_threads() > cpu_threads_per_worker(1):  # a CPU quota torch does not see
-            torch.set_num_threads(cpu_threads_per_worker(1))
+        if device.type == "cpu" and cpu_quota() and torch.get_num_threads() > available_cores():
+            torch.set_num_threads(available_cores())  # torch sizes its threads by the affinity, not the quota
         self.clock = CommClock()  # the step's waits for other ranks (the step-time breakdown's communication)
 
     @property

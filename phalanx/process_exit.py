@@ -20,14 +20,16 @@ joined_process_group = False  # set by the strategy of a process that joined one
 
 def exit_process(code: int) -> None:
     if not joined_process_group:
-        # What the interpreter's exit does before finalising still happens: threads that are not
-        # daemons joined, then the exit functions (logging's handlers flushed, multiprocessing's
-        # children joined, weakref finalisers: temporary directories removed). After a group
-        # both are skipped, as they always were.
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
+        # What the interpreter's exit does before finalising still happens, in its order: its
+        # shutdown hooks (which wake idle thread-pool workers, such as the kernel compiler's of
+        # --compile) and the join of every thread that is not a daemon, then the exit functions
+        # (logging's handlers flushed, multiprocessing's children joined, weakref finalisers:
+        # temporary directories removed). After a group both are skipped, as they always were.
+        threading._shutdown()
         atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone (`phalanx evaluate ... | head`), a stream closed
+            pass
     os._exit(code)

@@ -252,3 +252,30 @@ def test_a_cpu_quota_sizes_threads_and_loader_workers_as_an_affinity_does():
     finally:
         inner.rmdir()
         group.rmdir()
+
+
+@pytest.mark.parametrize("mount_root", ["/", "/kubepods/pod1"], ids=["host-view", "cgroup-namespace"])
+def test_a_cgroup_v2_quota_is_the_smallest_up_the_hierarchy(tmp_path, monkeypatch, mount_root):
+    # cgroup v2's cpu controller does not run on this machine (its v2 hierarchy has none), so the
+    # files the kernel would show are written here: a pod limited to 1.5 cores, its container to
+    # none, a mount point with a space (mountinfo writes it \040), and a sibling cgroup with a lower
+    # quota that is not this process's; seen from the host and from inside a cgroup namespace.
+    mount = tmp_path / "cg root"
+    pod = mount / "kubepods/pod1" if mount_root == "/" else mount
+    (pod / "ctr").mkdir(parents=True)
+    # the host sees the pod's limit above the container; a namespace sees its own cgroup's
+    limited, unlimited = (pod, pod / "ctr") if mount_root == "/" else (pod / "ctr", pod)
+    limited.joinpath("cpu.max").write_text("150000 100000\n")
+    unlimited.joinpath("cpu.max").write_text("max 100000\n")
+    (mount / "kubepods/pod10").mkdir(parents=True)
+    (mount / "kubepods/pod10/cpu.max").write_text("10000 100000\n")
+    escaped = str(mount).replace(" ", "\\040")
+    proc = {"/proc/self/cgroup": "0::/kubepods/pod1/ctr\n",
+            "/proc/self/mountinfo": "22 1 0:20 / /sys rw - sysfs sysfs rw\n"
+                                    f"35 22 0:30 {mount_root} {escaped} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"}
+    real = cores._read
+    monkeypatch.setattr(cores, "_read", lambda path: proc[path] if str(path) in proc else real(path))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert cores.cpu_quota() == 1.5 and cores.available_cores() == 2
+    limited.joinpath("cpu.max").write_text("max 100000\n")  # no limit anywhere: the affinity's 8
+    assert cores.cpu_quota() is None and cores.available_cores() == 8

@@ -97,10 +97,11 @@ def test_a_run_that_fails_in_process_gives_the_caller_back_its_stop_signals(tmp_
 def test_a_command_ends_without_finalising_torch_and_loses_nothing_of_what_an_exit_does(tmp_path):
     # phalanx ends with os._exit once torch is loaded (process_exit.py: finalising torch took 0.5-1 s
     # after every command), after what the interpreter's exit does first: a user's thread that is
-    # not a daemon finishes (here a second after the last checkpoint), and exit functions run.
+    # not a daemon finishes (here half a second after the exit began), exit functions run, and an
+    # idle thread pool left alive is woken (joining its worker without the shutdown hooks hung).
     result = run_phalanx("train", "--model", "phalanx_testmodels:exit_work", "--epochs", 1, "--max-steps", 2,
                          "--checkpoints-dir", tmp_path, "--name", "run", "--no-progress",
-                         env={**USER_MODELS, "PHALANX_TEST_EXIT_DIR": str(tmp_path)})
+                         env={**USER_MODELS, "PHALANX_TEST_EXIT_DIR": str(tmp_path)}, timeout=120)
     assert result.code == 0, result.err
     assert (tmp_path / "thread.txt").read_text() == "written by a thread after the run"
     assert (tmp_path / "atexit.txt").read_text() == "written at exit"

@@ -445,13 +445,13 @@ def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_
     port = free_port()
 
     def node(hosts_the_store: bool):
-        # The node that stays hosts the rendezvous store; the other, started first, waits for it, so
-        # both join at once and the group forms without a last call. After the loss the one left
-        # waits last_call_timeout for the lost node before it goes on alone.
+        # The node that stays hosts the rendezvous store; the other, started first, waits for it (its
+        # retries back off: the 5 s last call covers them), so both join at once and the group forms
+        # without waiting out the last call. After the loss the one left waits it out alone.
         return start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 3, "--name", "elastic",
                              "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1, "--use-torchrun",
                              f"--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=3,"
+                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=5,"
                              f"is_host={str(hosts_the_store).lower()}",
                              env={"PHALANX_TEST_DELAY": "0.03", **gate(tmp_path / "gate", 30)})
 

@@ -343,20 +343,42 @@ def infinite_gradient(num_classes, in_channels):
 
 def exit_work(num_classes, in_channels):
     """A SmallCNN whose maker leaves work for the process's exit, as a user's code can: a thread (not
-    a daemon) that writes a file a second after the run's last checkpoint, and an exit function
-    that writes another. Both files are in $PHALANX_TEST_EXIT_DIR afterwards, or the exit lost them."""
+    a daemon) that writes a file half a second after the process starts to exit, an exit function
+    that writes another, and a thread pool left alive (as --compile's kernel compiler leaves one),
+    whose idle worker only the interpreter's shutdown hooks wake. Both files are in
+    $PHALANX_TEST_EXIT_DIR afterwards, or the exit lost them; a wrong exit hangs on the pool."""
     import atexit
+    import sys
     import threading
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     folder = Path(os.environ["PHALANX_TEST_EXIT_DIR"])
+    main = threading.main_thread().ident
+
+    def exiting() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_name == "exit_process":
+                return True
+            frame = frame.f_back
+        return False
 
     def late_writer():
-        while not (folder / "run/latest.pt").exists():
-            time.sleep(0.05)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while not exiting():
+            if time.monotonic() > deadline:
+                return  # the run never ended: no file, and the test says so
+            time.sleep(0.02)
+        time.sleep(0.5)
         (folder / "thread.txt").write_text("written by a thread after the run")
 
     threading.Thread(target=late_writer, daemon=False).start()
     atexit.register(lambda: (folder / "atexit.txt").write_text("written at exit"))
+    pool = ThreadPoolExecutor(1)
+    pool.submit(int).result()
+    _kept.append(pool)
     return SmallCNN(num_classes, in_channels)
+
+
+_kept: list = []  # the pool outlives the maker, never shut down
