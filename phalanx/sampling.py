@@ -137,8 +137,23 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
         for made, pair in enumerate(zip(self.plan, loader), 1):
             yield pair
         if made < len(self.plan):
-            raise RunFailed(f"the training data ended after {made} of the {len(self.plan)} batches planned for epoch "
-                            f"{self.epoch}: a StopIteration raised inside the data set's __getitem__ ends a DataLoader")
+            raise ended_early("training", made, len(self.plan), f" planned for epoch {self.epoch}")
+
+
+def every_batch(loader: Any, what: str = "validation") -> Iterator[Any]:
+    """A validation or evaluation loader's batches, failing the run if it ends before its length: a
+    StopIteration inside a data set would otherwise end it silently, and the metrics would be over
+    fewer images than the data set holds."""
+    made = 0
+    for made, batch in enumerate(loader, 1):
+        yield batch
+    if made < len(loader):
+        raise ended_early(what, made, len(loader), "")
+
+
+def ended_early(what: str, made: int, planned: int, when: str) -> RunFailed:
+    return RunFailed(f"the {what} data ended after {made} of the {planned} batches{when}: a StopIteration raised "
+                     "inside the data set's __getitem__ ends a DataLoader")
 
 
 class ShardSampler(Sampler[int]):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from .divergence import diverged, non_finite_metric
+from .sampling import every_batch
 from .tasks.base import Evaluation, Visuals
 
 if TYPE_CHECKING:
@@ -57,6 +58,6 @@ class Validation:
         models = self.eval_models() if models is None else models
         for model in models.values():
             model.eval()
-        evaluation = self.task.evaluate(models, self.val_loader, self.eval_ctx)
+        evaluation = self.task.evaluate(models, every_batch(self.val_loader), self.eval_ctx)
         self.val_samples = int(evaluation.extra.get("samples", self.val_samples))
         return evaluation

@@ -597,6 +597,12 @@ MUTANTS = [
     Mutant("every view made from the batch's first image", "phalanx/tasks/views.py",
            "crops = torch.cat([torch.stack([item.crops[group][view] for item in items])",
            "crops = torch.cat([torch.stack([items[0].crops[group][view] for item in items])", ("tests/test_view_batch.py",)),
+    Mutant("a validation loader that ends early taken for the whole", "phalanx/sampling.py",
+           "if made < len(loader):", "if False:", ("tests/test_train_guards.py -k stopiteration",)),
+    Mutant("validation's loader not checked", "phalanx/validation.py", "every_batch(self.val_loader)", "self.val_loader",
+           ("tests/test_train_guards.py -k stopiteration",)),
+    Mutant("evaluate's loader not checked", "phalanx/inference/evaluate.py", 'every_batch(loader, "evaluation")', "loader",
+           ("tests/test_train_guards.py -k stopiteration",)),
 ]
 
 

@@ -229,6 +229,32 @@ def test_a_data_set_that_raises_stopiteration_fails_the_run_instead_of_cutting_i
     assert not (tmp_path / "experiment/latest.pt").exists() and not records(tmp_path / "experiment", "val")
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_validation_data_that_raises_stopiteration_fails_the_run_instead_of_validating_fewer_images(
+        phalanx, tmp_path, monkeypatch, workers):
+    # Without a check, validation ends after one batch of 32 and its metrics are over 32 images.
+    monkeypatch.setenv("ENDS_EARLY", "val")
+    result = phalanx("train", "--task", "phalanx_testtasks:DataEndsEarly", "--epochs", 1, "--val-fraction", 0.9,
+                     "--num-workers", workers, "--checkpoints-dir", tmp_path, "--no-progress")
+    assert result.code == 1, result.err
+    assert result.err.strip() == ("phalanx: the validation data ended after 1 of the 51 batches: a StopIteration "
+                                  "raised inside the data set's __getitem__ ends a DataLoader"), result.err
+    assert not records(tmp_path / "experiment", "val")
+
+
+def test_evaluation_data_that_raises_stopiteration_fails_instead_of_scoring_fewer_images(phalanx, tmp_path,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("ENDS_EARLY", "none")
+    assert phalanx("train", "--task", "phalanx_testtasks:DataEndsEarly", "--epochs", 1, "--val-fraction", 0.9,
+                   "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    monkeypatch.setenv("ENDS_EARLY", "val")
+    result = phalanx("evaluate", "--checkpoint", tmp_path / "experiment/latest.pt", "--output", tmp_path / "e.json")
+    assert result.code == 1, result.err
+    assert result.err.strip() == ("phalanx: the evaluation data ended after 1 of the 51 batches: a StopIteration "
+                                  "raised inside the data set's __getitem__ ends a DataLoader"), result.err
+    assert not result.out and not (tmp_path / "e.json").exists()
+
+
 def test_the_step_time_breakdown_says_a_step_waits_for_its_data(phalanx, tmp_path):
     # 32 images of 20 ms each per step against a small CNN's step on 8x8 digits: the wait dominates.
     result = phalanx("train", "--task", "phalanx_testtasks:SlowData", "--epochs", 1, "--val-fraction", 0.9,

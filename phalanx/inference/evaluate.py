@@ -19,7 +19,7 @@ from ..data import loader_workers
 from ..errors import PhalanxError
 from ..devices import placement
 from ..strategies import strategy_for
-from ..sampling import ShardSampler
+from ..sampling import ShardSampler, every_batch
 from .model import load_trained
 from .options import EvaluateOptions
 from .outputs import check_file, evaluate_results
@@ -56,7 +56,7 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
         loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
-        evaluation = task.evaluate(models, loader, RunContext(strategy, cfg.optim.precision, cfg.network.channels_last))
+        evaluation = task.evaluate(models, every_batch(loader, "evaluation"), RunContext(strategy, cfg.optim.precision, cfg.network.channels_last))
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         # The checkpoint's absolute path: the JSON is read from elsewhere (a newcomer found a relative one).

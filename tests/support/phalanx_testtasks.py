@@ -312,24 +312,30 @@ class SlowData(ClassifyTask):
 
 
 class DataEndsEarly(ClassifyTask):
-    """Classification whose training data set raises StopIteration at its 40th image (a bug in a
-    user's data set: a ``next()`` on an exhausted iterator), which a DataLoader takes for its end."""
+    """Classification whose data set raises StopIteration at its 40th image (a bug in a user's data
+    set: a ``next()`` on an exhausted iterator), which a DataLoader takes for its end. The split that
+    ends is ``$ENDS_EARLY``: train (unset), val, or none."""
 
     def build_data(self):
         import dataclasses
+        import os
 
         data = super().build_data()
+        split = os.environ.get("ENDS_EARLY", "train")
+        if split == "none":
+            return data
+        whole = getattr(data, split)
 
         class EndsEarly(torch.utils.data.Dataset):
-            takes_epoch, calls = getattr(data.train, "takes_epoch", False), 0
+            takes_epoch, calls = getattr(whole, "takes_epoch", False), 0
 
             def __len__(self):
-                return len(data.train)
+                return len(whole)
 
             def __getitem__(self, key):
                 self.calls += 1
                 if self.calls == 40:
                     raise StopIteration
-                return data.train[key]
+                return whole[key]
 
-        return dataclasses.replace(data, train=EndsEarly())
+        return dataclasses.replace(data, **{split: EndsEarly()})
