@@ -142,6 +142,8 @@ class Trainer(Checkpointing, Validation):
             checked = self.task.summary(metrics) if metrics is not None else "(not validated: --val-every)"
             self.say(f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {checked}  lr {first_lr(self.optimizers):.4g}  "
                      f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
+            for warning in self.task.epoch_warnings(train_losses, epoch):
+                self.say(f"phalanx: warning: {warning}")
             if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
                 raise Preempted(self.stop.signum or signal.SIGTERM, f"after epoch {epoch}")
         if limit and self.step >= limit and (self.epoch < self.cfg.schedule.epochs or self.position):  # not the end

@@ -216,6 +216,11 @@ class Task:
         """Records of an epoch's validation beyond its metrics (global rank 0 writes them)."""
         return []
 
+    def epoch_warnings(self, train: dict[str, float], epoch: int) -> list[str]:
+        """Warnings said after an epoch's console line, from its named training losses (averaged over
+        the epoch and the ranks): a method's sign of collapse."""
+        return []
+
     def summary(self, metrics: dict[str, float]) -> str:
         """The validation part of the epoch's console line."""
         return "  ".join(f"val_{k} {self.format_metric(k, v)}" for k, v in metrics.items())
