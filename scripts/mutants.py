@@ -603,6 +603,11 @@ MUTANTS = [
            ("tests/test_train_guards.py -k stopiteration",)),
     Mutant("evaluate's loader not checked", "phalanx/inference/evaluate.py", 'every_batch(loader, "evaluation")', "loader",
            ("tests/test_train_guards.py -k stopiteration",)),
+    Mutant("DINO's collapse warned of at any entropy", "phalanx/tasks/dino.py",
+           'if self.said_collapse or train["teacher_entropy"] < COLLAPSED * uniform:', "if self.said_collapse:",
+           ("tests/test_ssl.py -k dinos_backbone_probed",)),
+    Mutant("DINO's collapse warned of every epoch", "phalanx/tasks/dino.py", "        self.said_collapse = True\n",
+           "        pass\n", ("tests/test_ssl.py -k dinos_backbone_probed",)),
 ]
 
 
