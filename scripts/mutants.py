@@ -604,10 +604,16 @@ MUTANTS = [
     Mutant("evaluate's loader not checked", "phalanx/inference/evaluate.py", 'every_batch(loader, "evaluation")', "loader",
            ("tests/test_train_guards.py -k stopiteration",)),
     Mutant("DINO's collapse warned of at any entropy", "phalanx/tasks/dino.py",
-           'if self.said_collapse or train["teacher_entropy"] < COLLAPSED * uniform:', "if self.said_collapse:",
+           'if train["teacher_entropy"] < COLLAPSED * uniform:', "if False:",
            ("tests/test_ssl.py -k dinos_backbone_probed",)),
-    Mutant("DINO's collapse warned of every epoch", "phalanx/tasks/dino.py", "        self.said_collapse = True\n",
+    Mutant("a collapse warned of every epoch", "phalanx/tasks/ssl.py", "        self.said_collapse = True\n",
            "        pass\n", ("tests/test_ssl.py -k dinos_backbone_probed",)),
+    Mutant("an embedding collapse warned of at any std", "phalanx/tasks/ssl.py",
+           "if std is None or not dim or std >= COLLAPSED_STD / math.sqrt(dim):", "if std is None or not dim:",
+           ("tests/test_ssl.py -k linear_probe and simsiam",)),
+    Mutant("an embedding collapse never warned of", "phalanx/tasks/ssl.py",
+           "if std is None or not dim or std >= COLLAPSED_STD / math.sqrt(dim):", "if True:",
+           ("tests/test_ssl.py -k moco_with_its_default",)),
 ]
 
 

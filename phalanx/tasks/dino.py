@@ -64,7 +64,6 @@ class DINOTask(MomentumTeacherTask):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.center = torch.zeros(self.options.output_dim, dtype=torch.float64)
-        self.said_collapse = False
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
@@ -128,17 +127,15 @@ class DINOTask(MomentumTeacherTask):
         ctx.step("student")
         return {"loss": loss.detach(), "teacher_entropy": entropy, "center_norm": center_norm}
 
-    def epoch_warnings(self, train: dict[str, float], epoch: int) -> list[str]:
-        """Once a run: the teacher's outputs near the uniform distribution, DINO's collapse (seen here
-        with small networks on the built-in digits, and with Lightly's DINO on the same work)."""
+    def collapse(self, train: dict[str, float]) -> str | None:
+        """The teacher's outputs near the uniform distribution: DINO's collapse (seen here with small
+        networks on the built-in digits, and with Lightly's DINO on the same work)."""
         uniform = math.log(self.options.output_dim)
-        if self.said_collapse or train["teacher_entropy"] < COLLAPSED * uniform:
-            return []
-        self.said_collapse = True
-        return [f"epoch {epoch}: the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform "
-                f"distribution's over {self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the "
-                "teacher gives every image the same distribution; the loss is then its entropy whatever the backbone "
-                "gives)"]
+        if train["teacher_entropy"] < COLLAPSED * uniform:
+            return None
+        return (f"the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform distribution's over "
+                f"{self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the teacher gives every image "
+                "the same distribution; the loss is then its entropy whatever the backbone gives)")
 
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says
