@@ -614,6 +614,10 @@ MUTANTS = [
     Mutant("an embedding collapse never warned of", "phalanx/tasks/ssl.py",
            "if std is None or not dim or std >= COLLAPSED_STD / math.sqrt(dim):", "if True:",
            ("tests/test_ssl.py -k moco_with_its_default",)),
+    Mutant("a model directory's files made before it is checked", "phalanx/inference/export.py",
+           "taken = [name for name in files if (folder / name).exists()]",
+           "taken = [name for name, make in files.items() if make() and (folder / name).exists()]",
+           ("tests/test_deepliif.py -k plain_layout",)),
 ]
 
 

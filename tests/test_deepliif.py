@@ -187,7 +187,13 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
 
     exported = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
     assert exported.code == 0, exported.err
-    assert phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model").code != 0
+    with pytest.MonkeyPatch.context() as patch:  # refused before any network is traced (11 s of this test, once)
+        import phalanx.tasks.deepliif_inference as native
+
+        patch.setattr(native, "traced_bytes", lambda *args: pytest.fail("traced for a refused export"))
+        again = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
+    assert again.code == 2 and again.err.strip() == (f"phalanx: --output: {tmp_path / 'model' / 'latest_net_G1.pth'} "
+                                                     "exists; --overwrite replaces the model files there"), again.err
     ref = reference.modules()
     opt = ref.options.Options(path_file=str(tmp_path / "model" / "train_opt.txt"), mode="test")
     assert (opt.netG, opt.net_gs, opt.norm, opt.modalities_no) == ("resnet_2blocks", "unet_32", "instance", 4)

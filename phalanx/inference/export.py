@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -72,7 +73,7 @@ def export(opts: ExportOptions) -> list[Path]:
     return written
 
 
-def model_directory(folder: Path, files: dict[str, bytes] | None, opts: ExportOptions) -> list[Path]:
+def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, opts: ExportOptions) -> list[Path]:
     """Another tool's own model directory (a task's ``--format``), each file written atomically; a
     directory that already holds one of them is left as it is without ``--overwrite``."""
     if files is None:
@@ -84,7 +85,8 @@ def model_directory(folder: Path, files: dict[str, bytes] | None, opts: ExportOp
     if taken and not opts.overwrite:
         raise PhalanxError(f"{folder / taken[0]} exists; --overwrite replaces the model files there", "--output")
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
+    made = {name: make() for name, make in files.items()}  # all made before any is written
+    for name, data in made.items():
         atomic_write(folder / name, lambda fh, data=data: fh.write(data))
     print(f"phalanx: wrote {len(files)} files to {folder} ({opts.format}'s model directory: "
           f"{', '.join(list(files)[:3])}, ...)")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import io
 import json
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -31,28 +32,37 @@ class DeepLIIFInference(TranslateInference):
     def predictor_class(self) -> type[TranslationPredictor]:
         return CellCounter if self.task.counts_cells else DeepLIIFPictures
 
-    def native_files(self, fmt: str) -> dict[str, bytes] | None:
+    def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
-        ``BaseModel.save_networks`` writes them) and the ``train_opt.txt`` DeepLIIF reads to rebuild
-        them (DeepLIIF 1.2's names: GS0 ... for the segmentation)."""
+        ``BaseModel.save_networks`` writes them), each generator traced as ``deepliif serialize``
+        traces it (``<name>.pt``), and the ``train_opt.txt`` DeepLIIF reads to rebuild them
+        (DeepLIIF 1.2's names: GS0 ... for the segmentation)."""
         if fmt != self.task.name:
             return None
-        files = {}
+        files: dict[str, Callable[[], bytes]] = {}
         for name, model in self.models.items():
-            buffer = io.BytesIO()
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
-            files[f"latest_net_{name}.pth"] = buffer.getvalue()
-        size, channels = self.info["size"], self.info["channels"]
-        for name in self.task.generator_names():  # as `deepliif serialize` traces them
-            net = without_running_statistics(copy.deepcopy(self.models[name]).float().eval())
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # TorchScript's deprecation and tracer notes
-                traced = torch.jit.trace(net, torch.zeros(1, channels, size, size))
-            buffer = io.BytesIO()
-            torch.jit.save(traced, buffer)
-            files[f"{name}.pt"] = buffer.getvalue()
-        files["train_opt.txt"] = train_opt(self.task, self.info).encode()
+            files[f"latest_net_{name}.pth"] = functools.partial(state_bytes, model)
+        for name in self.task.generator_names():
+            files[f"{name}.pt"] = functools.partial(traced_bytes, self.models[name], self.info["channels"],
+                                                    self.info["size"])
+        files["train_opt.txt"] = lambda: train_opt(self.task, self.info).encode()
         return files
+
+
+def state_bytes(model: torch.nn.Module) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
+    return buffer.getvalue()
+
+
+def traced_bytes(model: torch.nn.Module, channels: int, size: int) -> bytes:
+    net = without_running_statistics(copy.deepcopy(model).float().eval())
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation and tracer notes
+        traced = torch.jit.trace(net, torch.zeros(1, channels, size, size))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    return buffer.getvalue()
 
 
 class DeepLIIFPictures(TranslationPredictor):

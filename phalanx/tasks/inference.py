@@ -125,9 +125,10 @@ class Inference:
         """``export``: the networks to write (by name) with an example input each."""
         raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
 
-    def native_files(self, fmt: str) -> dict[str, bytes] | None:
+    def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
         """``export --format FMT`` (``tasks.native_formats``): the files of another tool's model
-        directory (name -> bytes); None where this task does not write that format."""
+        directory, each name with what makes its bytes (called once the directory is checked: a
+        refused export does no work); None where this task does not write that format."""
         return None
 
     def export_metadata(self) -> dict[str, Plain]:
