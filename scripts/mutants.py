@@ -617,7 +617,11 @@ MUTANTS = [
     Mutant("a model directory's files made before it is checked", "phalanx/inference/export.py",
            "taken = [name for name in files if (folder / name).exists()]",
            "taken = [name for name, make in files.items() if make() and (folder / name).exists()]",
-           ("tests/test_deepliif.py -k plain_layout",)),
+           ("tests/test_deepliif.py -k plain_layout",)),    Mutant("16-bit images clipped by PIL's conversion", "phalanx/data/images.py", "        if img.mode in WIDE_MODES:",
+           "        if False:", ("tests/test_loader.py -k wider_than_8_bits",)),
+    Mutant("32-bit integers holding 16-bit values scaled by 32 bits'", "phalanx/data/images.py",
+           "elif array.dtype.itemsize > 2 and array.size and 0 <= array.min() and array.max() <= 65535:", "elif False:",
+           ("tests/test_loader.py -k wider_than_8_bits",)),
 ]
 
 

@@ -54,6 +54,35 @@ def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, he
         assert worst_max <= 1 / 255 + 1e-6
 
 
+def test_images_wider_than_8_bits_are_scaled_by_their_types_range_not_clipped_white():
+    # PIL's convert("L"/"RGB") clips 16-bit and float pixels at 255: a newcomer's 16-bit ramp, its
+    # mirror and a flat image gave bit-identical features. As DeepLIIF's reader (and phalanx's
+    # slides) scale them: to [0, 1] by the type's range (floats as [0, 1]), x 255, truncated.
+    import tifffile
+    from PIL import Image
+
+    ramp = np.tile(np.linspace(1000, 65535, 24).astype(np.uint16), (5, 1))
+    expected = (ramp / 65535 * 255).astype(np.uint8)  # by hand
+    files = {}
+    for fmt in ("PNG", "TIFF"):
+        buffer = io.BytesIO()
+        Image.fromarray(ramp).save(buffer, fmt)  # PIL reads both back as I;16
+        files[fmt] = buffer.getvalue()
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, ramp.astype(np.int32))  # PIL's "I": 32-bit integers holding 16-bit values
+    files["I"] = buffer.getvalue()
+    floats = io.BytesIO()
+    Image.fromarray((ramp / 65535).astype(np.float32)).save(floats, "TIFF")  # PIL's "F", in [0, 1]
+    for name, data in files.items():
+        assert Image.open(io.BytesIO(data)).mode == ("I" if name == "I" else "I;16"), name
+        assert np.array_equal(decode(data, "L", None, fast=True)[0].numpy(), expected), name
+    gray = decode(files["PNG"], "RGB", None, fast=True)
+    assert gray.shape == (3, 5, 24) and all(np.array_equal(channel.numpy(), expected) for channel in gray)
+    as_float = decode(floats.getvalue(), "L", None, fast=True)[0].numpy().astype(int)
+    assert np.abs(as_float - expected).max() <= 1  # float32's rounding of x / 65535
+    assert len(np.unique(expected)) > 20  # a ramp, not white
+
+
 def test_the_frame_header_reader_agrees_with_pil_and_survives_garbage():
     from PIL import Image
 

@@ -94,7 +94,28 @@ def decode(data: bytes, mode: str, min_side: int | None, fast: bool) -> torch.Te
                                    mode=modes.RGB if mode == "RGB" else modes.GRAY)
     with Image.open(io.BytesIO(data)) as img:
         img.load()
+        if img.mode in WIDE_MODES:  # PIL's convert clips them at 255: a 16-bit image turned white
+            img = Image.fromarray(eight_bit(np.asarray(img)))
         return _to_tensor(img if img.mode == mode else img.convert(mode))
+
+
+# One-channel modes wider than 8 bits: 16-bit and 32-bit integers, 32-bit floats.
+WIDE_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I", "F"})
+
+
+def eight_bit(array: np.ndarray) -> np.ndarray:
+    """Pixels of a wider type as 8 bits, as DeepLIIF's reader rescales them: to [0, 1] by the type's
+    range (floats taken as [0, 1]; 32-bit integers whose values fit 16 bits, as PIL reads some
+    16-bit files, by 16 bits'), x 255, truncated."""
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype.kind == "f":
+        scale = 1.0
+    elif array.dtype.itemsize > 2 and array.size and 0 <= array.min() and array.max() <= 65535:
+        scale = 65535.0
+    else:
+        scale = float(np.iinfo(array.dtype).max)
+    return (np.clip(array.astype(np.float64) / scale, 0, 1) * 255).astype(np.uint8)
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:

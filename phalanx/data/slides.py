@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write
+from .images import eight_bit
 
 SLIDE_SUFFIXES = {".tif", ".tiff", ".svs"}
 TILE = 512  # the OME-TIFF tiles written, as DeepLIIF writes its slides' (its tile size)
@@ -102,9 +103,7 @@ class SlideReader:
         array = np.asarray(self.pixels[(slice(None), *index) if planar else index])
         if planar:
             array = np.moveaxis(array, 0, -1)
-        if array.dtype != np.uint8:  # as DeepLIIF's reader rescales: to [0, 1] by the type's range, x 255, truncated
-            scale = np.iinfo(array.dtype).max if array.dtype.kind in "ui" else 1.0
-            array = (np.clip(array.astype(np.float64) / scale, 0, 1) * 255).astype(np.uint8)
+        array = eight_bit(array)
         if array.ndim == 3 and array.shape[-1] <= 2:  # grey, or grey and alpha
             array = array[..., 0]
         picture = Image.fromarray(array[..., :3] if array.ndim == 3 else array)
