@@ -52,7 +52,7 @@ OPTIONS = {"simclr": [*HEADS, "--temperature", "0.5"], "byol": HEADS,
            "moco": [*HEADS, "--head-norm", "none", "--queue-size", "1024"],
            "dino": ["--hidden-dim", "128", "--bottleneck-dim", "64", "--output-dim", "1024"],
            "swav": [*HEADS, "--prototypes", "300"], "simsiam": [*HEADS, "--predictor-dim", "64"],
-           "barlowtwins": HEADS, "vicreg": HEADS}
+           "barlowtwins": HEADS, "vicreg": [*HEADS, "--lr", "0.06"]}  # Lightly's SGD 0.06 (phalanx's default 0.03)
 CONTENDERS = ("Lightly loop", "phalanx", "Lightly DDP loop, 2 workers", "phalanx DDP, 2 workers")
 
 def after_first(epoch_rates: list[float]) -> float:
