@@ -57,9 +57,10 @@ class DataOptions:
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
                             "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
                             "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
-    mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406).",
-                                     metavar="M[,M...]")
-    std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with.", metavar="S[,S...]")
+    mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406; one value: "
+                                     "every channel's).", metavar="M[,M...]")
+    std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with (one value: every "
+                                    "channel's).", metavar="S[,S...]")
     num_workers: str = option("auto", "DataLoader worker processes per training process (auto: the cores per "
                               "local process that training leaves free).", identity=False, metavar="N|auto")
     skip_broken: bool = option(False, "Skip unreadable images (named and counted) instead of refusing to start.")

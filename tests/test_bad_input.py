@@ -122,6 +122,8 @@ CASES = [
     ("weights-name-not-cached", ["--weights", "ResNet18_Weights.IMAGENET1K_V1", "--model", "resnet18"], "--weights",
      "phalanx does not download"),
     ("mean-without-std", ["--mean", "0.5"], "--mean", "--std"),
+    ("mean-of-two-channels-for-one", ["--mean", "0.5,0.5", "--std", "0.5,0.5"], "--mean",
+     "has 2 values for 1-channel images"),
     ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
     ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
     ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),

@@ -103,6 +103,18 @@ def test_checkpoint_loads_with_plain_torch_load_into_the_bare_model(phalanx, tmp
     assert not list(run.glob(".*tmp*")), "no temporary file is left behind"
 
 
+def test_one_mean_and_std_normalise_every_channel_as_the_same_value_given_per_channel(phalanx, tmp_path):
+    # The README's `--mean 0.5 --std 0.5` for a backbone's transfer, on RGB images: once refused
+    # ("has 1 values for 3-channel images"), a newcomer's report.
+    common = ["--dataset", "synthetic", "--synthetic-samples", 40, "--image-size", 8, "--max-steps", 2,
+              "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--name", "one", "--mean", 0.5, "--std", 0.5, *common).code == 0
+    assert phalanx("train", "--name", "each", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", *common).code == 0
+    one, each = (torch.load(tmp_path / name / "latest.pt") for name in ("one", "each"))
+    assert one["data"]["mean"] == one["data"]["std"] == [0.5] * 3 == each["data"]["mean"]
+    assert all(torch.equal(one["model"][k], each["model"][k]) for k in each["model"])
+
+
 def test_grad_accum_matches_one_big_batch(phalanx, tmp_path):
     # float64: the two sum a batch's gradient in another order, and nothing else (1e-12, on any CPU).
     common = ["--epochs", 1, "--lr-schedule", "constant", "--checkpoints-dir", tmp_path, "--no-progress",

@@ -81,6 +81,8 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
     a model's own statistics (timm's pretrained config), taken by auto."""
     if data.mean:
+        if len(data.mean) == 1:  # one value for every channel (--mean 0.5 --std 0.5 on RGB images)
+            return tuple(data.mean) * channels, tuple(data.std) * channels
         if len(data.mean) != channels:
             from ..errors import PhalanxError
 
