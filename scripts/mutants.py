@@ -624,7 +624,9 @@ MUTANTS = [
            ("tests/test_loader.py -k wider_than_8_bits",)),    Mutant("VICReg's default learning rate Lightly's benchmark's", "phalanx/tasks/__init__.py",
            '{"optimizer": "sgd", "lr": 0.03, "momentum": 0.9, "weight_decay": 5e-4}',
            '{"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}', ("tests/test_ssl.py -k vicreg_at_its_defaults",)),    Mutant("one --mean value not given to every channel", "phalanx/data/transforms.py", "        if len(data.mean) == 1:",
-           "        if False:", ("tests/test_train.py -k one_mean_and_std",)),
+           "        if False:", ("tests/test_train.py -k one_mean_and_std",)),    Mutant("DeepLIIF's export lets TorchScript's warnings through", "phalanx/tasks/deepliif_inference.py",
+           'warnings.simplefilter("ignore")  # TorchScript\'s deprecation (of trace and save) and tracer notes', "pass",
+           ("tests/test_deepliif.py -k plain_layout",)),
 ]
 
 

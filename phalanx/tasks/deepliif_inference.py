@@ -57,11 +57,10 @@ def state_bytes(model: torch.nn.Module) -> bytes:
 
 def traced_bytes(model: torch.nn.Module, channels: int, size: int) -> bytes:
     net = without_running_statistics(copy.deepcopy(model).float().eval())
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TorchScript's deprecation and tracer notes
-        traced = torch.jit.trace(net, torch.zeros(1, channels, size, size))
     buffer = io.BytesIO()
-    torch.jit.save(traced, buffer)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation (of trace and save) and tracer notes
+        torch.jit.save(torch.jit.trace(net, torch.zeros(1, channels, size, size)), buffer)
     return buffer.getvalue()
 
 
