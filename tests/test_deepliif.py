@@ -170,6 +170,8 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
                   count(pixels((t + 1) / 2), pixels((u + 1) / 2), "10x")["num_total"])
               for s, k, t, u in zip(outputs[4], outputs[3], val["seg"], val["B4"])]
     assert records(tmp_path / "ck" / "plain", "val")[-1]["cell_count_error"] == sum(errors) / len(errors)
+    table = phalanx("evaluate", "--checkpoint", checkpoint).out.splitlines()  # rows named as predict's folders
+    assert [line.split()[0] for line in table[-6:]] == ["Hema", "DAPI", "Lap2", "Marker", "Seg", "mean"], table
     wide = tmp_path / "wide.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(wide)
     assert phalanx("predict", "--checkpoint", checkpoint, wide, "--output", tmp_path / "out").code == 0

@@ -80,6 +80,8 @@ def test_a_translation_that_can_be_learned_is_learned(tmp_path, phalanx):
     import json
 
     assert json.loads((tmp_path / "e.json").read_text())["metrics"]["PSNR"] == pytest.approx(max(psnr), rel=1e-9)
+    row = evaluated.out.splitlines()[-1].split()  # named as predict's folder for the target
+    assert row[0] == "target1" and float(row[2]) == pytest.approx(max(psnr), abs=0.006), evaluated.out
     # --dataroot: a folder of pairs read as one split (no train/ needed)
     other = phalanx("evaluate", "--checkpoint", tmp_path / "ck/experiment/best.pt", "--dataroot", data / "val",
                     "--output", tmp_path / "o.json")

@@ -44,9 +44,10 @@ class TranslateInference(Inference):
         m = results["metrics"]
         lines = [f"images {results['images']}", "",
                  f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
-        for t in range(self.task.targets):
+        for t in range(self.task.targets):  # named as predict's folders (DeepLIIF's: Hema, ..., Seg)
             s = self.task.suffix(t)
-            lines.append(f"{t + 1:<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} {m[f'SSIM{s}']:>8.4f}")
+            lines.append(f"{self.task.output_folder(t):<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} "
+                         f"{m[f'SSIM{s}']:>8.4f}")
         if self.task.targets > 1:
             lines.append(f"{'mean':<8} {m['L1']:>8.4f} {m['PSNR']:>10.2f} {m['SSIM']:>8.4f}")
         return "\n".join(lines)
