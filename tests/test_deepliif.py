@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import deepliif_reference as reference
+from phalanx.errors import PhalanxError
 from conftest import records, run_phalanx
 from phalanx_testdata import deepliif_samples
 
@@ -111,7 +112,7 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
     assert single.code == 0, single.err
-    assert "weights: 18 DeepLIIF networks (generators and discriminators)" in single.out
+    assert "phalanx: weights: 18 DeepLIIF networks (generators and discriminators)" in single.out
 
     samples = panels(data / "train")
     for _ in range(2):
@@ -338,6 +339,11 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
                   for name in written}
         notes = load_model_dir(models, folder, list(written), ["D1", "D2", "DS0", "DS1", "DS2"], 2)
         assert "they start from DeepLIIF's initialisation" in notes[-1]
+    checkpoint = tmp_path / "latest.pt"  # a phalanx checkpoint given where a directory is taken: how to make one
+    checkpoint.write_bytes(b"")
+    with pytest.raises(PhalanxError, match=r"latest.pt is not a directory .*; `phalanx export --checkpoint .*latest.pt "
+                                           r"--format deepliif --output DIR` writes one from a phalanx checkpoint$"):
+        load_model_dir(models, checkpoint, list(written), [], 2)
         for name, state in states.items():
             for key, value in state.items():
                 if folder is scripted and key.endswith(("running_mean", "running_var")):

@@ -45,8 +45,10 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
     """phalanx name -> the file of that network in a DeepLIIF model directory: ``latest_net_*.pth``
     (else the only epoch there), else TorchScript ``*.pt``."""
     if not folder.is_dir():
+        export = f"; `phalanx export --checkpoint {folder} --format deepliif --output DIR` writes one from a phalanx " \
+                 "checkpoint" if folder.is_file() else ""
         raise PhalanxError(f"{folder} is not a directory (--task deepliif takes a DeepLIIF model directory: "
-                           "latest_net_G1.pth, ... or G1.pt, ...)", OPTION)
+                           f"latest_net_G1.pth, ... or G1.pt, ...){export}", OPTION)
     by_epoch: dict[str, dict[str, Path]] = {}
     scripted: dict[str, Path] = {}
     paths = sorted(folder.iterdir())
@@ -118,9 +120,10 @@ def load_model_dir(models: Mapping[str, nn.Module], folder: Path, generators: li
                                f"--padding/--dropout than this run{trained_with(folder)}", OPTION)
         models[name].load_state_dict(state)
     kinds = "generators and discriminators" if all(d in files for d in discriminators) else "generators"
-    lines = [f"weights: {len([n for n in files if n in models])} DeepLIIF networks ({kinds}) from {folder}"]
+    lines = [f"phalanx: weights: {len([n for n in files if n in models])} DeepLIIF networks ({kinds}) from {folder}"]
     fresh = [name for name in discriminators if name not in files]
     if fresh:
-        lines.append(f"weights: {folder} has no discriminators ({', '.join(fresh[:3])}{', ...' if len(fresh) > 3 else ''}):"
-                     " they start from DeepLIIF's initialisation")
+        named = ", ".join(fresh[:3]) + (", ..." if len(fresh) > 3 else "")
+        lines.append(f"phalanx: weights: {folder} has no discriminators ({named}): they start from DeepLIIF's "
+                     "initialisation")
     return lines
