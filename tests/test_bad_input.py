@@ -124,6 +124,8 @@ CASES = [
     ("mean-without-std", ["--mean", "0.5"], "--mean", "--std"),
     ("mean-of-two-channels-for-one", ["--mean", "0.5,0.5", "--std", "0.5,0.5"], "--mean",
      "has 2 values for 1-channel images"),
+    ("no-gather-of-byol", ["--task", "byol", "--no-gather"], "--no-gather",  # the flag typed, not --gather
+     "is an option of --task simclr or --task barlowtwins or --task vicreg; this run's task is byol"),
     ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
     ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
     ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),

@@ -184,10 +184,10 @@ def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
     return found
 
 
-def not_an_option_of(name: str, task: str, hint: str = "") -> PhalanxError:
-    owners = option_owners().get(name, [])
-    where = " or ".join(f"--task {t}" for t in owners) if owners else "another task"
-    return PhalanxError(f"is an option of {where}; this run's task is {task}{hint}", flag(name))
+def not_an_option_of(name: str, task: str, hint: str = "", value: Any = None) -> PhalanxError:
+    where = " or ".join(f"--task {t}" for t in option_owners().get(name, [])) or "another task"
+    typed = flag(f"no_{name}" if value is False else name)  # --no-gather, as typed
+    return PhalanxError(f"is an option of {where}; this run's task is {task}{hint}", typed)
 
 
 def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def parse_options(options_class: type | None, given: dict[str, Any], owner: str,
     for key, value in given.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise not_an_option_of(name, task) if name in option_owners() else \
+            raise not_an_option_of(name, task, value=value) if name in option_owners() else \
                 PhalanxError(f"{owner} has no option '{key}'{suggest(name, sorted(known))}", "--task-option")
         if isinstance(value, str) and known[name].type not in ("str", "str | None") \
                 and not known[name].type.startswith("tuple["):  # --task-option ngf=32
