@@ -44,7 +44,8 @@ def scale(ctx: click.Context, workers: str, scaling: str, steps: int, warmup_ste
     where a step's time goes at each world size, for weak and strong scaling.
 
     Each point trains a few steps in a scratch directory, removed afterwards: nothing of the run
-    directory of a real training is read or written.
+    directory of a real training is written (with --resume, its recorded configuration is the one
+    measured).
     """
     cfg = build_config(ctx, values)
     try:

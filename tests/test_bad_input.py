@@ -222,6 +222,9 @@ CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for
      "--output", "is not an export phalanx wrote; pass --overwrite"),
     ("export", "export-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/m.ts"],
      "--output", "/nope does not exist"),
+    ("export", "export-deepliif-of-a-classifier", ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "deepliif",
+                                                   "--output", "{w}/dl"], "--format",
+     "writes --task deepliif's networks; this checkpoint's task is classify"),
 ]
 CASES += [("trainlaunch", "fsdp-sharded-upload", ["--strategy", "fsdp", "--remote-transfer", "s3://bucket/runs"],
            "--fsdp-checkpoints", "uploading sharded checkpoints is not built yet")]

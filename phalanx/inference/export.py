@@ -48,7 +48,7 @@ def export(opts: ExportOptions) -> list[Path]:
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
     if opts.format in tasks.native_formats():
-        return model_directory(output, inference.native_files(opts.format), opts)
+        return model_directory(output, inference.native_files(opts.format), opts, trained.config.task)
     scripted = inference.script_export
     if scripted and opts.format != "torchscript":
         raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
@@ -73,12 +73,13 @@ def export(opts: ExportOptions) -> list[Path]:
     return written
 
 
-def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, opts: ExportOptions) -> list[Path]:
+def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, opts: ExportOptions,
+                    task: str) -> list[Path]:
     """Another tool's own model directory (a task's ``--format``), each file written atomically; a
     directory that already holds one of them is left as it is without ``--overwrite``."""
     if files is None:
         raise PhalanxError(f"--format {opts.format} writes --task {opts.format}'s networks; this checkpoint's task is "
-                           "another", "--format")
+                           f"{task}", "--format")
     if folder.exists() and not folder.is_dir():
         raise PhalanxError(f"{folder} exists and is not a directory", "--output")
     taken = [name for name in files if (folder / name).exists()]
