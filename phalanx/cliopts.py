@@ -233,6 +233,10 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
             raise PhalanxError(f"expected KEY=VALUE, got {item!r}", "--task-option")
         given[key.strip().replace("-", "_")] = text
         typed.add(key.strip().replace("-", "_"))
+    twice = [k for k in given if k in tasks.option_fields() and ctx.get_parameter_source(k) not in
+             (ParameterSource.DEFAULT, None)]
+    if twice:  # which would win is no choice of the user's: refused
+        raise PhalanxError(f"{twice[0]} is given twice, here and as {flag(twice[0])}; give one", "--task-option")
     if given:
         merged["task_options"] = {**(merged.get("task_options") or {}), **given}
     taken = _take_from_resumed_run(merged)

@@ -626,7 +626,8 @@ MUTANTS = [
            '{"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}', ("tests/test_ssl.py -k vicreg_at_its_defaults",)),    Mutant("one --mean value not given to every channel", "phalanx/data/transforms.py", "        if len(data.mean) == 1:",
            "        if False:", ("tests/test_train.py -k one_mean_and_std",)),    Mutant("DeepLIIF's export lets TorchScript's warnings through", "phalanx/tasks/deepliif_inference.py",
            'warnings.simplefilter("ignore")  # TorchScript\'s deprecation (of trace and save) and tracer notes', "pass",
-           ("tests/test_deepliif.py -k plain_layout",)),
+           ("tests/test_deepliif.py -k plain_layout",)),    Mutant("a task option given as a flag and in --task-option", "phalanx/cliopts.py", "    if twice:  # which would",
+           "    if False:  # which would", ("tests/test_bad_input.py -k task-option-and-its-flag",)),
 ]
 
 

@@ -126,6 +126,8 @@ CASES = [
      "has 2 values for 1-channel images"),
     ("no-gather-of-byol", ["--task", "byol", "--no-gather"], "--no-gather",  # the flag typed, not --gather
      "is an option of --task simclr or --task barlowtwins or --task vicreg; this run's task is byol"),
+    ("task-option-and-its-flag", ["--task", "simclr", "--temperature", "0.3", "--task-option", "temperature=0.2"],
+     "--task-option", "temperature is given twice, here and as --temperature; give one"),
     ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
     ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
     ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),
