@@ -108,16 +108,19 @@ class OptimOptions:
     """The optimizer, its step and its precision. (``cfg.optim``)"""
 
     heading: ClassVar[str] = "Optimisation"
+    # Not identity options (a resume may change them, as it may the world size: 2 workers resumed in
+    # one process keep their effective batch with --grad-accum 2); taken from the run when not given.
     batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
-                             "--grad-accum x world size.", above=0)
+                             "--grad-accum x world size.", above=0, identity=False)
     lr: float = option(0.1, "Learning rate (before --scale-lr). The default is smallcnn's on the built-in digits; "
                        "tasks and torchvision classifiers set their own (--dry-run shows the one used).", above=0)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
     momentum: float = option(0.9, "SGD momentum.", at_least=0)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
     weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
-    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0)
+    grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0,
+                             identity=False)
     ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
                               "evaluated beside the model; 0: off.", metavar="D", at_least=0, below=1)
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "

@@ -627,7 +627,11 @@ MUTANTS = [
            "        if False:", ("tests/test_train.py -k one_mean_and_std",)),    Mutant("DeepLIIF's export lets TorchScript's warnings through", "phalanx/tasks/deepliif_inference.py",
            'warnings.simplefilter("ignore")  # TorchScript\'s deprecation (of trace and save) and tracer notes', "pass",
            ("tests/test_deepliif.py -k plain_layout",)),    Mutant("a task option given as a flag and in --task-option", "phalanx/cliopts.py", "    if twice:  # which would",
-           "    if False:  # which would", ("tests/test_bad_input.py -k task-option-and-its-flag",)),
+           "    if False:  # which would", ("tests/test_bad_input.py -k task-option-and-its-flag",)),    Mutant("--grad-accum fixed at a resume", "phalanx/config_sections.py",
+           'metavar="N", above=0,\n                             identity=False)', 'metavar="N", above=0)',
+           ("tests/test_resume.py -k grad_accum",)),
+    Mutant("a resume's --grad-accum not the run's when not given", "phalanx/resume_options.py",
+           '"epochs", "batch_size", "grad_accum",', '"epochs", "batch_size",', ("tests/test_resume.py -k grad_accum",)),
 ]
 
 

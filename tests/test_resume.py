@@ -111,6 +111,28 @@ def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_sche
     assert [r["epoch"] for r in records(run, "val")] == [1, 2, 3]
 
 
+@pytest.mark.slow
+def test_two_workers_resumed_in_one_process_with_grad_accum_train_what_they_would_have(tmp_path, phalanx):
+    # --batch-size and --grad-accum may change at a resume, as the world size may: 2 workers x 16
+    # stopped at step 3 and resumed in one process x 16 x 2 keep the effective batch (32) and end
+    # within 1e-12 of one process x 32 straight (float64, no BatchNorm). A newcomer could not: both
+    # options were refused at a resume ("was trained with --grad-accum 1").
+    common = ["--precision", "fp64", "--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1,
+              "--image-size", 8, "--epochs", 2, "--no-progress", "--checkpoints-dir", tmp_path]
+    cut = run_phalanx("trainlaunch", "--name", "cut", "--batch-size", 16, "--max-steps", 3, *common, "--use-torchrun",
+                      "--nproc-per-node=2")
+    assert cut.code == 0 and torch.load(tmp_path / "cut/latest.pt")["position"] == 3 * 32, cut.err
+    resumed = phalanx("train", "--name", "cut", "--grad-accum", 2, "--resume", "auto", *common)
+    assert resumed.code == 0, resumed.err
+    assert "--batch-size 16" in resumed.out and "effective batch" not in resumed.out, resumed.out  # the run's own batch
+    assert phalanx("train", "--name", "straight", "--batch-size", 32, *common).code == 0
+    a, b = (torch.load(tmp_path / name / "latest.pt") for name in ("cut", "straight"))
+    assert a["epoch"] == b["epoch"] == 2 and a["effective_batch"] == b["effective_batch"] == 32
+    assert reference.max_difference(a["model"], b["model"]) < 1e-12
+    again = phalanx("train", "--name", "cut", "--epochs", 3, "--resume", "auto", *common)  # no --grad-accum: the run's 2
+    assert again.code == 0 and "effective batch" not in again.out, again.out
+
+
 def test_a_longer_cosine_schedule_at_resume_is_followed_and_said(tmp_path, phalanx):
     # The rule: the schedule's length is the current --epochs. Epochs 1-2 ran a 2-epoch cosine;
     # the resumed epochs 3-4 follow the 4-epoch cosine from where training is.
