@@ -129,8 +129,9 @@ def test_two_workers_resumed_in_one_process_with_grad_accum_train_what_they_woul
     a, b = (torch.load(tmp_path / name / "latest.pt") for name in ("cut", "straight"))
     assert a["epoch"] == b["epoch"] == 2 and a["effective_batch"] == b["effective_batch"] == 32
     assert reference.max_difference(a["model"], b["model"]) < 1e-12
-    again = phalanx("train", "--name", "cut", "--epochs", 3, "--resume", "auto", *common)  # no --grad-accum: the run's 2
-    assert again.code == 0 and "effective batch" not in again.out, again.out
+    again = phalanx("train", "--name", "cut", "--resume", "auto", *common, "--epochs", 3)  # no --grad-accum: the run's 2
+    assert again.code == 0 and "resumed from" in again.out and "effective batch" not in again.out, again.out
+    assert "epoch 3/3" in again.out
 
 
 def test_a_longer_cosine_schedule_at_resume_is_followed_and_said(tmp_path, phalanx):
