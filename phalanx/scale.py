@@ -184,6 +184,10 @@ def table(points: list[Point]) -> list[str]:
     return lines
 
 
+# Efficiency above this is not more workers' doing (a little above 1 can be: caches): said so.
+IMPLAUSIBLE = 1.2
+
+
 def verdict(points: list[Point]) -> str:
     """The largest world size of weak scaling (else strong) in one line."""
     scaling = "weak" if any(p.scaling == "weak" for p in points) else "strong"
@@ -196,6 +200,9 @@ def verdict(points: list[Point]) -> str:
     if scaling == "weak" and top.workers > 1:
         beyond = max(0.0, top.step_s - base.step_s) / top.step_s
         line += f"; {100 * beyond:.0f}% of a step beyond 1 worker's (communication, contention)"
+    if efficiency > IMPLAUSIBLE:  # a newcomer's loaded machine gave 712%
+        line += ("; above 100% efficient, the 1-worker point ran slow (a loaded machine?): --repeats 3 interleaves "
+                 "the points and takes each one's median")
     return line
 
 

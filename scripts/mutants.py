@@ -631,7 +631,8 @@ MUTANTS = [
            'metavar="N", above=0,\n                             identity=False)', 'metavar="N", above=0)',
            ("tests/test_resume.py -k grad_accum",)),
     Mutant("a resume's --grad-accum not the run's when not given", "phalanx/resume_options.py",
-           '"epochs", "batch_size", "grad_accum",', '"epochs", "batch_size",', ("tests/test_resume.py -k grad_accum",)),
+           '"epochs", "batch_size", "grad_accum",', '"epochs", "batch_size",', ("tests/test_resume.py -k grad_accum",)),    Mutant("scale's implausible efficiency not said", "phalanx/scale.py", "    if efficiency > IMPLAUSIBLE:",
+           "    if False:", ("tests/test_scale.py -k not runs_the_world",)),
 ]
 
 

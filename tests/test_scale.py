@@ -47,6 +47,12 @@ def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records(
     assert median_point(repeats) is repeats[2]
     assert verdict([one, two]) == "2 workers (weak scaling): 1.60x, 80% efficient; communication 16% of a step; " \
                                   "20% of a step beyond 1 worker's (communication, contention)"
+    slow_one = Point("weak", 1, 32, 64.0, one.step_s, one.parts)  # a loaded machine's 1-worker point
+    assert verdict([slow_one, two]).endswith("8.00x, 400% efficient; communication 16% of a step; 20% of a step "
+                                             "beyond 1 worker's (communication, contention); above 100% efficient, "
+                                             "the 1-worker point ran slow (a loaded machine?): --repeats 3 "
+                                             "interleaves the points and takes each one's median")
+    assert "above 100%" not in verdict([one, two])
 
 
 def test_scale_runs_the_world_sizes_it_says_and_touches_no_run(tmp_path, phalanx):
