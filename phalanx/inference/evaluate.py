@@ -56,7 +56,8 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
         loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
-        evaluation = task.evaluate(models, every_batch(loader, "evaluation"), RunContext(strategy, cfg.optim.precision, cfg.network.channels_last))
+        ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
+        evaluation = task.evaluate(models, every_batch(loader, "evaluation"), ctx)
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         # The checkpoint's absolute path: the JSON is read from elsewhere (a newcomer found a relative one).
