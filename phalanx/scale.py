@@ -5,7 +5,8 @@ size, the configuration trains for a fixed number of steps in DDP workers that t
 this machine, or, run from the batch script of a SLURM allocation, that srun starts as a step of
 its tasks (1 worker: one plain process, as on one device), in a scratch directory removed
 afterwards (nothing of a real run directory is written, its config.json read with --resume;
-under SLURM it lies in the checkpoints directory, which the nodes share). The rate of each point is its own measurement: samples over seconds of the steps after
+under SLURM it lies in the checkpoints directory, which the nodes share). The rate of each point is
+its own measurement: samples over seconds of the steps after
 the warm-up, from the run's ``train`` records (with ``--repeats``, interleaved, the median); speedup
 is a rate over the 1-worker rate of the same scaling, efficiency the speedup over the workers. The step-time breakdown (data, compute,
 communication, optimizer, logging) comes from the same records; what a step takes beyond the

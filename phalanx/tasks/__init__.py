@@ -112,7 +112,7 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
     TaskInfo("vicreg", "Self-supervised: VICReg (--task vicreg)",
              "pretraining with invariance, variance and covariance terms over the global batch", VICRegOptions,
-             "phalanx.tasks.decorrelation:VICRegTask",  # lr 0.06 diverged on the digits at seed 1 (0.03: seeds 0-3 train)
+             "phalanx.tasks.decorrelation:VICRegTask",  # 0.06 diverged on the digits (seed 1); 0.03 trained
              {"optimizer": "sgd", "lr": 0.03, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
     TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
              DetectOptions, "phalanx.tasks.detect:DetectTask",
