@@ -214,13 +214,15 @@ def _worker_failures(exc) -> RunFailed:
 
     *others, (rank, failure) = sorted(exc.failures.items(),
                                       key=lambda item: (not secondary(item[1]), -when(item[1])))
+    code = failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED  # bad input, a signal: kept
+    if code == EXIT_BAD_INPUT and all((o.exitcode, first_line(o.message)) == (failure.exitcode, first_line(
+            failure.message)) for _, o in others):  # every rank refused the same input: one line, as `train`'s
+        return RunFailed(first_line(failure.message), exit_code=code)
     for other_rank, other in others:
         said = "stopped by torchrun after another rank failed" if other.exitcode == -15 else first_line(other.message)
         print(f"phalanx: rank {other_rank} (local rank {other.local_rank}): {said}", file=sys.stderr, flush=True)
-    # A worker that refused bad input or was stopped by a signal keeps that meaning.
     return RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code {failure.exitcode}: "
-                     f"{first_line(failure.message)}",
-                     exit_code=failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED)
+                     f"{first_line(failure.message)}", exit_code=code)
 
 
 def first_line(message: object) -> str:

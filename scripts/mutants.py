@@ -632,7 +632,8 @@ MUTANTS = [
            ("tests/test_resume.py -k grad_accum",)),
     Mutant("a resume's --grad-accum not the run's when not given", "phalanx/resume_options.py",
            '"epochs", "batch_size", "grad_accum",', '"epochs", "batch_size",', ("tests/test_resume.py -k grad_accum",)),    Mutant("scale's implausible efficiency not said", "phalanx/scale.py", "    if efficiency > IMPLAUSIBLE:",
-           "    if False:", ("tests/test_scale.py -k not runs_the_world",)),
+           "    if False:", ("tests/test_scale.py -k not runs_the_world",)),    Mutant("bad input every worker refused said once a rank", "phalanx/launch.py", "    if code == EXIT_BAD_INPUT and all(",
+           "    if False and all(", ("tests/test_bad_input.py -k launch-dataroot",)),
 ]
 
 

@@ -168,6 +168,9 @@ CASES += [("trainlaunch", *case) for case in [
     ("torchrun-no-nodes", ["--use-torchrun", "--nnodes 0"], "--use-torchrun", "--nnodes"),
     ("launch-image-size-beyond-memory", ["--image-size", "100000"], "--image-size", "GiB"),
     ("launch-checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file"),
+    # refused by both workers alike: said once, as `train` says it (a newcomer got a line per rank)
+    ("launch-dataroot-missing", ["--dataroot", "{w}/nope", "--use-torchrun", "--nproc_per_node 2"], "--dataroot",
+     "nope is not a directory"),
 ]]
 INFERENCE = [
     ("checkpoint-missing", ["--checkpoint", "{w}/nope.pt"], "--checkpoint", "does not exist"),
