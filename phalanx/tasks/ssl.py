@@ -278,4 +278,4 @@ def _every_image_votes(k: int, voters: int) -> str:
         return ""
     return (f"phalanx: warning: --knn-k {k} reaches the {voters} labelled images the kNN accuracy votes with: every "
             f"one votes, and the accuracy says little of the features; a k well under {voters} ({max(1, voters // 5)}, "
-            "say) measures them")
+            "say) measures them: in a new run, or `phalanx evaluate --knn-k K` of a checkpoint (a run keeps its k)")
