@@ -233,12 +233,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
             raise PhalanxError(f"expected KEY=VALUE, got {item!r}", "--task-option")
         given[key.strip().replace("-", "_")] = text
         typed.add(key.strip().replace("-", "_"))
-    twice = [k for k in given if k in tasks.option_fields() and ctx.get_parameter_source(k) not in
-             (ParameterSource.DEFAULT, None)]
-    if twice:  # which would win is no choice of the user's: refused
-        raise PhalanxError(f"{twice[0]} is given twice, here and as {flag(twice[0])}; give one", "--task-option")
-    if given:
-        merged["task_options"] = {**(merged.get("task_options") or {}), **given}
+    if given:  # last: what the command line gives beats a key of the file (later keys win)
+        merged["task_options"] = {**(merged.pop("task_options", None) or {}), **given}
     taken = _take_from_resumed_run(merged)
     task = merged.get("task", tasks.DEFAULT)
     if isinstance(task, str):
@@ -247,6 +243,10 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         if tasks.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
             raise tasks.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
                                          f"{flagged[0]}=VALUE")
+    twice = [k for k in given if k in tasks.option_fields() and ctx.get_parameter_source(k) not in
+             (ParameterSource.DEFAULT, None)]
+    if twice:  # which would win is no choice of the user's: refused
+        raise PhalanxError(f"{twice[0]} is given twice, here and as {flag(twice[0])}; give one", "--task-option")
     if taken:  # below what is given, and past check_used: the run's own values are not the user's choice
         merged = {**{k: v for k, v in taken.items() if k != "task"}, **merged,
                   "task_options": {**taken["task_options"], **(merged.get("task_options") or {})}}
@@ -263,6 +263,8 @@ def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[
     """A bad value or an unknown key from the ``--config`` file: where (the file and the key's line)
     and which key, rather than the flag alone; a key of the file's task: section included."""
     name = (exc.option or "").removeprefix("--").replace("-", "_")
+    if name.startswith("no_") and name not in typed and name[3:] in (file_values or {}):  # X: false in the file
+        name = name[3:]
     if file_values is None or name in typed:
         return None
     section = file_values.get("task") if isinstance(file_values.get("task"), dict) else {}

@@ -272,7 +272,9 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
                      "given here)")
     old_world, old_batch = state.get("world_size"), state.get("effective_batch")
     if old_batch is not None and old_batch != trainer.strategy.plan.effective_batch:
-        lines.append(f"phalanx: the world size changed ({old_world} -> {trainer.world_size} processes): effective "
+        what = f"the world size changed ({old_world} -> {trainer.world_size} processes)" \
+            if old_world != trainer.world_size else "--batch-size or --grad-accum changed"
+        lines.append(f"phalanx: {what}: effective "
                      f"batch {old_batch} -> {trainer.strategy.plan.effective_batch}, learning rate {trainer.base_lr:g} "
                      f"(--scale-lr {cfg.schedule.scale_lr}); the sample order and the schedule continue where they were")
     old_ids = tuple(state.get("config", {}).get("gpu_ids") or ())

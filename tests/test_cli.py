@@ -120,3 +120,19 @@ def test_a_dry_run_allocates_no_network_and_no_generated_images_too_large_for_me
     assert synthetic.code == 2 and synthetic.err.startswith(
         "phalanx: --synthetic-samples: synthetic data (1000000 images at 512 px) would take 2930 GiB in memory")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_task_option_beats_a_config_files_key_and_a_files_false_flag_is_named_by_its_line(phalanx, tmp_path):
+    # Found in review: a file's flat `temperature: 0.3` after its task_options beat a typed
+    # --task-option (the later key won); a file's `gather: false` was named as --no-gather, unlocated.
+    import yaml
+
+    (tmp_path / "c.yaml").write_text("task: simclr\ntask_options: {projection_dim: 32}\ntemperature: 0.3\n")
+    printed = phalanx("train", "--config", tmp_path / "c.yaml", "--task-option", "temperature=0.2", "--print-config")
+    assert printed.code == 0, printed.err
+    assert yaml.safe_load(printed.out)["task_options"]["temperature"] == 0.2
+    (tmp_path / "g.yaml").write_text("task: byol\ngather: false\n")
+    refused = phalanx("train", "--config", tmp_path / "g.yaml", "--print-config")
+    assert refused.code == 2 and refused.err.strip() == (
+        f"phalanx: --config {tmp_path / 'g.yaml'}, line 2: gather: is an option of --task simclr or --task barlowtwins "
+        "or --task vicreg; this run's task is byol"), refused.err

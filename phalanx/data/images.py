@@ -104,17 +104,12 @@ WIDE_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I", "F"})
 
 
 def eight_bit(array: np.ndarray) -> np.ndarray:
-    """Pixels of a wider type as 8 bits, as DeepLIIF's reader rescales them: to [0, 1] by the type's
-    range (floats taken as [0, 1]; 32-bit integers whose values fit 16 bits, as PIL reads some
-    16-bit files, by 16 bits'), x 255, truncated."""
+    """Pixels of a wider type as 8 bits, as DeepLIIF's whole-slide reader rescales them: to [0, 1]
+    by the type's range (floats taken as [0, 1]), x 255, truncated. One scale per type, never from
+    the values: a slide read region by region is scaled as the whole image is."""
     if array.dtype == np.uint8:
         return array
-    if array.dtype.kind == "f":
-        scale = 1.0
-    elif array.dtype.itemsize > 2 and array.size and 0 <= array.min() and array.max() <= 65535:
-        scale = 65535.0
-    else:
-        scale = float(np.iinfo(array.dtype).max)
+    scale = 1.0 if array.dtype.kind == "f" else float(np.iinfo(array.dtype).max)
     return (np.clip(array.astype(np.float64) / scale, 0, 1) * 255).astype(np.uint8)
 
 

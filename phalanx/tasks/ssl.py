@@ -84,7 +84,7 @@ class SelfSupervisedTask(Task):
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}
     knn_note = ""  # build_data's warning where --knn-k reaches the labelled images
     view_loss_meaning = "2 - 2 cos between the embeddings of an image's two views"  # evaluate says it (view_loss)
-    said_collapse = False  # a collapse is said once a run
+    said_collapse = False  # a collapse is said once a process (a resumed run says it again)
 
     # --- data and networks
     def build_data(self) -> TaskData:
@@ -229,7 +229,7 @@ class SelfSupervisedTask(Task):
         return bank, bank_labels
 
     def epoch_warnings(self, train: dict[str, float], epoch: int) -> list[str]:
-        """A collapse, said once a run (the first epoch that shows it)."""
+        """A collapse, said once (the first epoch of this process that shows it)."""
         found = None if self.said_collapse else self.collapse(train)
         if found is None:
             return []
