@@ -643,6 +643,13 @@ MUTANTS = [
            "    if False:", ("tests/test_scale.py -k not runs_the_world",)),
     Mutant("bad input every worker refused said once a rank", "phalanx/launch.py", "    if code == EXIT_BAD_INPUT and all(",
            "    if False and all(", ("tests/test_bad_input.py -k launch-dataroot",)),
+    Mutant("a config file's key beats a typed --task-option", "phalanx/cliopts.py",
+           'merged["task_options"] = {**(merged.pop("task_options", None) or {}), **given}',
+           'merged["task_options"] = {**(merged.get("task_options") or {}), **given}',
+           ("tests/test_cli.py -k task_option_beats",)),
+    Mutant("a config file's X: false named as --no-X", "phalanx/cliopts.py",
+           "    if name.startswith(\"no_\") and name not in typed and name[3:] in (file_values or {}):",
+           "    if False:", ("tests/test_cli.py -k task_option_beats",)),
 ]
 
 
