@@ -155,7 +155,8 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
     # torchrun logs each worker failure at length; phalanx reports it in one line below.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    if cfg.devices.uses_cpu and "OMP_NUM_THREADS" not in os.environ:
+    threads_set = cfg.devices.uses_cpu and "OMP_NUM_THREADS" not in os.environ
+    if threads_set:
         # Workers inherit it: cores / local workers from their first instruction (torchrun
         # would pick 1 and warn about it).
         os.environ["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(plan.nproc_per_node))
@@ -172,6 +173,9 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
                         exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED) from None
     except Exception as exc:  # the agent itself: rendezvous, store, anything torchrun raises
         raise RunFailed(_agent_failure(exc, plan), OPTION) from None
+    finally:  # a caller in this process (``phalanx.cli.main``) keeps its environment: its later
+        if threads_set:  # processes had one thread where the launch had left OMP_NUM_THREADS=1
+            os.environ.pop("OMP_NUM_THREADS", None)
     return 0
 
 

@@ -650,6 +650,9 @@ MUTANTS = [
     Mutant("a config file's X: false named as --no-X", "phalanx/cliopts.py",
            "    if name.startswith(\"no_\") and name not in typed and name[3:] in (file_values or {}):",
            "    if False:", ("tests/test_cli.py -k task_option_beats",)),
+    Mutant("a launch leaves its OMP_NUM_THREADS to its caller", "phalanx/launch.py",
+           '            os.environ.pop("OMP_NUM_THREADS", None)', "            pass",
+           ("tests/test_bad_input.py -k launch-dataroot",)),
 ]
 
 

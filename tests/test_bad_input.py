@@ -269,9 +269,12 @@ CASES += [("visualize", *case) for case in [
 @pytest.mark.slow
 @pytest.mark.parametrize("command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES])
 def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args, option, words):
-    before = snapshot_tree(world)
+    before, threads = snapshot_tree(world), os.environ.get("OMP_NUM_THREADS")
     extra = ["--checkpoints-dir", world / "ck"] if command in ("train", "trainlaunch") else []
     result = phalanx(command, *extra, *[a.format(w=world) for a in args])
+    # Called in process: a launch once left OMP_NUM_THREADS=1 behind, and the suite's later processes
+    # computed with one thread (a resume then differed from the straight run in process, bit for bit).
+    assert os.environ.get("OMP_NUM_THREADS") == threads
     lines = result.err.strip().splitlines()
     assert result.code == 2, result.err
     assert len(lines) == 1, result.err
