@@ -125,7 +125,7 @@ def describe(cfg: RunConfig, plan: LaunchPlan, train_samples: int | None = None)
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
     """Run torchrun in this process; a failed worker becomes a one-line error and our exit code."""
-    from .devices import check_gpu_ids, cpu_threads_per_worker, missing_gpus
+    from .devices import check_gpu_ids, missing_gpus
 
     plan = plan_launch(cfg, torchrun_options)
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
@@ -149,9 +149,17 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
         # several nodes on a shared disk, node 0's rank 0 may already have created the run;
         # the workers then check it together, before a barrier.
         rundir.plan(cfg)
+    run_workers(cfg, plan)
+    return 0
+
+
+def run_workers(cfg: RunConfig, plan: LaunchPlan) -> None:
+    """torchrun's agent in this process, its workers' failures as one-line errors."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
+
+    from .devices import cpu_threads_per_worker
 
     # torchrun logs each worker failure at length; phalanx reports it in one line below.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -176,7 +184,6 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
     finally:  # a caller in this process (``phalanx.cli.main``) keeps its environment: its later
         if threads_set:  # processes had one thread where the launch had left OMP_NUM_THREADS=1
             os.environ.pop("OMP_NUM_THREADS", None)
-    return 0
 
 
 _AGENT_FAILURES = {
