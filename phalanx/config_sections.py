@@ -121,6 +121,12 @@ class OptimOptions:
     weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
     grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0,
                              identity=False)
+    clip_grad: float = option(0.0, "Clip each optimizer's gradients before its step (after --grad-accum's "
+                              "last micro-batch and, under DDP, the all-reduce): their total L2 norm to MAX with "
+                              "--clip-mode norm, each element to [-MAX, MAX] with value; 0: off.", metavar="MAX",
+                              at_least=0)
+    clip_mode: str = option("norm", "What --clip-grad bounds (timm's --clip-mode, Lightning's "
+                            "gradient_clip_algorithm).", choices=("norm", "value"))
     ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
                               "evaluated beside the model; 0: off.", metavar="D", at_least=0, below=1)
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from .comm_clock import CommClock
+from .config_sections import OptimOptions
 from .errors import PhalanxError
-from .optim import step as step_optimizer
+from .optim import clip_gradients, step as step_optimizer
 from .parallel import Strategy
 from .sampling import MicroBatch, sample_order
 
@@ -110,9 +111,10 @@ class Pending:
 class StepContext(RunContext):
     """One micro-batch of training: set by the trainer before each ``training_step``."""
 
-    def __init__(self, strategy: Strategy, precision: str, channels_last: bool, models: Mapping[str, nn.Module],
+    def __init__(self, strategy: Strategy, optim: OptimOptions, channels_last: bool, models: Mapping[str, nn.Module],
                  optimizers: Mapping[str, torch.optim.Optimizer], scalers: Mapping[str, torch.amp.GradScaler]):
-        super().__init__(strategy, precision, channels_last)
+        super().__init__(strategy, optim.precision, channels_last)
+        self.optim = optim
         self.models = models
         self.optimizers, self.scalers = optimizers, scalers
         self.micro: MicroBatch | None = None
@@ -163,6 +165,7 @@ class StepContext(RunContext):
         if not self.ends_step or name in self.stepped:
             return
         scaler = self.scalers[name]
+        clip_gradients(self.optimizers[name], scaler, self.optim)
         step_optimizer(self.optimizers[name], scaler)
         scaler.update()
         self.optimizers[name].zero_grad(set_to_none=True)

@@ -45,6 +45,22 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
     return make(fused=True) if fusable else make()  # (elsewhere: torch's default implementation)
 
 
+def clip_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, optim: OptimOptions) -> None:
+    """``--clip-grad``: the optimizer's gradients bounded before its step, unscaled first (fp16's
+    GradScaler: the bound is on the true gradient, as torch's AMP recipe does). Under DDP every rank
+    holds the all-reduced gradient and clips it alike; under FSDP the gradients are DTensor shards,
+    whose norm torch all-reduces into the whole network's (a replicated DTensor, measured) before
+    any is scaled."""
+    if not optim.clip_grad:
+        return
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if optim.clip_mode == "value":
+        torch.nn.utils.clip_grad_value_(params, optim.clip_grad)
+        return
+    torch.nn.utils.clip_grad_norm_(params, optim.clip_grad)
+
+
 def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
     """One optimizer step, made safe for torch 2.14's fused kernels:
     - a fused step reads each parameter and its gradient as flat memory: a gradient laid out

@@ -78,7 +78,7 @@ class Trainer(Checkpointing, Validation):
         self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
         self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
                         for name in self.optimizers}
-        self.ctx = StepContext(strategy, cfg.optim.precision, cfg.network.channels_last, self.models, self.optimizers, self.scalers)
+        self.ctx = StepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers)
         self.eval_ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         self.data = data  # (the task's pictures of each epoch are drawn from it: Validation.visuals)
         self.loss_names = declared.loss_names

@@ -653,6 +653,20 @@ MUTANTS = [
     Mutant("a launch leaves its OMP_NUM_THREADS to its caller", "phalanx/launch.py",
            '            os.environ.pop("OMP_NUM_THREADS", None)', "            pass",
            ("tests/test_bad_input.py -k launch-dataroot",)),
+    Mutant("--clip-grad ignored", "phalanx/context.py",
+           "        clip_gradients(self.optimizers[name], scaler, self.optim)", "        pass",
+           ("tests/test_equivalence.py -k clipped",)),
+    Mutant("--clip-mode value clips the norm", "phalanx/optim.py",
+           "    if optim.clip_mode == \"value\":", "    if False:", ("tests/test_equivalence.py -k clipped",)),
+    Mutant("FSDP clips each rank's shards by their own norm", "phalanx/optim.py",
+           "    torch.nn.utils.clip_grad_norm_(params, optim.clip_grad)",
+           "    torch.nn.utils.clip_grads_with_norm_(params, optim.clip_grad, torch.nn.utils.get_total_norm(\n"
+           "        [getattr(p.grad, '_local_tensor', p.grad) for p in params]))",
+           ("tests/test_equivalence.py -k clipped",)),
+    Mutant("gradients clipped per micro-batch", "phalanx/context.py",
+           "            self.scalers[name].scale(scaled).backward()",
+           "            self.scalers[name].scale(scaled).backward()\n            clip_gradients(self.optimizers[name], self.scalers[name], self.optim)",
+           ("tests/test_equivalence.py -k clipped",)),
 ]
 
 

@@ -38,9 +38,11 @@ def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: floa
 
 def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[int], lr: float, momentum: float = 0.9,
           weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine", ema_decay: float = 0.0,
-          ema: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+          ema: dict[str, torch.Tensor] | None = None, clip_norm: float = 0.0,
+          clip_value: float = 0.0) -> dict[str, torch.Tensor]:
     """Mean cross-entropy over each global batch of the documented order, plain SGD. With
     ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights.
+    ``clip_norm``/``clip_value``: the gradient clipped by torch's own functions before each step.
     ``global_batch`` may be a list, one per epoch (a run resumed at another world size)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     if ema is not None:
@@ -60,6 +62,10 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[in
                 group["lr"] = lr * factor
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
+            if clip_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            if clip_value:
+                nn.utils.clip_grad_value_(model.parameters(), clip_value)
             optimizer.step()
             if ema is not None:
                 for key, value in model.state_dict().items():

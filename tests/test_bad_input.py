@@ -138,6 +138,8 @@ CASES = [
     ("lr-inf", ["--lr", "inf"], "--lr", "finite"),
     ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
+    ("clip-grad-negative", ["--clip-grad", "-1"], "--clip-grad", "must not be negative"),
+    ("clip-grad-nan", ["--clip-grad", "nan"], "--clip-grad", "finite"),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),
     ("sync-bn-with-a-frozen-backbone", ["--freeze-backbone", "--sync-bn"], "--sync-bn", "nothing of theirs to synchronise"),
     ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),

@@ -34,7 +34,7 @@ FLOAT32_ULPS = 16
 
 
 def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0,
-                      ema_decay=0.0, ema=None):
+                      ema_decay=0.0, ema=None, **clip):
     import phalanx_testmodels  # noqa: F401  (tests/support, on sys.path through conftest)
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
@@ -46,7 +46,7 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
     if next(model.parameters()).dtype == torch.float64:
         train = [(x.double(), y) for x, y in (train[i] for i in range(len(train)))]
     return reference.train(model, train, epochs=epochs, global_batch=global_batch, lr=lr, momentum=momentum,
-                           schedule=schedule, seed=seed, ema_decay=ema_decay, ema=ema)
+                           schedule=schedule, seed=seed, ema_decay=ema_decay, ema=ema, **clip)
 
 
 def weights(path):
@@ -101,6 +101,31 @@ def test_float64_ddp_with_gradient_accumulation_equals_one_big_batch_and_skips_t
     second = slice(1, None, 2)  # the second micro-batch of each step
     assert all(g != "none" for g in grads["0"][second])
     assert sum(a != b for a, b in zip(grads["0"][second], grads["1"][second])) > 0.9 * len(grads["0"][second])
+
+
+@pytest.mark.slow
+def test_clipped_gradients_equal_torchs_clipping_in_the_hand_written_loop_accumulated_and_sharded(tmp_path, phalanx):
+    import phalanx_testmodels
+
+    # float64, one epoch of 45 steps of 32: the gradient's norm passes 1 from about the 15th step
+    # (0.4 at the first, 2.9 at the 30th) and its largest element passes 0.1 about as often. The
+    # norm is taken over the whole step: after the second accumulated micro-batch in one process,
+    # across both ranks' shards under FSDP (DTensors). The reference clips with torch's functions.
+    common = ["--model", "phalanx_testmodels:double", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"]
+    norm = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0)
+    value = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1)
+    plain = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1)
+    assert min(reference.max_difference(norm, plain), reference.max_difference(value, plain)) > 1e-3  # they bind
+    runs = {"norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1],
+            "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value"]}
+    for name, flags in runs.items():
+        result = phalanx("train", "--name", name, *flags, *common)
+        assert result.code == 0, result.err
+    sharded = run_phalanx("trainlaunch", "--name", "fsdp", "--strategy", "fsdp", "--batch-size", 16, "--clip-grad", 1,
+                          *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+    assert sharded.code == 0, sharded.err
+    for name, expected in (("norm", norm), ("value", value), ("fsdp", norm)):
+        assert reference.max_difference(weights(tmp_path / name / "latest.pt"), expected) < 1e-12, name
 
 
 @contextlib.contextmanager

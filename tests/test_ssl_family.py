@@ -112,7 +112,7 @@ def test_simsiams_monitor_from_all_reduced_sums_is_the_batchs_embedding_std():
     from phalanx.strategies import make_strategy
     from phalanx.tasks.decorrelation import embedding_std, global_embedding_std
 
-    ctx = StepContext(make_strategy(RunConfig.flat(task="simsiam"), None), "fp64", False, {}, {}, {})
+    ctx = StepContext(make_strategy(RunConfig.flat(task="simsiam"), None), RunConfig.flat(precision="fp64").optim, False, {}, {}, {})
     z1, z2 = embeddings(3, rows=9, dim=5)
     ctx.begin(MicroBatch(list(range(9)), 9, 0, 9, 9, True), 1, 0.5, 1)
     monitor = global_embedding_std(ctx, z1, z2)
@@ -214,7 +214,7 @@ def step_context(models: dict, optimizers: dict | None = None):
 
     optimizers = optimizers or {}
     scalers = {name: torch.amp.GradScaler("cpu", enabled=False) for name in optimizers}
-    ctx = StepContext(make_strategy(RunConfig.flat(), None), "fp64", False, models, optimizers, scalers)
+    ctx = StepContext(make_strategy(RunConfig.flat(), None), RunConfig.flat(precision="fp64").optim, False, models, optimizers, scalers)
     ctx.begin(MicroBatch([0, 1, 2, 3], 4, 0, 4, 4, True), 1, 0.5, 2)
     return ctx
 
