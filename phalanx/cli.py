@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from .cliopts import (Command, Option, build_config, build_options, dataclass_options, echo_config,
                       training_options)
+from . import habits
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
 from .cli_tools import consolidate, scale
 from .inference.options import EvaluateOptions, ExportOptions, PredictOptions
@@ -251,10 +252,13 @@ def _main(argv: list[str] | None = None) -> int:
             say_error(f"--use-torchrun is an option of `phalanx trainlaunch` (DDP through torchrun), not of "
                       f"`phalanx {command}`: phalanx trainlaunch ... --use-torchrun \"--nproc_per_node 2\"")
         else:
-            say_error(exc.format_message())
+            params = exc.ctx.command.params if exc.ctx else []
+            known = [spelling for param in params for spelling in param.opts + param.secondary_opts]
+            say_error(habits.option_hint(exc.option_name, known, command) or exc.format_message())
         return exc.exit_code
     except click.ClickException as exc:
-        say_error(exc.format_message())
+        named = isinstance(exc, click.BadParameter) and exc.param is not None and exc.param.name == "precision"
+        say_error((named and habits.precision_hint(args)) or exc.format_message())
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         say_error("interrupted")

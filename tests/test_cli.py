@@ -138,3 +138,21 @@ def test_task_option_beats_a_config_files_key_and_a_files_false_flag_is_named_by
     assert refused.code == 2 and refused.err.strip() == (
         f"phalanx: --config {tmp_path / 'g.yaml'}, line 2: gather: is an option of --task simclr or --task barlowtwins "
         "or --task vicreg; this run's task is byol"), refused.err
+
+
+def test_flags_of_timm_torchvision_and_lightning_are_answered_with_phalanxs_name_for_them(phalanx):
+    # click's own suggestion guesses from the letters ("--amp": did you mean --name?); where the
+    # command has the thing under another name, the line names it, and only there.
+    cases = [("train", ["--amp"], "No such option '--amp': phalanx's is --precision bf16 (or fp16"),
+             ("train", ["--gradient_clip_val", "1"], "No such option '--gradient_clip_val': phalanx's is --clip-grad MAX"),
+             ("trainlaunch", ["-b", "8"], "No such option '-b': phalanx's is --batch-size"),
+             ("train", ["--test-only"], "No such option '--test-only': phalanx's is phalanx evaluate --checkpoint PATH"),
+             ("train", ["--precision", "bf16-mixed"], "--precision: 'bf16-mixed' is phalanx's bf16 (one of fp32"),
+             ("train", ["--precision=16-mixed"], "--precision: '16-mixed' is phalanx's fp16 (one of fp32"),
+             ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
+             ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?")]  # evaluate has no --precision
+    for command, args, line in cases:
+        result = phalanx(command, *args)
+        lines = result.err.strip().splitlines()
+        assert result.code == 2 and len(lines) == 1 and lines[0].startswith(f"phalanx: {line}"), (command, args, lines)
+        assert result.out == ""

@@ -46,7 +46,8 @@ def test_evaluate_reproduces_the_validation_accuracy_training_recorded(trained, 
 def test_ddp_evaluate_counts_every_image_once_and_equals_one_process(trained, tmp_path):
     single = run_phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "one.json")
     assert single.code == 0, single.err
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "phalanx.cli",
+    # `-m phalanx`, as timm's and torchvision's scripts are launched (phalanx/__main__.py)
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "phalanx",
                           "evaluate", "--checkpoint", str(trained / "latest.pt"), "--output", str(tmp_path / "two.json")],
                          capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ddp.returncode == 0, ddp.stderr

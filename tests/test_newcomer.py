@@ -238,3 +238,17 @@ def test_your_tasks_options_are_recorded_typed(phalanx):
     printed = phalanx("train", "--task", "adversarial_autoencoder:AdversarialAutoencoder", "--task-option", "width=32",
                       "--print-config")
     assert printed.code == 0 and "task_options: {width: 32, lambda_l1: 10.0}" in printed.out  # once {width: '32'}
+
+
+def test_a_validation_or_valid_folder_validates_as_val_does_and_two_of_them_are_refused(tmp_path, phalanx):
+    # timm's train.py finds val/, validation/ and valid/; phalanx took val/ alone and held 20% of
+    # train/ out beside an ignored validation/ folder (a timm user's report).
+    root = write_digit_pngs(tmp_path / "data", per_class=2, val=True)
+    for name in ("validation", "valid"):
+        (root / ("val" if name == "validation" else "validation")).rename(root / name)
+        plan = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
+        assert plan.code == 0 and f"(20 train / 20 val from {name}/, 10 classes" in plan.out, plan.out
+    (root / "val").mkdir()
+    both = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
+    assert both.code == 2 and both.err.strip() == (f"phalanx: --dataroot: {root} holds val/ and valid/: which one "
+                                                   "validates is unclear; keep one"), both.err

@@ -21,6 +21,7 @@ from ..config_sections import DataOptions
 from ..errors import PhalanxError
 from . import manifest
 from .images import ImageFiles, PathTable
+from .layout import validation_dir
 
 DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 FOLDER_SIZE = 32  # --image-size for folders when none is given
@@ -177,12 +178,13 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
     mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
     classes, train, skipped = _files(root / "train", None, mode, data, unlabelled)
     labels = f"{len(classes)} classes" if classes else "no labels"
-    if (root / "val").is_dir():
-        val_classes, val, val_skipped = _files(root / "val", classes or None, mode, data, unlabelled)
+    val_root = validation_dir(root)
+    if val_root.is_dir():
+        val_classes, val, val_skipped = _files(val_root, classes or None, mode, data, unlabelled)
+        how: str = f"{val_root.name}/"
         if not classes and val_classes:  # label-free train/: val/'s classes, for monitoring only
-            classes, labels = val_classes, f"{len(val_classes)} classes in val/ (train/ has no labels)"
+            classes, labels = val_classes, f"{len(val_classes)} classes in {how} (train/ has no labels)"
         skipped.update(val_skipped)
-        how: str = "val/"
         train_set, val_set = train, val
     else:
         train_set, val_set = holdout_split(train, data.val_fraction, seed)

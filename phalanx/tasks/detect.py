@@ -22,6 +22,7 @@ from torch import nn
 from .. import records
 from ..data import SeededView
 from ..data.coco import CocoImages, collate, load_split
+from ..data.layout import validation_dir
 from ..errors import PhalanxError
 from ..pictures import png
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
@@ -87,10 +88,10 @@ class DetectTask(Task):
                                f"{root}/train/annotations.json", "--dataroot")
         annotations = Path(self.options.annotations) if self.options.annotations else None
         train = load_split(root / "train", annotations, cfg.data.skip_broken)
-        if not (root / "val").is_dir():
+        if not validation_dir(root).is_dir():
             raise PhalanxError(f"{root} has no val/ folder: COCO scores a split of its own (val/images/ and "
                                "val/annotations.json)", "--dataroot")
-        val = load_split(root / "val", Path(self.options.val_annotations) if self.options.val_annotations else None,
+        val = load_split(validation_dir(root), Path(self.options.val_annotations) if self.options.val_annotations else None,
                          cfg.data.skip_broken, train.categories)
         self.categories, self.val_split = train.categories, val
         flip = cfg.data.hflip and cfg.data.augment != "none"

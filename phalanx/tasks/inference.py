@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data.layout import validation_dir
 from ..errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -82,11 +83,12 @@ class Inference:
 
     # --- evaluate ------------------------------------------------------------------------------
     def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
-        """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (else
+        """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (or
+        validation/, valid/; else
         DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
         if dataroot:
             root = Path(dataroot)
-            found = self.evaluation_split(root / "val" if (root / "val").is_dir() else root)
+            found = self.evaluation_split(validation_dir(root) if validation_dir(root).is_dir() else root)
             if found is not None:
                 return found
         data = self.task.build_data()  # from this command's configuration: --dataroot if given

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset, Subset
 
 from .. import records
 from ..data import SeededView
+from ..data.layout import validation_dir
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..data.transforms import one_size
@@ -122,11 +123,11 @@ class TranslateTask(Task):
         flip = cfg.data.hflip
         augment, crop = cfg.data.augment != "none", self.crops()
         train_files = PairFiles(train_pairs)
-        if (root / "val").is_dir():
-            val_pairs = find_pairs(root / "val", self.targets, cfg.data.skip_broken, self.last_target_folder)
+        if validation_dir(root).is_dir():
+            val_pairs = find_pairs(validation_dir(root), self.targets, cfg.data.skip_broken, self.last_target_folder)
             skipped.update(val_pairs.skipped)
             val_files: Dataset = PairFiles(val_pairs)
-            how = "val/"
+            how = f"{validation_dir(root).name}/"
         else:
             train_index, val_index = holdout_indices(len(train_files), cfg.data.val_fraction, cfg.seed)
             train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)

@@ -1,0 +1,70 @@
+"""The flags users bring from timm's ``train.py``, torchvision's reference scripts and Lightning,
+and what phalanx calls the same thing: an unknown option that one of them knows is answered with
+phalanx's name for it, where click's spelling suggestion would guess from the letters alone
+(``--amp``: "Did you mean '--name'?")."""
+
+from __future__ import annotations
+
+# Each tool's flag -> phalanx's way to say it. Only flags whose meaning phalanx has.
+ELSEWHERE = {
+    "--amp": "--precision bf16 (or fp16: autocast, with a GradScaler on CUDA)",
+    "--amp-dtype": "--precision bf16 or --precision fp16",
+    "--pretrained": "--weights NAME_OR_PATH (a torchvision weights name such as ResNet18_Weights.IMAGENET1K_V1, "
+                    "a state dict or a checkpoint)",
+    "--initial-checkpoint": "--weights PATH",
+    "--opt": "--optimizer sgd|adam|adamw",
+    "--wd": "--weight-decay",
+    "--sched": "--lr-schedule cosine|step|constant|linear",
+    "--lr-scheduler": "--lr-schedule cosine|step|constant|linear",
+    "--lr-step-size": "--lr-step-epochs",
+    "--lr-warmup-epochs": "--warmup-epochs",
+    "--aa": "--augment randaugment|autoaugment|trivialaugment",
+    "--auto-augment": "--augment randaugment|autoaugment|trivialaugment",
+    "--reprob": "--random-erasing P",
+    "--random-erase": "--random-erasing P",
+    "--model-ema": "--ema-decay D (e.g. 0.9998)",
+    "--clip-grad-norm": "--clip-grad MAX",
+    "--gradient-clip-val": "--clip-grad MAX",
+    "--gradient-clip-algorithm": "--clip-mode norm|value",
+    "--accumulate-grad-batches": "--grad-accum N",
+    "--max-epochs": "--epochs",
+    "--devices": "--gpu-ids (once per GPU: --gpu-ids 0 --gpu-ids 1; -1 for the CPU), or trainlaunch --use-torchrun "
+                 "\"--nproc_per_node N\" for DDP",
+    "--device": "--gpu-ids (an index per GPU; -1 for the CPU)",
+    "--gpus": "--gpu-ids (once per GPU: --gpu-ids 0 --gpu-ids 1)",
+    "--world-size": "phalanx trainlaunch --use-torchrun \"--nproc_per_node N\"",
+    "-b": "--batch-size",
+    "-j": "--num-workers",
+    "--test-only": "phalanx evaluate --checkpoint PATH",
+    "--data-dir": "--dataroot",
+    "--data-path": "--dataroot",
+    "--output-dir": "--checkpoints-dir (and --name for the run's folder)",
+    "--print-freq": "--log-every",
+    "--train-crop-size": "--image-size",
+    "--torchcompile": "--compile",
+}
+
+# Lightning's and timm's precision names -> phalanx's.
+PRECISIONS = {"amp": "bf16 or fp16", "bf16-mixed": "bf16", "16-mixed": "fp16", "16": "fp16", "bf16-true": "bf16",
+              "32": "fp32", "32-true": "fp32", "64": "fp64", "64-true": "fp64", "float16": "fp16",
+              "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+def option_hint(option: str, known: list[str], command: str) -> str | None:
+    """What phalanx calls an unknown ``option`` of ``phalanx command`` (as typed, perhaps with
+    underscores), or None: only where that command has it."""
+    spelt = option.replace("_", "-")  # Lightning's flags (phalanx's own take either spelling)
+    instead = ELSEWHERE.get(spelt, "")
+    if instead and spelt not in known and (instead.split()[0] in known or instead.startswith("phalanx ")
+                                             and not instead.startswith(f"phalanx {command} ")):
+        return f"No such option '{option}': phalanx's is {instead}"
+    return None
+
+
+def precision_hint(args: list[str]) -> str | None:
+    """A refused ``--precision`` value that Lightning or timm would take, with phalanx's name for it."""
+    for before, arg in zip(["", *args], args):
+        value = arg.split("=", 1)[1] if arg.startswith("--precision=") else arg if before == "--precision" else None
+        if value is not None and value.lower() in PRECISIONS:
+            return f"--precision: '{value}' is phalanx's {PRECISIONS[value.lower()]} (one of fp32, bf16, fp16, fp64)"
+    return None
