@@ -8,6 +8,7 @@ Loading uses ``weights_only=True``; nothing in the file runs.
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,12 @@ def _timm_weights(model: str) -> Path:
                        f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
 
 
+# The entry other tools' checkpoints keep their network in (timm and Lightning: state_dict, which
+# Lightning's prefixes with the module's attribute names; torchvision's reference scripts: model).
+OTHER_TOOLS = {"state_dict": "timm's or Lightning's checkpoint", "model": "a torchvision reference checkpoint"}
+EMA_ENTRIES = ("state_dict_ema", "model_ema")  # their averaged weights, which --weights does not take
+
+
 def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, str, Stats | None]:
     """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
     says, what of a checkpoint of another task was taken (a self-supervised run's backbone), and the
@@ -83,7 +90,10 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
 
             state = load_file(str(path))
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            # torchvision's reference scripts save their argparse arguments beside the weights:
+            # a Namespace holds plain values and runs nothing when unpickled.
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or a pickle with classes in it
         from .checkpoint import unloadable
 
@@ -104,8 +114,11 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
             others = sorted(set(state.get("models") or {}) - {"backbone", "model"})
             note = f" (a --task {task} run's backbone" + (f"; its {', '.join(others)} left out)" if others else ")")
         state = state["model"]
-    elif isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
+    elif isinstance(state, dict) and any(isinstance(state.get(key), dict) for key in OTHER_TOOLS):
+        key = next(key for key in OTHER_TOOLS if isinstance(state.get(key), dict))
+        others = sorted(k for k in state if k in EMA_ENTRIES)
+        note = f" ({OTHER_TOOLS[key]}: its '{key}'" + (f"; its {', '.join(others)} left out)" if others else ")")
+        state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PhalanxError(f"{path} holds no state dict of tensors", OPTION)
     return {k.removeprefix("module."): v for k, v in state.items()}, classes, note, stats

@@ -245,3 +245,31 @@ def test_ema_is_evaluated_checkpointed_and_resumed_exactly(phalanx, tmp_path):
     assert not torch.equal(a["ema"]["model"]["classifier.3.weight"], a["model"]["classifier.3.weight"])
     val = records(tmp_path / "straight", "val")
     assert all(0.5 < r["ema_acc"] <= 1 for r in val)
+
+
+def test_torchvisions_and_timms_own_checkpoints_give_their_weights(phalanx, tmp_path):
+    # torchvision's reference scripts save {"model", "optimizer", "lr_scheduler", "epoch", "args" (an
+    # argparse Namespace), "model_ema"}; timm's train.py {"state_dict", "state_dict_ema", ...}. Both
+    # were refused (the Namespace is not plain data; "model" was not looked for).
+    import argparse
+
+    from phalanx.models import SmallCNN
+
+    torch.manual_seed(3)
+    weights = SmallCNN(num_classes=10, in_channels=1).state_dict()
+    files = {"torchvision": {"model": weights, "model_ema": weights, "optimizer": {"state": {}}, "epoch": 3,
+                             "args": argparse.Namespace(model="smallcnn", lr=0.1, data_path="/data")},
+             "timm": {"state_dict": weights, "state_dict_ema": weights, "epoch": 3, "arch": "smallcnn"}}
+    said = {"torchvision": "(a torchvision reference checkpoint: its 'model'; its model_ema left out)",
+            "timm": "(timm's or Lightning's checkpoint: its 'state_dict'; its state_dict_ema left out)"}
+    for tool, content in files.items():
+        torch.save(content, tmp_path / f"{tool}.pth")
+        result = phalanx("train", "--weights", tmp_path / f"{tool}.pth", "--max-steps", 1, "--lr", 1e-9,
+                         "--weight-decay", 0, "--momentum", 0, "--name", tool, "--checkpoints-dir", tmp_path,
+                         "--no-progress")
+        assert result.code == 0, result.err
+        assert f"phalanx: weights {tmp_path / tool}.pth {said[tool]}: {len(weights)} tensors loaded, 0 replaced" \
+            in result.out, result.out
+        trained = torch.load(tmp_path / tool / "latest.pt", weights_only=True)["models"]["model"]
+        assert all(torch.allclose(trained[k].double(), v.double(), atol=1e-6) for k, v in weights.items()
+                   if "running" not in k and "num_batches" not in k)
