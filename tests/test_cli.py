@@ -56,9 +56,11 @@ def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx
         assert "warning: --gpu-ids: GPU 0 asked for, but CUDA is not available here" in result.out
     assert list(tmp_path.iterdir()) == []
     linear = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--scale-lr", "linear", "--checkpoints-dir", tmp_path,
-                     "--clip-grad", 0.5, "--clip-mode", "value")
+                     "--clip-grad", 0.5, "--clip-mode", "value", "--augment", "randaugment", "--no-hflip")
     assert "learning rate: 0.2" in linear.out and "; gradients clipped to 0.5 (each element)" in linear.out
     assert "clipped" not in result.out
+    # the policy named (the line said "random crop" alone)
+    assert "(1438 train / 359 val, 8x8), augment randaugment: random crop + RandAugment\n" in linear.out
 
 
 def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):

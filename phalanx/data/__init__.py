@@ -162,8 +162,11 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
     train = TrainView(plain_train, source.train, augmented, cfg.seed)
     description = source.description.replace(f"{source.native_size}x{source.native_size}", f"{size}x{size}")
     if pipeline.random:
-        flip = " + horizontal flip (--no-hflip where a flip changes the label: digits, text)" if cfg.data.hflip else ""
-        description += f", augment {augment}: random crop{flip}"
+        flip = " + horizontal flip" if cfg.data.hflip else ""
+        policy = {"trivialaugment": " + TrivialAugmentWide", "randaugment": " + RandAugment",
+                  "autoaugment": " + AutoAugment (ImageNet's policy)"}.get(augment, "")
+        note = " (--no-hflip where a flip changes the label: digits, text)" if cfg.data.hflip else ""
+        description += f", augment {augment}: random crop{flip}{policy}{note}"
     return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
 
 
