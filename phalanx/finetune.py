@@ -150,7 +150,10 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
         raise PhalanxError(f"no tensor in {path} fits this model (is it the --model it was trained with?)", OPTION)
     model.load_state_dict(loaded, strict=False)
     shapes = ", ".join(f"{k} {_shape(state[k])} -> {_shape(own[k])}" for k in replaced[:3])
-    why = "trained on other classes, trained anew" if other_classes else "another shape, trained anew"
+    for_classes = [k for k in replaced if other_classes and k.startswith(head)]  # a stem of another shape is not
+    why = "trained on other classes, trained anew" if for_classes == replaced else \
+        "another shape, trained anew" if not for_classes else "the head's for other classes, the rest of another " \
+        "shape, trained anew"
     return (f"phalanx: weights {path}{note}: {loaded_count} tensors loaded, {len(replaced)} replaced"
             + (f" ({why}: {shapes})" if replaced else "")
             + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")

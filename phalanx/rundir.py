@@ -115,8 +115,11 @@ def _check_not_another_run(run_dir: Path, resume: Resume) -> None:
     own = checkpoint.load_latest_valid(run_dir)
     if own is not None and own[1].get("run_id") == resume.state.get("run_id"):
         return
+    own_dir = resume.path.resolve().parent
+    where = f" (its own run: --checkpoints-dir {own_dir.parent} --name {own_dir.name})" \
+        if (own_dir / "config.json").is_file() else ""
     raise PhalanxError(f"{run_dir} holds another run than {resume.path}'s; choose another --name to continue "
-                       "from it there, or --overwrite to replace that run", "--name")
+                       f"from it there{where}, or --overwrite to replace that run", "--name")
 
 
 def check_creatable(run_dir: Path, name: str) -> None:

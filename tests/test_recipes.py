@@ -180,6 +180,16 @@ def test_a_head_trained_on_other_classes_of_the_same_number_starts_anew(phalanx,
     assert result.code == 0, result.err
     assert "6 tensors loaded, 2 replaced (trained on other classes, trained anew: classifier.3.weight 10x128" \
         in result.out
+    # RGB images: the stem is of another shape, not "trained on other classes" (as it was said)
+    from PIL import Image
+
+    for path in folder.rglob("*.png"):
+        Image.open(path).convert("RGB").save(path)
+    rgb = phalanx("train", "--dataroot", folder, "--image-size", 8, "--weights", tmp_path / "digits/latest.pt",
+                  "--epochs", 1, "--name", "rgb", "--checkpoints-dir", tmp_path, "--no-progress")
+    assert rgb.code == 0, rgb.err
+    assert "5 tensors loaded, 3 replaced (the head's for other classes, the rest of another shape, trained anew: " \
+           "features.0.weight 32x1x3x3 -> 32x3x3x3, classifier.3.weight" in rgb.out, rgb.out
 
 
 @pytest.mark.slow

@@ -159,6 +159,7 @@ def test_a_checkpoint_given_by_path_never_continues_over_another_run(tmp_path, p
     refused = phalanx("train", "--name", "mine", "--resume", tmp_path / "theirs/latest.pt", "--max-steps", 3,
                       "--checkpoints-dir", tmp_path, "--no-progress")
     assert refused.code == 2 and f"{tmp_path / 'mine'} holds another run than" in refused.err, refused.err
+    assert f"continue from it there (its own run: --checkpoints-dir {tmp_path} --name theirs), or" in refused.err
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == written
     # Its own checkpoint by path, and another's into a new directory (a fork), go on as before.
     for name in ("mine", "fork"):
