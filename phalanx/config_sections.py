@@ -119,6 +119,8 @@ class OptimOptions:
     momentum: float = option(0.9, "SGD momentum.", at_least=0)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
     weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
+    norm_bias_decay: bool = option(True, "Decay biases and normalisation weights too (torchvision's default); "
+                                   "--no-norm-bias-decay exempts every 1-D parameter, as timm's train.py does.")
     grad_accum: int = option(1, "Accumulate gradients over N batches per optimizer step.", metavar="N", above=0,
                              identity=False)
     clip_grad: float = option(0.0, "Clip each optimizer's gradients before its step (after --grad-accum's "

@@ -31,7 +31,7 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
     median of 7, benchmarks/optimizer_step.py): translate's two Adams 7.9 -> 1.3 ms a step,
     resnet18's SGD 13.2 -> 5.3 ms; float64 6e-17 from torch's loop (tests/test_optim.py: within 1e-12), float32
     within rounding. Steps go through ``step``."""
-    params = list(params)
+    params = list(params) if optim.norm_bias_decay else without_decay_for_1d(params)
     if optim.optimizer in ("adam", "adamw"):
         kind = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
         make = functools.partial(kind, params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
@@ -43,6 +43,20 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
     fusable = all(type(t.data) is torch.Tensor and t.device.type in ("cpu", "cuda") and t.dtype in FUSED_DTYPES
                   for t in tensors)
     return make(fused=True) if fusable else make()  # (elsewhere: torch's default implementation)
+
+
+def without_decay_for_1d(params: Iterable) -> list[dict]:
+    """``--no-norm-bias-decay``: each group split in two, its 1-D parameters (biases, normalisation
+    weights) without weight decay, as timm's ``train.py`` groups them; the rest as given."""
+    given = list(params)
+    groups = []
+    for group in given if given and isinstance(given[0], dict) else [{"params": given}]:
+        tensors = list(group["params"])
+        for chosen, extra in (([t for t in tensors if t.dim() > 1], {}),
+                              ([t for t in tensors if t.dim() <= 1], {"weight_decay": 0.0})):
+            if chosen:
+                groups.append({**group, "params": chosen, **extra})
+    return groups
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, optim: OptimOptions) -> None:

@@ -655,18 +655,22 @@ MUTANTS = [
            ("tests/test_bad_input.py -k launch-dataroot",)),
     Mutant("--clip-grad ignored", "phalanx/context.py",
            "        clip_gradients(self.optimizers[name], scaler, self.optim)", "        pass",
-           ("tests/test_equivalence.py -k clipped",)),
+           ("tests/test_equivalence.py -k clipped_gradients_and",)),
     Mutant("--clip-mode value clips the norm", "phalanx/optim.py",
-           "    if optim.clip_mode == \"value\":", "    if False:", ("tests/test_equivalence.py -k clipped",)),
+           "    if optim.clip_mode == \"value\":", "    if False:", ("tests/test_equivalence.py -k clipped_gradients_and",)),
     Mutant("FSDP clips each rank's shards by their own norm", "phalanx/optim.py",
            "    torch.nn.utils.clip_grad_norm_(params, optim.clip_grad)",
            "    torch.nn.utils.clip_grads_with_norm_(params, optim.clip_grad, torch.nn.utils.get_total_norm(\n"
            "        [getattr(p.grad, '_local_tensor', p.grad) for p in params]))",
-           ("tests/test_equivalence.py -k clipped",)),
+           ("tests/test_equivalence.py -k clipped_gradients_and",)),
     Mutant("gradients clipped per micro-batch", "phalanx/context.py",
            "            self.scalers[name].scale(scaled).backward()",
            "            self.scalers[name].scale(scaled).backward()\n            clip_gradients(self.optimizers[name], self.scalers[name], self.optim)",
-           ("tests/test_equivalence.py -k clipped",)),
+           ("tests/test_equivalence.py -k clipped_gradients_and",)),
+    Mutant("--no-norm-bias-decay decays the 1-D parameters", "phalanx/optim.py",
+           "                              ([t for t in tensors if t.dim() <= 1], {\"weight_decay\": 0.0})):",
+           "                              ([t for t in tensors if t.dim() <= 1], {})):",
+           ("tests/test_equivalence.py -k clipped_gradients_and",)),
 ]
 
 

@@ -104,25 +104,30 @@ def test_float64_ddp_with_gradient_accumulation_equals_one_big_batch_and_skips_t
 
 
 @pytest.mark.slow
-def test_clipped_gradients_equal_torchs_clipping_in_the_hand_written_loop_accumulated_and_sharded(tmp_path, phalanx):
+def test_clipped_gradients_and_undecayed_1d_parameters_equal_torchs_in_the_hand_written_loop(tmp_path, phalanx):
     import phalanx_testmodels
 
     # float64, one epoch of 45 steps of 32: the gradient's norm passes 1 from about the 15th step
     # (0.4 at the first, 2.9 at the 30th) and its largest element passes 0.1 about as often. The
     # norm is taken over the whole step: after the second accumulated micro-batch in one process,
     # across both ranks' shards under FSDP (DTensors). The reference clips with torch's functions.
+    # --no-norm-bias-decay (timm's grouping: biases and BatchNorm weights without weight decay) in
+    # one process and under FSDP; the reference groups the parameters itself.
     common = ["--model", "phalanx_testmodels:double", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"]
-    norm = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0)
+    norm = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0,
+                             decay_1d=False)
     value = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1)
     plain = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1)
+    decayed = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0)
     assert min(reference.max_difference(norm, plain), reference.max_difference(value, plain)) > 1e-3  # they bind
-    runs = {"norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1],
+    assert reference.max_difference(norm, decayed) > 1e-6  # the 1-D parameters' decay matters
+    runs = {"norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1, "--no-norm-bias-decay"],
             "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value"]}
     for name, flags in runs.items():
         result = phalanx("train", "--name", name, *flags, *common)
         assert result.code == 0, result.err
     sharded = run_phalanx("trainlaunch", "--name", "fsdp", "--strategy", "fsdp", "--batch-size", 16, "--clip-grad", 1,
-                          *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+                          "--no-norm-bias-decay", *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
     assert sharded.code == 0, sharded.err
     for name, expected in (("norm", norm), ("value", value), ("fsdp", norm)):
         assert reference.max_difference(weights(tmp_path / name / "latest.pt"), expected) < 1e-12, name
