@@ -66,6 +66,18 @@ def build_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
     return torchvision.models.get_model(spec, weights=None, num_classes=num_classes)
 
 
+def check_input_size(model: nn.Module, spec: str, size: int) -> None:
+    """Models built for one input size (torchvision's ViTs, timm's with a strict patch embedding)
+    refused at other sizes before anything runs: they failed at the first step with torch's
+    assertion."""
+    embed = getattr(model, "patch_embed", None)
+    fixed = getattr(model, "image_size", None) if isinstance(getattr(model, "image_size", None), int) else \
+        embed.img_size[-1] if embed is not None and getattr(embed, "strict_img_size", False) else None
+    if fixed is not None and fixed != size:
+        raise PhalanxError(f"--model {spec} is built for {fixed} px images and takes no other size (this run's are "
+                           f"{size} px); give --image-size {fixed}", "--image-size")
+
+
 def _timm():
     try:
         import timm

@@ -26,6 +26,8 @@ def world(tmp_path_factory):
     write_digit_pngs(root / "corrupt", per_class=2)
     (root / "corrupt/train/digit3/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
     shutil.copytree(root / "corrupt/train/digit2", root / "oneclass/train/digit3")
+    for digit in (1, 2):  # class folders at the root, as torchvision's ImageFolder takes them
+        shutil.copytree(root / f"corrupt/train/digit{digit}", root / f"flat/digit{digit}")
     (root / "bad.yaml").write_text("epochs: [1, 2\n")
     translation_pairs(root / "pairs", size=16, per_split={"train": 4, "val": 2})
     (root / "unknown.yaml").write_text("epochs: 1\nlearning_rate: 0.1\n")
@@ -60,6 +62,10 @@ CASES = [
     ("dp-batch", ["--gpu-ids", "0", "--gpu-ids", "1", "--batch-size", "1"], "--batch-size", "DataParallel"),
     ("dataroot-missing", ["--dataroot", "{w}/nope"], "--dataroot", "not a directory"),
     ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
+    ("dataroot-a-split", ["--dataroot", "{w}/corrupt/train"], "--dataroot", "/corrupt/train/train/<class>/<images> (did "
+     "you mean --dataroot "),
+    ("dataroot-class-folders", ["--dataroot", "{w}/flat"], "--dataroot",
+     "(its folders digit1, digit2 would be the classes of"),
     ("nul-in-a-value", ["--dataroot=a\x00b"], "--dataroot", "holds a NUL character"),
     ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
     ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
@@ -140,6 +146,8 @@ CASES = [
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
     ("clip-grad-negative", ["--clip-grad", "-1"], "--clip-grad", "must not be negative"),
     ("clip-grad-nan", ["--clip-grad", "nan"], "--clip-grad", "finite"),
+    ("vit-at-another-size", ["--model", "vit_b_16", "--image-size", "32"], "--image-size",
+     "--model vit_b_16 is built for 224 px images and takes no other size (this run's are 32 px)"),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),
     ("sync-bn-with-a-frozen-backbone", ["--freeze-backbone", "--sync-bn"], "--sync-bn", "nothing of theirs to synchronise"),
     ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),

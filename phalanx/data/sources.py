@@ -172,7 +172,7 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
     if not (root / "train").is_dir():
         layout = f"{root}/train/<images> (class folders optional)" if unlabelled else f"{root}/train/<class>/<images>"
-        raise PhalanxError(f"{root} has no train/ folder; expected {layout}", "--dataroot")
+        raise PhalanxError(f"{root} has no train/ folder; expected {layout}{_layout_hint(root)}", "--dataroot")
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
     mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
@@ -195,6 +195,18 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
                   f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, "
                   f"{labels}, "
                   f"{size}x{size}{gone})", skipped=skipped)
+
+
+def _layout_hint(root: Path) -> str:
+    """Where a root without train/ seems to point: a split itself, or class folders (torchvision's
+    ImageFolder root)."""
+    if root.name in ("train", "val", "validation", "valid") and (root.parent / "train").is_dir():
+        return f" (did you mean --dataroot {root.parent}?)"
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if folders:
+        shown = ", ".join(folders[:3]) + (", ..." if len(folders) > 3 else "")
+        return f" (its folders {shown} would be the classes of {root}/train/: move them there)"
+    return ""
 
 
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}

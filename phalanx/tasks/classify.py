@@ -17,7 +17,7 @@ from ..windows import window
 from ..data import DataBundle, build_datasets, dataset_labels
 from ..errors import PhalanxError
 from ..finetune import Backbone, insert_probe_norm, load_weights, param_groups
-from ..models import build_model, required_channels, timm_preferences
+from ..models import build_model, check_input_size, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from .base import Declaration, Evaluation, Task, TaskData, full_precision
 from .classify_inference import ClassifyInference
@@ -74,6 +74,7 @@ class ClassifyTask(Task):
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         outputs = self.options.num_classes or len(data.info["classes"])
         model = build_model(self.cfg.network.model, outputs, data.info["channels"])
+        check_input_size(model, self.cfg.network.model, data.info["size"])
         if self.options.probe_norm:
             insert_probe_norm(model)
         if self.options.freeze_backbone:
