@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from . import tasks
+from . import habits, tasks
 from .errors import PhalanxError
 from .config_checks import check_config
 from .config_sections import (SECTIONS, DataOptions, DeviceOptions, ModelOptions, OptimOptions,
@@ -142,7 +142,8 @@ def split_keys(values: dict[str, Any], source: str) -> tuple[dict[str, Any], dic
         elif name in owners:
             task_values[name] = value
         else:
-            raise PhalanxError(f"unknown option '{key}'{suggest(name, list(FIELDS) + list(owners))}", source)
+            hint = habits.key_hint(name) or suggest(name, list(FIELDS) + list(owners))
+            raise PhalanxError(f"unknown option '{key}'{hint}", source)
     return general, task_values
 
 

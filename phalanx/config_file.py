@@ -66,12 +66,16 @@ def load_config_file(path: str) -> ConfigFileValues:
         raise PhalanxError("must hold a mapping of option: value", where)
     if path.endswith(".json"):
         lines = _json_lines(text, data)
-    for key, value in data.items():  # unknown keys: named now, with the file and the key's line
+    problems = []  # unknown keys: every one named now, with the file and the key's line
+    for key, value in data.items():
         try:
             split_keys({key: value}, where)
         except PhalanxError as exc:
-            line = lines.get(str(key))
-            raise PhalanxError(exc.message, f"{where}, line {line}" if line else where) from None
+            problems.append((lines.get(str(key)), exc.message))
+    if problems:
+        (line, message), rest = problems[0], problems[1:]
+        more = "".join(f"; line {at}: {said}" if at else f"; {said}" for at, said in rest)
+        raise PhalanxError(message + more, f"{where}, line {line}" if line else where)
     return ConfigFileValues(path, data, lines)
 
 

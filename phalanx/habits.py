@@ -42,6 +42,13 @@ ELSEWHERE = {
     "--print-freq": "--log-every",
     "--train-crop-size": "--image-size",
     "--torchcompile": "--compile",
+    "--smoothing": "--label-smoothing",
+    "--img-size": "--image-size",
+    "--input-size": "--image-size",
+    "--mixup": "--mixup-alpha",
+    "--cutmix": "--cutmix-alpha",
+    "--model-ema-decay": "--ema-decay",
+    "--workers": "--num-workers",
 }
 
 # Lightning's and timm's precision names -> phalanx's.
@@ -59,6 +66,15 @@ def option_hint(option: str, known: list[str], command: str) -> str | None:
                                              and not instead.startswith(f"phalanx {command} ")):
         return f"No such option '{option}': phalanx's is {instead}"
     return None
+
+
+def key_hint(name: str) -> str:
+    """A configuration file's key of another tool (timm's ``opt``, ``img_size``): phalanx's key for it."""
+    instead = ELSEWHERE.get("--" + name.replace("_", "-"), "")
+    flag, _, rest = instead.partition(" ")
+    if not flag.startswith("--"):
+        return ""
+    return f" (phalanx's is {flag[2:].replace('-', '_')}" + (f": {rest}" if rest else "") + ")"
 
 
 def precision_hint(args: list[str]) -> str | None:

@@ -252,3 +252,15 @@ def test_a_validation_or_valid_folder_validates_as_val_does_and_two_of_them_are_
     both = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
     assert both.code == 2 and both.err.strip() == (f"phalanx: --dataroot: {root} holds val/ and valid/: which one "
                                                    "validates is unclear; keep one"), both.err
+
+
+def test_a_timm_style_config_file_names_every_unknown_key_at_once_with_phalanxs_names(tmp_path, phalanx):
+    # A timm user's YAML took four runs to fix, one key each, 'opt' answered with "did you mean dropout?".
+    config = tmp_path / "timm.yaml"
+    config.write_text("data_dir: /data\nimg_size: 32\nopt: adamw\nepochs: 2\nlearning_rat: 0.1\n")
+    result = phalanx("train", "--config", config, "--checkpoints-dir", tmp_path)
+    assert result.code == 2 and result.err.strip() == (
+        f"phalanx: --config {config}, line 1: unknown option 'data_dir' (phalanx's is dataroot); line 2: unknown "
+        "option 'img_size' (phalanx's is image_size); line 3: unknown option 'opt' (phalanx's is optimizer: "
+        "sgd|adam|adamw); line 5: unknown option 'learning_rat'"), result.err
+    assert list(tmp_path.iterdir()) == [config]
