@@ -109,12 +109,15 @@ class OptimOptions:
 
     heading: ClassVar[str] = "Optimisation"
     # Not identity options (a resume may change them, as it may the world size: 2 workers resumed in
-    # one process keep their effective batch with --grad-accum 2); taken from the run when not given.
+    # one process keep their effective batch with --grad-accum 2; a run continued at a lower LR, as
+    # timm's and torchvision's resumes allow); taken from the run when not given.
     batch_size: int = option(32, "Batch size of this process (under DataParallel: the batch all its GPUs "
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
                              "--grad-accum x world size.", above=0, identity=False)
     lr: float = option(0.1, "Learning rate (before --scale-lr). The default is smallcnn's on the built-in digits; "
-                       "tasks and torchvision classifiers set their own (--dry-run shows the one used).", above=0)
+                       "tasks and torchvision classifiers set their own (--dry-run shows the one used). A resume "
+                       "may change it: the schedule continues from where it was at the new rate.", above=0,
+                       identity=False)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
     momentum: float = option(0.9, "SGD momentum.", at_least=0)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")

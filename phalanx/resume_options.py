@@ -22,11 +22,11 @@ from .fields import flag
 
 CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; anything larger is not one
 # Beyond the identity options: where the data is (it may move: typed, it is used), the schedule's
-# length, the batch (typed, it may change, as the world size may) and what the run records. Never
+# length, the batch and the LR (typed, they may change, as the world size may) and what the run records. Never
 # what this machine or invocation decides (devices, workers, --max-steps) nor anything that sends
 # or runs something (--remote-transfer(-cmd), --pickle-dir): a checkpoint from elsewhere must not
 # choose where your files go.
-TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "batch_size", "grad_accum", "best_metric", "val_every",
+TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "batch_size", "grad_accum", "lr", "best_metric", "val_every",
                          "save_epoch_freq", "log_every", "snapshot_every")
 
 

@@ -281,6 +281,9 @@ def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> lis
     if _devices(old_ids) != _devices(cfg.devices.gpu_ids):
         lines.append(f"phalanx: the checkpoint was trained on {_devices(old_ids)}; this run continues on "
                      f"{_devices(cfg.devices.gpu_ids)}")
+    old_lr = state.get("config", {}).get("lr")
+    if old_lr is not None and old_lr != cfg.optim.lr:
+        lines.append(f"phalanx: --lr changed ({old_lr:g} -> {cfg.optim.lr:g}): the schedule continues from this point at it")
     old_epochs = state.get("config", {}).get("epochs")
     if old_epochs is not None and old_epochs != cfg.schedule.epochs and cfg.schedule.lr_schedule in ("cosine", "linear") \
             and trainer.epoch < cfg.schedule.epochs:

@@ -110,7 +110,7 @@ CASES = [
     ("config-not-a-mapping", ["--config", "{w}/list.json"], "--config", "mapping"),
     ("config-missing", ["--config", "{w}/nope.yaml"], "--config", "cannot read"),
     ("run-dir-taken", ["--name", "done"], "--name", "already holds a run"),
-    ("resume-other-run", ["--name", "done", "--resume", "auto", "--lr", "0.5"], "--lr", "trained with"),
+    ("resume-other-run", ["--name", "done", "--resume", "auto", "--momentum", "0.5"], "--momentum", "trained with"),
     ("resume-missing", ["--resume", "{w}/nope.pt"], "--resume", "does not exist"),
     ("resume-corrupt", ["--resume", "{w}/garbage.pt"], "--resume", "garbage.pt"),
     ("resume-and-overwrite", ["--resume", "auto", "--overwrite"], "--overwrite", "conflicts"),

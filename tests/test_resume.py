@@ -229,3 +229,20 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     (tmp_path / "run.yaml").write_text(f"checkpoints-dir: {tmp_path}\nname: tr\ntask:\n  ngf: 8\n")
     printed = phalanx("train", "--config", tmp_path / "run.yaml", "--resume", "auto", "--print-config")
     assert printed.code == 0 and yaml.safe_load(printed.out)["task_options"]["generator"] == "unet_32", printed.err
+
+
+def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_where_it_was(tmp_path, phalanx):
+    # timm's and torchvision's resumes take a new --lr; phalanx refused it as another run's.
+    common = ["--epochs", 2, "--log-every", 1, "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--max-steps", 10, *common).code == 0
+    lowered = phalanx("train", "--resume", "auto", "--lr", 0.05, "--max-steps", 20, *common)
+    assert lowered.code == 0, lowered.err
+    assert "phalanx: --lr changed (0.1 -> 0.05): the schedule continues from this point at it" in lowered.out
+    kept = phalanx("train", "--resume", "auto", "--max-steps", 21, *common)  # the run's own 0.05 now
+    assert kept.code == 0 and "--lr changed" not in kept.out, kept.out
+    assert "continuing with the run's own --lr 0.05" in kept.out, kept.out
+    for record in records(tmp_path / "experiment", "train"):
+        base = 0.1 if record["step"] <= 10 else 0.05
+        start = (record["step"] - 1) * 32 / 1438  # the step's first sample, in epochs (45 steps an epoch)
+        end = record["step"] * 32 / 1438
+        assert record["lr"] == pytest.approx(base * reference.lr_factor("cosine", 2, start, end)), record["step"]
