@@ -146,6 +146,9 @@ def set_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> N
 
 
 def first_lr(optimizers: dict[str, torch.optim.Optimizer]) -> float:
-    """The learning rate the console and the ``lr`` record show: the first optimizer's (each
-    optimizer's is in the record's ``lrs`` where a run has several)."""
-    return next(iter(optimizers.values())).param_groups[0]["lr"]
+    """The learning rate the console and the ``lr`` record show: the first optimizer's base rate
+    at this point of the schedule, as the start line's and ``--lr``'s (a group's ``lr_mult``, as
+    --head-lr-mult's, left out: the head's 10x once showed as the run's rate); each optimizer's is
+    in the record's ``lrs`` where a run has several."""
+    group = next(iter(optimizers.values())).param_groups[0]
+    return group["lr"] / group.get("lr_mult", 1.0)

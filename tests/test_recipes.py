@@ -169,6 +169,8 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
     # 96 training images, 3 steps an epoch: the last step starts at progress 2 + 64/96 of 3 epochs.
     head_lr = 3 * 0.1 * 0.5 * (1 + math.cos(math.pi * (2 + 64 / 96) / 3))
     assert [g["lr_mult"] for g in groups] == [3] and groups[0]["lr"] == pytest.approx(head_lr)
+    # the run's rate is said as --lr's, without the head's multiple (it showed 3x)
+    assert records(tmp_path / "tuned", "train")[-1]["lr"] == pytest.approx(head_lr / 3)
     assert records(tmp_path / "tuned", "val")[-1]["acc"] > 0.45  # above chance (1/3) with the head alone
 
 
