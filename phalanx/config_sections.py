@@ -120,6 +120,7 @@ class OptimOptions:
                        identity=False)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
     momentum: float = option(0.9, "SGD momentum.", at_least=0)
+    nesterov: bool = option(False, "Nesterov momentum (SGD; torchvision's --nesterov, timm's --opt nesterov).")
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's and AdamW's betas.", metavar="B1,B2")
     weight_decay: float = option(5e-4, "Weight decay.", at_least=0)
     norm_bias_decay: bool = option(True, "Decay biases and normalisation weights too (torchvision's default); "

@@ -37,7 +37,7 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
         make = functools.partial(kind, params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
     else:
         make = functools.partial(torch.optim.SGD, params, lr=lr, momentum=optim.momentum,
-                                 weight_decay=optim.weight_decay)
+                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
     tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     # Plain tensors only: torch 2.14 has no sharding rule for fused steps of FSDP's DTensor shards.
     fusable = all(type(t.data) is torch.Tensor and t.device.type in ("cpu", "cuda") and t.dtype in FUSED_DTYPES

@@ -671,6 +671,8 @@ MUTANTS = [
            "                              ([t for t in tensors if t.dim() <= 1], {\"weight_decay\": 0.0})):",
            "                              ([t for t in tensors if t.dim() <= 1], {})):",
            ("tests/test_equivalence.py -k clipped_gradients_and",)),
+    Mutant("--nesterov ignored", "phalanx/optim.py", "weight_decay=optim.weight_decay, nesterov=optim.nesterov)",
+           "weight_decay=optim.weight_decay)", ("tests/test_equivalence.py -k clipped_gradients_and",)),
 ]
 
 

@@ -39,7 +39,7 @@ def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: floa
 def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[int], lr: float, momentum: float = 0.9,
           weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine", ema_decay: float = 0.0,
           ema: dict[str, torch.Tensor] | None = None, clip_norm: float = 0.0,
-          clip_value: float = 0.0, decay_1d: bool = True) -> dict[str, torch.Tensor]:
+          clip_value: float = 0.0, decay_1d: bool = True, nesterov: bool = False) -> dict[str, torch.Tensor]:
     """Mean cross-entropy over each global batch of the documented order, plain SGD. With
     ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights.
     ``clip_norm``/``clip_value``: the gradient clipped by torch's own functions before each step.
@@ -48,7 +48,7 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[in
     groups = [{"params": list(model.parameters())}] if decay_1d else [
         {"params": [p for p in model.parameters() if p.ndim >= 2]},
         {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     if ema is not None:
         ema.update({k: v.detach().clone() for k, v in model.state_dict().items()})
     n = len(dataset)

@@ -146,6 +146,8 @@ CASES = [
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
     ("clip-grad-negative", ["--clip-grad", "-1"], "--clip-grad", "must not be negative"),
     ("clip-grad-nan", ["--clip-grad", "nan"], "--clip-grad", "finite"),
+    ("nesterov-with-adam", ["--nesterov", "--optimizer", "adam"], "--nesterov", "is SGD's; --optimizer adam has none"),
+    ("nesterov-without-momentum", ["--nesterov", "--momentum", "0"], "--nesterov", "with a momentum"),
     ("vit-at-another-size", ["--model", "vit_b_16", "--image-size", "32"], "--image-size",
      "--model vit_b_16 is built for 224 px images and takes no other size (this run's are 32 px)"),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),

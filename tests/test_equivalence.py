@@ -112,17 +112,20 @@ def test_clipped_gradients_and_undecayed_1d_parameters_equal_torchs_in_the_hand_
     # norm is taken over the whole step: after the second accumulated micro-batch in one process,
     # across both ranks' shards under FSDP (DTensors). The reference clips with torch's functions.
     # --no-norm-bias-decay (timm's grouping: biases and BatchNorm weights without weight decay) in
-    # one process and under FSDP; the reference groups the parameters itself.
+    # one process and under FSDP; the reference groups the parameters itself. --nesterov in one process.
     common = ["--model", "phalanx_testmodels:double", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"]
     norm = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0,
                              decay_1d=False)
-    value = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1)
+    value = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1,
+                              nesterov=True)  # and --nesterov
     plain = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1)
+    assert reference.max_difference(value, reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32,
+                                                             lr=0.1, clip_value=0.1)) > 1e-6
     decayed = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0)
     assert min(reference.max_difference(norm, plain), reference.max_difference(value, plain)) > 1e-3  # they bind
     assert reference.max_difference(norm, decayed) > 1e-6  # the 1-D parameters' decay matters
     runs = {"norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1, "--no-norm-bias-decay"],
-            "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value"]}
+            "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value", "--nesterov"]}
     for name, flags in runs.items():
         result = phalanx("train", "--name", name, *flags, *common)
         assert result.code == 0, result.err
