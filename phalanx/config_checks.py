@@ -33,11 +33,7 @@ def check_config(cfg: RunConfig) -> None:
                   "one per channel")
     if any(s <= 0 for s in cfg.data.std):
         raise bad("std", f"must be positive (got {cfg.data.std})")
-    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
-        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.optim.betas))})")
-    if cfg.optim.nesterov and (cfg.optim.optimizer != "sgd" or not cfg.optim.momentum):
-        raise bad("nesterov", "is SGD's with a momentum: give --optimizer sgd and --momentum above 0"
-                  if cfg.optim.optimizer == "sgd" else f"is SGD's; --optimizer {cfg.optim.optimizer} has none")
+    _check_optim(cfg, bad)
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise bad("name", f"must be a plain directory name (got {cfg.name!r})")
     if cfg.data.dataset not in ("digits", "synthetic") and not cfg.data.dataroot:
@@ -65,6 +61,14 @@ def check_config(cfg: RunConfig) -> None:
     if len(ids) > 1 and cfg.optim.batch_size < len(ids):
         raise bad("batch_size", f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; "
                   f"use at least {len(ids)}")
+
+
+def _check_optim(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:
+    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
+        raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.optim.betas))})")
+    if cfg.optim.nesterov and (cfg.optim.optimizer != "sgd" or not cfg.optim.momentum):
+        raise bad("nesterov", "is SGD's with a momentum: give --optimizer sgd and --momentum above 0"
+                  if cfg.optim.optimizer == "sgd" else f"is SGD's; --optimizer {cfg.optim.optimizer} has none")
 
 
 def _check_fsdp(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:
