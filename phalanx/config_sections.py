@@ -91,6 +91,10 @@ class ModelOptions:
                                  "torchvision weights name (ResNet18_Weights.IMAGENET1K_V1) found in torch's hub "
                                  "cache. A classifier head of another size starts anew.", identity=False,
                                  metavar="PATH|NAME")
+    drop_path: float = option(0.0, "Stochastic depth: the rate at which residual blocks are dropped in training "
+                              "(timm's --drop-path: a timm/ model's drop_path_rate; torchvision's "
+                              "stochastic_depth_prob, for the models that have it). 0: off.", metavar="RATE",
+                              at_least=0, below=1)
     channels_last: bool = option(False, "Channels-last memory format for the model and its inputs.",
                                  identity=False)
     compile: bool = option(False, "torch.compile the model (slow first steps; see the README's measurements).",

@@ -48,11 +48,15 @@ def required_channels(spec: str) -> int | None:
     return None if spec == "smallcnn" or ":" in spec or spec.startswith(TIMM) else 3
 
 
-def build_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
+def build_model(spec: str, num_classes: int, in_channels: int, drop_path: float = 0.0) -> nn.Module:
+    """``drop_path``: stochastic depth's rate, for the models that have one (refused for others)."""
+    if spec.startswith(TIMM):
+        return _timm_model(spec[len(TIMM):], num_classes, in_channels, drop_path)
+    if drop_path and (spec == "smallcnn" or ":" in spec):
+        raise PhalanxError(f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
+                           "EfficientNet, Swin and MaxViT have)", "--drop-path")
     if spec == "smallcnn":
         return SmallCNN(num_classes=num_classes, in_channels=in_channels)
-    if spec.startswith(TIMM):
-        return _timm_model(spec[len(TIMM):], num_classes, in_channels)
     if ":" in spec:
         return _user_model(spec, num_classes, in_channels)
     names = _torchvision_names()
@@ -63,7 +67,14 @@ def build_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:
     import torchvision.models
 
     # weights=None: no download at run time; a run trains from scratch.
-    return torchvision.models.get_model(spec, weights=None, num_classes=num_classes)
+    depth = {"stochastic_depth_prob": drop_path} if drop_path else {}
+    try:
+        return torchvision.models.get_model(spec, weights=None, num_classes=num_classes, **depth)
+    except TypeError:
+        if not depth:
+            raise
+        raise PhalanxError(f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
+                           "EfficientNet, Swin and MaxViT have)", "--drop-path") from None
 
 
 def check_input_size(model: nn.Module, spec: str, size: int) -> None:
@@ -87,7 +98,7 @@ def _timm():
     return timm
 
 
-def _timm_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
+def _timm_model(name: str, num_classes: int, in_channels: int, drop_path: float = 0.0) -> nn.Module:
     """A timm model, as timm's train.py builds it: ``num_classes`` and ``in_chans`` passed to
     ``create_model``; never pretrained here (``--weights timm`` loads from the local cache)."""
     timm = _timm()
@@ -95,7 +106,13 @@ def _timm_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
         close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join('timm/' + c for c in close)}?" if close else "see timm.list_models()"
         raise PhalanxError(f"timm has no model '{name}'; {hint}", "--model")
-    return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels)
+    depth = {"drop_path_rate": drop_path} if drop_path else {}
+    try:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **depth)
+    except TypeError:
+        if not depth:
+            raise
+        raise PhalanxError(f"timm's {name} has no stochastic depth (no drop_path_rate)", "--drop-path") from None
 
 
 def timm_preferences(spec: str) -> dict | None:

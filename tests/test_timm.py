@@ -4,6 +4,7 @@ and timm's pretrained configuration (mean, std, input size, crop_pct) taken wher
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import records, write_digit_pngs
@@ -53,3 +54,26 @@ def test_a_timm_model_trains_with_its_pretrained_weights_and_configuration(tmp_p
 def test_an_unknown_timm_model_is_one_line(phalanx, tmp_path):
     result = phalanx("train", "--model", "timm/resnet19", "--checkpoints-dir", tmp_path)
     assert result.code == 2 and "timm has no model 'resnet19'" in result.err and "timm/resnet18" in result.err
+
+
+def test_drop_path_reaches_timms_and_torchvisions_stochastic_depth_and_is_refused_where_there_is_none(phalanx,
+                                                                                                     monkeypatch):
+    # timm's --drop-path (drop_path_rate), torchvision's stochastic_depth_prob.
+    from phalanx.models import build_model
+    import phalanx.tasks.classify as classify
+
+    timm_model = build_model(MODEL, 10, 3, drop_path=0.2)
+    rates = [m.drop_prob for m in timm_model.modules() if type(m).__name__ == "DropPath"]
+    assert rates and max(rates) == pytest.approx(0.2)  # rising over the blocks to the rate, as timm does
+    assert not any(type(m).__name__ == "DropPath" for m in build_model(MODEL, 10, 3).modules())
+    convnext = build_model("convnext_tiny", 10, 3, drop_path=0.3)
+    depths = [m.p for m in convnext.modules() if type(m).__name__ == "StochasticDepth"]
+    assert depths and max(depths) == pytest.approx(0.3)
+    built = []
+    monkeypatch.setattr(classify, "build_model", lambda *args: built.append(args) or build_model(*args))
+    assert phalanx("train", "--model", MODEL, "--drop-path", 0.1, "--dry-run").code == 0
+    assert built[-1][-1] == 0.1  # the run's model gets it
+    refused = phalanx("train", "--model", "resnet18", "--drop-path", 0.1, "--dry-run")
+    assert refused.code == 2 and refused.err.strip() == (
+        "phalanx: --drop-path: --model resnet18 has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
+        "EfficientNet, Swin and MaxViT have)"), refused.err

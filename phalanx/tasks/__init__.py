@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
+from .default_lr import classifier_lr
 from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DeepLIIFOptions, DetectOptions, DINOOptions,
                       MoCoOptions, SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
 
@@ -49,30 +50,17 @@ class TaskInfo:
         return tuple(name for name in DATA_OPTIONS if name not in self.unused)
 
 
-def _classifier_lr(given: dict[str, Any]) -> dict[str, Any]:
-    """A torchvision classifier's default LR: torchvision's reference recipe (0.1 for a batch of
-    256, linearly less for less), with a one-epoch warmup. smallcnn keeps 0.1."""
-    model = given.get("model", "smallcnn")
-    if "lr" in given or model == "smallcnn" or ":" in str(model):
-        return {}
-    batch = given.get("batch_size", 32)
-    accumulated = given.get("grad_accum", 1)
-    if not isinstance(batch, int) or not isinstance(accumulated, int) or batch <= 0 or accumulated <= 0:
-        return {}  # a bad value: RunConfig names it
-    return {"lr": round(0.1 * batch * accumulated / 256, 8), **({} if "warmup_epochs" in given else
-                                                                 {"warmup_epochs": 1.0})}
-
-
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=_classifier_lr, predicts=".csv or .jsonl"),
+             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=classifier_lr, predicts=".csv or .jsonl"),
     TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
              "phalanx.tasks.translate:TranslateTask",
              # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 256, "model": "pix2pix"},
-             unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm"},
+             unused={"model": "its networks are pix2pix's: --generator, --ngf, --ndf, --d-layers, --norm",
+                     "drop_path": "pix2pix's networks have no stochastic depth"},
              aka="pix2pix", predicts="a folder"),
     TaskInfo("deepliif", "DeepLIIF (--task deepliif)",
              "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
@@ -80,7 +68,8 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 512, "model": "deepliif"},
-             unused={"model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm"},
+             unused={"model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm",
+                     "drop_path": "DeepLIIF's networks have no stochastic depth"},
              predicts="a folder", exports="deepliif"),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
@@ -118,12 +107,14 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              DetectOptions, "phalanx.tasks.detect:DetectTask",
              # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
              {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 4, "warmup_epochs": 1.0}, predicts=".json"),
+              "batch_size": 4, "warmup_epochs": 1.0}, predicts=".json",
+             unused={"drop_path": "torchvision's detectors have no stochastic depth"}),
     TaskInfo("segment", "Segmentation (--task segment)", "semantic segmentation on image + mask pairs",
              SegmentOptions, "phalanx.tasks.segment:SegmentTask",
              # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
              {"model": "lraspp_mobilenet_v3_large", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 8, "image_size": 256}, predicts="a folder"),
+              "batch_size": 8, "image_size": 256}, predicts="a folder",
+             unused={"drop_path": "torchvision's segmenters have no stochastic depth"}),
 ]}
 DEFAULT = "classify"
 

@@ -73,7 +73,7 @@ class ClassifyTask(Task):
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         outputs = self.options.num_classes or len(data.info["classes"])
-        model = build_model(self.cfg.network.model, outputs, data.info["channels"])
+        model = build_model(self.cfg.network.model, outputs, data.info["channels"], self.cfg.network.drop_path)
         check_input_size(model, self.cfg.network.model, data.info["size"])
         if self.options.probe_norm:
             insert_probe_norm(model)

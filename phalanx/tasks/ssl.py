@@ -137,7 +137,8 @@ class SelfSupervisedTask(Task):
         self.classes = list(info.get("classes") or [])
 
     def backbone(self, info: dict[str, Any]) -> tuple[nn.Module, int]:
-        model = build_model(self.cfg.network.model, max(2, len(info.get("classes") or [])), info["channels"])
+        model = build_model(self.cfg.network.model, max(2, len(info.get("classes") or [])), info["channels"],
+                            self.cfg.network.drop_path)
         return backbone_of(model)
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
