@@ -46,21 +46,6 @@ def weights_file(spec: str, model: str = "") -> Path:
     return cached
 
 
-def learnt_statistics(spec: str | None) -> dict | None:
-    """The mean and std a phalanx checkpoint given as ``--weights`` learnt on, for ``--normalize
-    auto`` to feed it the same (a fine-tune once warned and fed it ImageNet's); None for others."""
-    if not spec or not Path(spec).is_file() or Path(spec).suffix == ".safetensors":
-        return None
-    try:
-        state = torch.load(spec, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a torch zip file (mmap needs one), or not loadable: load_weights says why
-        return None
-    data = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
-    if not isinstance(data, dict) or not data.get("mean") or not data.get("std"):
-        return None
-    return {"mean": list(data["mean"]), "std": list(data["std"])}
-
-
 def _timm_weights(model: str) -> Path:
     """A timm model's weights, from the Hugging Face cache ($HF_HUB_CACHE, else ~/.cache/huggingface/hub)
     only: phalanx never downloads."""

@@ -79,7 +79,7 @@ def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
 def normalisation(data: DataOptions, weights: str | None, channels: int,
                   model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
-    a model's own statistics (timm's pretrained config, a --weights checkpoint's), taken by auto."""
+    a model's own statistics (timm's pretrained config), taken by auto."""
     if data.mean:
         if len(data.mean) == 1:  # one value for every channel (--mean 0.5 --std 0.5 on RGB images)
             return tuple(data.mean) * channels, tuple(data.std) * channels
@@ -91,10 +91,8 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
     kind = data.normalize
     if kind == "auto" and model and model.get("mean"):
         mean, std = tuple(model["mean"]), tuple(model["std"])
-        if len(mean) == 1 and channels > 1:  # a grayscale run's statistics, for every channel
-            return mean * channels, std * channels
-        if channels == 1 and len(mean) > 1:  # one channel: the mean of the colour statistics, as timm does
-            return (sum(mean) / len(mean),), (sum(std) / len(std),)
+        if channels == 1:  # one channel: the mean of the colour statistics, as timm does
+            return (sum(mean) / 3,), (sum(std) / 3,)
         return mean, std
     if kind == "auto":
         kind = "imagenet" if weights else "half"

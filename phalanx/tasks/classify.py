@@ -16,7 +16,7 @@ from .. import records
 from ..windows import window
 from ..data import DataBundle, build_datasets, dataset_labels
 from ..errors import PhalanxError
-from ..finetune import Backbone, insert_probe_norm, learnt_statistics, load_weights, param_groups
+from ..finetune import Backbone, insert_probe_norm, load_weights, param_groups
 from ..models import build_model, check_input_size, required_channels, timm_preferences
 from ..pictures import denormalize, png
 from .base import Declaration, Evaluation, Task, TaskData, full_precision
@@ -53,7 +53,7 @@ class ClassifyTask(Task):
     # --- data and models
     def build_data(self) -> TaskData:
         data = build_datasets(self.cfg, required_channels(self.cfg.network.model), self.options.random_erasing,
-                              timm_preferences(self.cfg.network.model) or learnt_statistics(self.cfg.network.weights))
+                              timm_preferences(self.cfg.network.model))
         self.classes = data.classes
         self.flips = data.pipeline.random and self.cfg.data.hflip
         num = self.num_classes(data)
