@@ -246,3 +246,18 @@ def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_wher
         start = (record["step"] - 1) * 32 / 1438  # the step's first sample, in epochs (45 steps an epoch)
         end = record["step"] * 32 / 1438
         assert record["lr"] == pytest.approx(base * reference.lr_factor("cosine", 2, start, end)), record["step"]
+
+
+def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normalisation(tmp_path, phalanx):
+    # --normalize auto is ImageNet's with --weights, [-1, 1] without: a fine-tune resumed without
+    # typing --weights again went on with other inputs (mean 0.449 -> 0.5), found in review. The
+    # weights file is not read again (the checkpoint holds the network): it may be gone.
+    common = ["--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
+    assert phalanx("train", "--name", "base", "--max-steps", 3, *common).code == 0
+    assert phalanx("train", "--name", "ft", "--weights", tmp_path / "base/latest.pt", "--max-steps", 3, *common).code == 0
+    (tmp_path / "base/latest.pt").unlink()
+    resumed = phalanx("train", "--name", "ft", "--resume", "auto", "--max-steps", 6, *common)
+    assert resumed.code == 0, resumed.err
+    data = torch.load(tmp_path / "ft/latest.pt", weights_only=True)["data"]
+    assert data["mean"] == pytest.approx([0.449])  # ImageNet's, in gray
+    assert torch.load(tmp_path / "ft/latest.pt", weights_only=True)["step"] == 6
