@@ -133,10 +133,10 @@ class OptimOptions:
                              identity=False)
     clip_grad: float = option(0.0, "Clip each optimizer's gradients before its step (after --grad-accum's "
                               "last micro-batch and, under DDP, the all-reduce): their total L2 norm to MAX with "
-                              "--clip-mode norm, each element to [-MAX, MAX] with value; 0: off.", metavar="MAX",
-                              at_least=0)
+                              "--clip-mode norm, each element to [-MAX, MAX] with value; 0: off. A resume may "
+                              "add or change it (a run that diverges).", metavar="MAX", at_least=0, identity=False)
     clip_mode: str = option("norm", "What --clip-grad bounds (timm's --clip-mode, Lightning's "
-                            "gradient_clip_algorithm).", choices=("norm", "value"))
+                            "gradient_clip_algorithm).", choices=("norm", "value"), identity=False)
     ema_decay: float = option(0.0, "Keep an exponential moving average of the weights (timm's model EMA), "
                               "evaluated beside the model; 0: off.", metavar="D", at_least=0, below=1)
     precision: str = option("fp32", "Numeric precision (bf16/fp16 use autocast; fp16 adds a GradScaler on CUDA; "

@@ -74,9 +74,9 @@ def _timm_weights(model: str) -> Path:
                        f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
 
 
-# The entry other tools' checkpoints keep their network in (timm and Lightning: state_dict, which
-# Lightning's prefixes with the module's attribute names; torchvision's reference scripts: model).
-OTHER_TOOLS = {"state_dict": "timm's or Lightning's checkpoint", "model": "a torchvision reference checkpoint"}
+# The entry other tools' checkpoints keep their network in (timm: state_dict; torchvision's reference
+# scripts: model). Lightning's state_dict prefixes each key with its module's attribute name: not taken.
+OTHER_TOOLS = {"state_dict": "timm's checkpoint", "model": "a torchvision reference checkpoint"}
 EMA_ENTRIES = ("state_dict_ema", "model_ema")  # their averaged weights, which --weights does not take
 
 

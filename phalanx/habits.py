@@ -28,11 +28,9 @@ ELSEWHERE = {
     "--gradient-clip-algorithm": "--clip-mode norm|value",
     "--accumulate-grad-batches": "--grad-accum N",
     "--max-epochs": "--epochs",
-    "--devices": "--gpu-ids (once per GPU: --gpu-ids 0 --gpu-ids 1; -1 for the CPU), or trainlaunch --use-torchrun "
-                 "\"--nproc_per_node N\" for DDP",
+    "--devices": "--gpu-ids (once per GPU: --gpu-ids 0 --gpu-ids 1; -1 for the CPU)",
     "--device": "--gpu-ids (an index per GPU; -1 for the CPU)",
     "--gpus": "--gpu-ids (once per GPU: --gpu-ids 0 --gpu-ids 1)",
-    "--world-size": "phalanx trainlaunch --use-torchrun \"--nproc_per_node N\"",
     "-b": "--batch-size",
     "-j": "--num-workers",
     "--test-only": "phalanx evaluate --checkpoint PATH",
@@ -57,15 +55,25 @@ PRECISIONS = {"amp": "bf16 or fp16", "bf16-mixed": "bf16", "16-mixed": "fp16", "
               "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 
-def option_hint(option: str, known: list[str], command: str) -> str | None:
+def option_hint(option: str, known: list[str], command: str, args: list[str]) -> str | None:
     """What phalanx calls an unknown ``option`` of ``phalanx command`` (as typed, perhaps with
-    underscores), or None: only where that command has it."""
+    underscores), or None: only where that command has it, for the run's task (``--task`` in
+    ``args``; a task's own option is no answer for another task)."""
     spelt = option.replace("_", "-")  # Lightning's flags (phalanx's own take either spelling)
     instead = ELSEWHERE.get(spelt, "")
-    if instead and spelt not in known and (instead.split()[0] in known or instead.startswith("phalanx ")
-                                             and not instead.startswith(f"phalanx {command} ")):
-        return f"No such option '{option}': phalanx's is {instead}"
-    return None
+    target = instead.split()[0] if instead else ""
+    if not instead or spelt in known:
+        return None
+    if target.startswith("--"):
+        from . import tasks
+
+        owners = tasks.option_owners().get(target[2:].replace("-", "_"))
+        task = next((b for a, b in zip(args, args[1:]) if a == "--task"), tasks.DEFAULT)
+        if target not in known or owners is not None and task not in owners:
+            return None
+    elif instead.startswith(f"phalanx {command} "):
+        return None
+    return f"No such option '{option}': phalanx's is {instead}"
 
 
 def key_hint(name: str) -> str:

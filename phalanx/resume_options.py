@@ -27,7 +27,7 @@ CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; anything larger is no
 # or runs something (--remote-transfer(-cmd), --pickle-dir): a checkpoint from elsewhere must not
 # choose where your files go.
 TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "batch_size", "grad_accum", "lr", "best_metric", "val_every",
-                         "save_epoch_freq", "log_every", "snapshot_every",
+                         "save_epoch_freq", "log_every", "snapshot_every", "clip_grad", "clip_mode",
                          # never loaded at a resume (the checkpoint holds the weights); it decides what
                          # --normalize auto is (ImageNet's with --weights): a fine-tune resumed without it
                          # went on with [-1, 1] inputs instead

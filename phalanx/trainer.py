@@ -282,7 +282,7 @@ class Trainer(Checkpointing, Validation):
         window = self.losses.log(self.strategy, self.stop.signum != 0, self.times.take())
         losses, count, seconds, stop = window[:4]
         times = self.times.per_step(window[4], self.world_size, self.step - self.losses.window_from + 1)
-        lrs = {name: opt.param_groups[0]["lr"] for name, opt in self.optimizers.items()}
+        lrs = {name: first_lr({name: opt}) for name, opt in self.optimizers.items()}
         self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
                              "epoch_progress": epoch - 1 + self.position / self.num_train, **losses,
                              "lr": first_lr(self.optimizers), **({"lrs": lrs} if len(lrs) > 1 else {}),

@@ -673,6 +673,11 @@ MUTANTS = [
            ("tests/test_equivalence.py -k clipped_gradients_and",)),
     Mutant("--nesterov ignored", "phalanx/optim.py", "weight_decay=optim.weight_decay, nesterov=optim.nesterov)",
            "weight_decay=optim.weight_decay)", ("tests/test_equivalence.py -k clipped_gradients_and",)),
+    Mutant("clipping the scaled gradient", "phalanx/optim.py", "    scaler.unscale_(optimizer)", "    pass",
+           ("tests/test_optim.py -k unscaled",)),
+    Mutant("a resume forgets its --weights (and so its normalisation)", "phalanx/resume_options.py",
+           '                         "weights")', '                         )',
+           ("tests/test_resume.py -k fine_tune_resumed",)),
 ]
 
 

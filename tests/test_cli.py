@@ -152,7 +152,9 @@ def test_flags_of_timm_torchvision_and_lightning_are_answered_with_phalanxs_name
              ("train", ["--precision", "bf16-mixed"], "--precision: 'bf16-mixed' is phalanx's bf16 (one of fp32"),
              ("train", ["--precision=16-mixed"], "--precision: '16-mixed' is phalanx's fp16 (one of fp32"),
              ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
-             ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?")]  # evaluate has no --precision
+             ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?"),  # evaluate has no --precision
+             # --label-smoothing is classify's: no answer for segment's run (click's guess stands)
+             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'. Did you mean")]
     for command, args, line in cases:
         result = phalanx(command, *args)
         lines = result.err.strip().splitlines()

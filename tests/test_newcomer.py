@@ -240,18 +240,25 @@ def test_your_tasks_options_are_recorded_typed(phalanx):
     assert printed.code == 0 and "task_options: {width: 32, lambda_l1: 10.0}" in printed.out  # once {width: '32'}
 
 
-def test_a_validation_or_valid_folder_validates_as_val_does_and_two_of_them_are_refused(tmp_path, phalanx):
-    # timm's train.py finds val/, validation/ and valid/; phalanx took val/ alone and held 20% of
-    # train/ out beside an ignored validation/ folder (a timm user's report).
+def test_a_validation_or_valid_folder_validates_as_val_does(tmp_path, phalanx):
+    # timm's train.py finds val/, validation/ and valid/ (the first there); phalanx took val/ alone
+    # and held 20% of train/ out beside an ignored validation/ folder (a timm user's report).
     root = write_digit_pngs(tmp_path / "data", per_class=2, val=True)
     for name in ("validation", "valid"):
         (root / ("val" if name == "validation" else "validation")).rename(root / name)
         plan = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
         assert plan.code == 0 and f"(20 train / 20 val from {name}/, 10 classes" in plan.out, plan.out
-    (root / "val").mkdir()
-    both = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
-    assert both.code == 2 and both.err.strip() == (f"phalanx: --dataroot: {root} holds val/ and valid/: which one "
-                                                   "validates is unclear; keep one"), both.err
+    (root / "val").mkdir()  # val/ beside it is the one read, as before (here empty: refused as before)
+    plan = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
+    assert plan.code == 2 and f"{root / 'val'} has no class folders" in plan.err, plan.err
+    # evaluate --dataroot SPLIT: a split whose classes are named valid and invalid is read as itself
+    from phalanx.data.layout import evaluation_dir
+
+    (root / "val").rmdir()
+    split = root / "valid"
+    assert evaluation_dir(root) == split and evaluation_dir(split) == split
+    (split / "valid").mkdir()
+    assert evaluation_dir(split) == split  # no train/ beside it: not a data root
 
 
 def test_a_timm_style_config_file_names_every_unknown_key_at_once_with_phalanxs_names(tmp_path, phalanx):

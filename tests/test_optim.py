@@ -111,3 +111,22 @@ def test_a_resume_that_switches_channels_last_steps_as_torchs_loop(kind):
         return moved.detach()
 
     torch.testing.assert_close(resumed(True), resumed(False), rtol=0, atol=1e-12)
+
+
+def test_gradients_are_clipped_unscaled_under_a_gradscaler():
+    # fp16's GradScaler multiplies the loss by 2^16: --clip-grad bounds the true gradient, so the
+    # scaler unscales first (a bound on the scaled gradient would clip every step to nothing).
+    from phalanx.config import RunConfig
+    from phalanx.optim import clip_gradients
+
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    start = weight.detach().clone()
+    scaler.scale((weight * torch.arange(5.0, dtype=torch.float64)).sum() * 10).backward()  # gradient norm 54.8
+    clip_gradients(optimizer, scaler, RunConfig.flat(clip_grad=2.0).optim)
+    assert weight.grad.norm().item() == pytest.approx(2.0)
+    scaler.step(optimizer)  # takes the unscaled, clipped gradient once
+    expected = start - 0.1 * 2.0 * torch.arange(5.0, dtype=torch.float64) / torch.arange(5.0).norm().item()
+    assert torch.allclose(weight.detach(), expected, atol=1e-12)

@@ -273,7 +273,7 @@ def test_torchvisions_and_timms_own_checkpoints_give_their_weights(phalanx, tmp_
                              "args": argparse.Namespace(model="smallcnn", lr=0.1, data_path="/data")},
              "timm": {"state_dict": weights, "state_dict_ema": weights, "epoch": 3, "arch": "smallcnn"}}
     said = {"torchvision": "(a torchvision reference checkpoint: its 'model'; its model_ema left out)",
-            "timm": "(timm's or Lightning's checkpoint: its 'state_dict'; its state_dict_ema left out)"}
+            "timm": "(timm's checkpoint: its 'state_dict'; its state_dict_ema left out)"}
     for tool, content in files.items():
         torch.save(content, tmp_path / f"{tool}.pth")
         result = phalanx("train", "--weights", tmp_path / f"{tool}.pth", "--max-steps", 1, "--lr", 1e-9,

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import PhalanxError
-
 VALIDATION_NAMES = ("val", "validation", "valid")
 
 
 def validation_dir(root: Path) -> Path:
-    """``root``'s validation folder; ``root/val`` where it has none (callers ask ``is_dir()``). Two
-    of them are refused: which one validates would be a guess."""
+    """``root``'s validation folder, the first of ``VALIDATION_NAMES`` there (timm's way); ``root/val``
+    where it has none (callers ask ``is_dir()``)."""
     found = [root / name for name in VALIDATION_NAMES if (root / name).is_dir()]
-    if len(found) > 1:
-        names = " and ".join(f"{path.name}/" for path in found)
-        raise PhalanxError(f"{root} holds {names}: which one validates is unclear; keep one", "--dataroot")
     return found[0] if found else root / "val"
+
+
+def evaluation_dir(root: Path) -> Path:
+    """What ``evaluate --dataroot DIR`` reads: DIR's validation folder, else DIR itself. Under the
+    other names only beside a train/ folder: a split whose classes are named valid and invalid is
+    read as the split it is."""
+    found = validation_dir(root)
+    return found if found.is_dir() and (found.name == "val" or (root / "train").is_dir()) else root

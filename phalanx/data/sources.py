@@ -9,6 +9,7 @@ line that names the option and the file.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..config_sections import DataOptions
 from ..errors import PhalanxError
 from . import manifest
 from .images import ImageFiles, PathTable
-from .layout import validation_dir
+from .layout import VALIDATION_NAMES, validation_dir
 
 DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 FOLDER_SIZE = 32  # --image-size for folders when none is given
@@ -197,13 +198,21 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
                   f"{size}x{size}{gone})", skipped=skipped)
 
 
-def _layout_hint(root: Path) -> str:
-    """Where a root without train/ seems to point: a split itself, or class folders (torchvision's
-    ImageFolder root)."""
-    if root.name in ("train", "val", "validation", "valid") and (root.parent / "train").is_dir():
+def _layout_hint(root: Path, looked_at: int = 64) -> str:
+    """Where a root without train/ seems to point: a split itself, a training/ folder (timm's other
+    name), or class folders (torchvision's ImageFolder root). Only the first ``looked_at`` entries
+    are read: an error message must not list a folder of a million images."""
+    if root.name in ("train", *VALIDATION_NAMES) and (root.parent / "train").is_dir():
         return f" (did you mean --dataroot {root.parent}?)"
-    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if folders:
+    try:
+        with os.scandir(root) as entries:
+            folders = sorted(e.name for e in itertools.islice(entries, looked_at)
+                             if e.is_dir() and not e.name.startswith("."))
+    except OSError:
+        return ""
+    if "training" in folders:
+        return f" (phalanx reads {root}/train/: rename training/ to train/)"
+    if folders and not set(folders) & set(VALIDATION_NAMES):
         shown = ", ".join(folders[:3]) + (", ..." if len(folders) > 3 else "")
         return f" (its folders {shown} would be the classes of {root}/train/: move them there)"
     return ""

@@ -221,7 +221,7 @@ def check_used(task: str, given: dict[str, Any], general_defaults: dict[str, Any
     info = BUILTIN.get(task)
     if info is not None:
         for name, instead in info.unused.items():
-            if name in given and given[name] != info.defaults.get(name):
+            if name in given and given[name] != info.defaults.get(name, general_defaults.get(name)):
                 raise PhalanxError(f"--task {task} does not use it ({instead})", flag(name))
         return
     cls = task_class(task)

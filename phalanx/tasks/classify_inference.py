@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from ..atomic import atomic_write
 from ..data import Mapped, transforms
 from ..data.images import ImageFiles, PathTable
-from ..data.layout import validation_dir
+from ..data.layout import evaluation_dir
 from ..data.inputs import InputImages
 from ..data.manifest import checked
 from ..errors import PhalanxError
@@ -40,7 +40,7 @@ class ClassifyInference(Inference):
             what = f"the run's validation split ({data.description})" if not dataroot else data.description
             return data.val, what
         root = Path(dataroot)
-        split = validation_dir(root) if validation_dir(root).is_dir() else root
+        split = evaluation_dir(root)
         if not split.is_dir():
             raise PhalanxError(f"{root} is not a directory", "--dataroot")
         found = checked(split)

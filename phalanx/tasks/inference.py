@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data.layout import validation_dir
+from ..data.layout import evaluation_dir
 from ..errors import PhalanxError
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Inference:
         DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
         if dataroot:
             root = Path(dataroot)
-            found = self.evaluation_split(validation_dir(root) if validation_dir(root).is_dir() else root)
+            found = self.evaluation_split(evaluation_dir(root))
             if found is not None:
                 return found
         data = self.task.build_data()  # from this command's configuration: --dataroot if given
