@@ -240,9 +240,10 @@ def test_your_tasks_options_are_recorded_typed(phalanx):
     assert printed.code == 0 and "task_options: {width: 32, lambda_l1: 10.0}" in printed.out  # once {width: '32'}
 
 
-def test_a_validation_or_valid_folder_validates_as_val_does(tmp_path, phalanx):
-    # timm's train.py finds val/, validation/ and valid/ (the first there); phalanx took val/ alone
-    # and held 20% of train/ out beside an ignored validation/ folder (a timm user's report).
+def test_a_validation_or_valid_folder_validates_as_val_does_and_training_trains(tmp_path, phalanx):
+    # timm's train.py finds val/, validation/ and valid/ (the first there), and train/ or training/;
+    # phalanx took val/ alone and held 20% of train/ out beside an ignored validation/ folder (a timm
+    # user's report).
     root = write_digit_pngs(tmp_path / "data", per_class=2, val=True)
     for name in ("validation", "valid"):
         (root / ("val" if name == "validation" else "validation")).rename(root / name)
@@ -259,6 +260,10 @@ def test_a_validation_or_valid_folder_validates_as_val_does(tmp_path, phalanx):
     assert evaluation_dir(root) == split and evaluation_dir(split) == split
     (split / "valid").mkdir()
     assert evaluation_dir(split) == split  # no train/ beside it: not a data root
+    (split / "valid").rmdir()
+    (root / "train").rename(root / "training")  # timm's other name for it
+    plan = phalanx("train", "--dataroot", root, "--dry-run", "--checkpoints-dir", tmp_path / "ck")
+    assert plan.code == 0 and f"(20 train / 20 val from valid/, 10 classes" in plan.out, plan.out
 
 
 def test_a_timm_style_config_file_names_every_unknown_key_at_once_with_phalanxs_names(tmp_path, phalanx):

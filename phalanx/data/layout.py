@@ -1,11 +1,19 @@
-"""Where a data root keeps its splits: ``train/`` and a validation folder under one of the names the
-scripts users come from find (timm's ``train.py`` takes ``val/``, ``validation/`` and ``valid/``)."""
+"""Where a data root keeps its splits, under the names the scripts users come from find: ``train/``
+(or timm's ``training/``) and ``val/`` (or ``validation/``, ``valid/``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+TRAIN_NAMES = ("train", "training")
 VALIDATION_NAMES = ("val", "validation", "valid")
+
+
+def train_dir(root: Path) -> Path:
+    """``root``'s training folder, the first of ``TRAIN_NAMES`` there; ``root/train`` where it has
+    none (callers ask ``is_dir()`` and name train/ in their errors)."""
+    found = [root / name for name in TRAIN_NAMES if (root / name).is_dir()]
+    return found[0] if found else root / "train"
 
 
 def validation_dir(root: Path) -> Path:
@@ -20,4 +28,4 @@ def evaluation_dir(root: Path) -> Path:
     other names only beside a train/ folder: a split whose classes are named valid and invalid is
     read as the split it is."""
     found = validation_dir(root)
-    return found if found.is_dir() and (found.name == "val" or (root / "train").is_dir()) else root
+    return found if found.is_dir() and (found.name == "val" or train_dir(root).is_dir()) else root

@@ -22,7 +22,7 @@ from ..config_sections import DataOptions
 from ..errors import PhalanxError
 from . import manifest
 from .images import ImageFiles, PathTable
-from .layout import VALIDATION_NAMES, validation_dir
+from .layout import TRAIN_NAMES, VALIDATION_NAMES, train_dir, validation_dir
 
 DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 FOLDER_SIZE = 32  # --image-size for folders when none is given
@@ -171,13 +171,13 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
     root = Path(data.dataroot)
     if not root.is_dir():
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
-    if not (root / "train").is_dir():
+    if not train_dir(root).is_dir():
         layout = f"{root}/train/<images> (class folders optional)" if unlabelled else f"{root}/train/<class>/<images>"
         raise PhalanxError(f"{root} has no train/ folder; expected {layout}{_layout_hint(root)}", "--dataroot")
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
-    mode = "L" if channels == 1 or channels is None and _grayscale(root / "train") else "RGB"
-    classes, train, skipped = _files(root / "train", None, mode, data, unlabelled)
+    mode = "L" if channels == 1 or channels is None and _grayscale(train_dir(root)) else "RGB"
+    classes, train, skipped = _files(train_dir(root), None, mode, data, unlabelled)
     labels = f"{len(classes)} classes" if classes else "no labels"
     val_root = validation_dir(root)
     if val_root.is_dir():
@@ -199,10 +199,10 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
 
 
 def _layout_hint(root: Path, looked_at: int = 64) -> str:
-    """Where a root without train/ seems to point: a split itself, a training/ folder (timm's other
-    name), or class folders (torchvision's ImageFolder root). Only the first ``looked_at`` entries
-    are read: an error message must not list a folder of a million images."""
-    if root.name in ("train", *VALIDATION_NAMES) and (root.parent / "train").is_dir():
+    """Where a root without train/ seems to point: a split itself, or class folders (torchvision's
+    ImageFolder root). Only the first ``looked_at`` entries are read: an error message must not
+    list a folder of a million images."""
+    if root.name in (*TRAIN_NAMES, *VALIDATION_NAMES) and train_dir(root.parent).is_dir():
         return f" (did you mean --dataroot {root.parent}?)"
     try:
         with os.scandir(root) as entries:
@@ -210,8 +210,6 @@ def _layout_hint(root: Path, looked_at: int = 64) -> str:
                              if e.is_dir() and not e.name.startswith("."))
     except OSError:
         return ""
-    if "training" in folders:
-        return f" (phalanx reads {root}/train/: rename training/ to train/)"
     if folders and not set(folders) & set(VALIDATION_NAMES):
         shown = ", ".join(folders[:3]) + (", ..." if len(folders) > 3 else "")
         return f" (its folders {shown} would be the classes of {root}/train/: move them there)"

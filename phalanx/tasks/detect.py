@@ -22,7 +22,7 @@ from torch import nn
 from .. import records
 from ..data import SeededView
 from ..data.coco import CocoImages, collate, load_split
-from ..data.layout import validation_dir
+from ..data.layout import train_dir, validation_dir
 from ..errors import PhalanxError
 from ..pictures import png
 from .base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
@@ -83,11 +83,11 @@ class DetectTask(Task):
             raise PhalanxError("--task detect reads COCO data: give --dataroot DIR (DIR/train/images/ with "
                                "DIR/train/annotations.json, DIR/val/ likewise)", "--dataroot")
         root = Path(cfg.data.dataroot)
-        if not (root / "train").is_dir():
+        if not train_dir(root).is_dir():
             raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/images/ and "
                                f"{root}/train/annotations.json", "--dataroot")
         annotations = Path(self.options.annotations) if self.options.annotations else None
-        train = load_split(root / "train", annotations, cfg.data.skip_broken)
+        train = load_split(train_dir(root), annotations, cfg.data.skip_broken)
         if not validation_dir(root).is_dir():
             raise PhalanxError(f"{root} has no val/ folder: COCO scores a split of its own (val/images/ and "
                                "val/annotations.json)", "--dataroot")

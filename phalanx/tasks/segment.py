@@ -16,7 +16,7 @@ from torch import nn
 
 from .. import records
 from ..data import SeededView
-from ..data.layout import validation_dir
+from ..data.layout import train_dir, validation_dir
 from ..data.masks import MaskPairs, find_masks
 from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation, one_size
 from ..errors import PhalanxError
@@ -64,13 +64,13 @@ class SegmentTask(Task):
             raise PhalanxError("--task segment reads image and mask pairs: give --dataroot DIR (DIR/train/images/ "
                                "and DIR/train/masks/)", "--dataroot")
         root = Path(cfg.data.dataroot)
-        if not (root / "train").is_dir() or not validation_dir(root).is_dir():
+        if not train_dir(root).is_dir() or not validation_dir(root).is_dir():
             raise PhalanxError(f"{root} needs train/ and val/, each with images/ and masks/", "--dataroot")
-        train = find_masks(root / "train", o.num_classes, o.ignore_index, cfg.data.skip_broken)
+        train = find_masks(train_dir(root), o.num_classes, o.ignore_index, cfg.data.skip_broken)
         self.classes = o.num_classes or train.largest + 1
         val = find_masks(validation_dir(root), self.classes, o.ignore_index, cfg.data.skip_broken)
         if self.classes < 2:
-            raise PhalanxError(f"the masks of {root / 'train'} hold the background alone; give --num-classes",
+            raise PhalanxError(f"the masks of {train_dir(root)} hold the background alone; give --num-classes",
                                "--num-classes")
         stats = normalisation(cfg.data, cfg.network.weights, 3)
         self.mean, self.std = stats if stats is not None and cfg.data.normalize != "auto" or cfg.data.mean else \

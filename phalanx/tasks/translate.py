@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, Subset
 
 from .. import records
 from ..data import SeededView
-from ..data.layout import validation_dir
+from ..data.layout import train_dir, validation_dir
 from ..data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ..data.sources import holdout_indices
 from ..data.transforms import one_size
@@ -113,10 +113,10 @@ class TranslateTask(Task):
         root = Path(cfg.data.dataroot)
         if not root.is_dir():
             raise PhalanxError(f"{root} is not a directory", "--dataroot")
-        if not (root / "train").is_dir():
+        if not train_dir(root).is_dir():
             raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
                                f"{root}/train/A/ and {root}/train/B/", "--dataroot")
-        train_pairs = find_pairs(root / "train", self.expected_targets(), cfg.data.skip_broken, self.last_target_folder)
+        train_pairs = find_pairs(train_dir(root), self.expected_targets(), cfg.data.skip_broken, self.last_target_folder)
         self.targets = train_pairs.targets
         skipped = dict(train_pairs.skipped)
         self.check_networks(size)
