@@ -339,16 +339,17 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
                   for name in written}
         notes = load_model_dir(models, folder, list(written), ["D1", "D2", "DS0", "DS1", "DS2"], 2)
         assert "they start from DeepLIIF's initialisation" in notes[-1]
-    checkpoint = tmp_path / "latest.pt"  # a phalanx checkpoint given where a directory is taken: how to make one
-    checkpoint.write_bytes(b"")
-    with pytest.raises(PhalanxError, match=r"latest.pt is not a directory .*; `phalanx export --checkpoint .*latest.pt "
-                                           r"--format deepliif --output DIR` writes one from a phalanx checkpoint$"):
-        load_model_dir(models, checkpoint, list(written), [], 2)
+        # (these checks once sat inside the pytest.raises block below, after the raise: never run)
         for name, state in states.items():
             for key, value in state.items():
                 if folder is scripted and key.endswith(("running_mean", "running_var")):
                     continue  # not in a serialized network: DeepLIIF's inference never reads them
                 assert torch.equal(models[name].state_dict()[key], value), (folder.name, name, key)
+    checkpoint = tmp_path / "latest.pt"  # a phalanx checkpoint given where a directory is taken: how to make one
+    checkpoint.write_bytes(b"")
+    with pytest.raises(PhalanxError, match=r"latest.pt is not a directory .*; `phalanx export --checkpoint .*latest.pt "
+                                           r"--format deepliif --output DIR` writes one from a phalanx checkpoint$"):
+        load_model_dir(models, checkpoint, list(written), [], 2)
 
 
 def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
