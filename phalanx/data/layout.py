@@ -9,18 +9,21 @@ TRAIN_NAMES = ("train", "training")
 VALIDATION_NAMES = ("val", "validation", "valid")
 
 
+def _first(root: Path, names: tuple[str, ...]) -> Path:
+    """The first of ``names`` that is a folder in ``root``; else the first name's path."""
+    return next((root / name for name in names if (root / name).is_dir()), root / names[0])
+
+
 def train_dir(root: Path) -> Path:
     """``root``'s training folder, the first of ``TRAIN_NAMES`` there; ``root/train`` where it has
     none (callers ask ``is_dir()`` and name train/ in their errors)."""
-    found = [root / name for name in TRAIN_NAMES if (root / name).is_dir()]
-    return found[0] if found else root / "train"
+    return _first(root, TRAIN_NAMES)
 
 
 def validation_dir(root: Path) -> Path:
     """``root``'s validation folder, the first of ``VALIDATION_NAMES`` there (timm's way); ``root/val``
     where it has none (callers ask ``is_dir()``)."""
-    found = [root / name for name in VALIDATION_NAMES if (root / name).is_dir()]
-    return found[0] if found else root / "val"
+    return _first(root, VALIDATION_NAMES)
 
 
 def evaluation_dir(root: Path) -> Path:
