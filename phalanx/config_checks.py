@@ -66,6 +66,10 @@ def check_config(cfg: RunConfig) -> None:
 def _check_optim(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         raise bad("betas", f"must be two numbers in [0, 1) (got {','.join(map(str, cfg.optim.betas))})")
+    if cfg.schedule.min_lr and cfg.schedule.lr_schedule != "cosine":
+        raise bad("min_lr", f"is where the cosine schedule ends; --lr-schedule {cfg.schedule.lr_schedule} has no floor")
+    if cfg.schedule.min_lr >= cfg.optim.lr:
+        raise bad("min_lr", f"{cfg.schedule.min_lr:g} is not below --lr {cfg.optim.lr:g}")
     if cfg.optim.nesterov and (cfg.optim.optimizer != "sgd" or not cfg.optim.momentum):
         raise bad("nesterov", "is SGD's with a momentum: give --optimizer sgd and --momentum above 0"
                   if cfg.optim.optimizer == "sgd" else f"is SGD's; --optimizer {cfg.optim.optimizer} has none")

@@ -119,7 +119,8 @@ class OptimOptions:
                              "share).", launch_help="Batch size per worker: the effective batch is BATCH_SIZE x "
                              "--grad-accum x world size.", above=0, identity=False)
     lr: float = option(0.1, "Learning rate (before --scale-lr). The default is smallcnn's on the built-in digits; "
-                       "tasks and torchvision classifiers set their own (--dry-run shows the one used). A resume "
+                       "tasks and torchvision classifiers set their own, --optimizer adam|adamw torch's 0.001 where "
+                       "the task's is SGD's (--dry-run shows the one used). A resume "
                        "may change it: the schedule continues from where it was at the new rate.", above=0,
                        identity=False)
     optimizer: str = option("sgd", "Optimizer (every optimizer of the task).", choices=("sgd", "adam", "adamw"))
@@ -161,6 +162,8 @@ class ScheduleOptions:
                                     "half of --epochs).", metavar="N", at_least=0)
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
                                  metavar="N", above=0)
+    min_lr: float = option(0.0, "The learning rate the cosine schedule ends at (timm's --min-lr, torchvision's "
+                           "--lr-min; 0: to zero). Head groups keep their multiple of it.", metavar="LR", at_least=0)
     warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.", at_least=0)
     max_steps: int = option(0, "Stop at optimizer step N (counting resumed steps; 0: train all --epochs), saving "
                             "latest.pt mid-epoch as a preempted run does: --resume auto continues. The learning rate "

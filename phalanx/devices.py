@@ -164,7 +164,8 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
     return [f"batch size: {cfg.optim.batch_size} per process, {plan.effective_batch} effective (x{cfg.optim.grad_accum} "
             f"accumulation x{plan.world_size} processes){steps}",
             f"learning rate: {plan.lr:g} (--lr {cfg.optim.lr:g}, --scale-lr {cfg.schedule.scale_lr}), {cfg.schedule.lr_schedule} schedule "
-            f"over {cfg.schedule.epochs} epoch{'s' if cfg.schedule.epochs != 1 else ''}, {cfg.schedule.warmup_epochs:g} warmup"
+            f"over {cfg.schedule.epochs} epoch{'s' if cfg.schedule.epochs != 1 else ''}"
+            + (f" to {cfg.schedule.min_lr:g}" if cfg.schedule.min_lr else "") + f", {cfg.schedule.warmup_epochs:g} warmup"
             + (f"; gradients clipped to {cfg.optim.clip_grad:g} ({'their total norm' if cfg.optim.clip_mode == 'norm' else 'each element'})"
                if cfg.optim.clip_grad else "")]
 

@@ -18,6 +18,7 @@ ELSEWHERE = {
     "--lr-scheduler": "--lr-schedule cosine|step|constant|linear",
     "--lr-step-size": "--lr-step-epochs",
     "--lr-warmup-epochs": "--warmup-epochs",
+    "--lr-min": "--min-lr",
     "--aa": "--augment randaugment|autoaugment|trivialaugment",
     "--auto-augment": "--augment randaugment|autoaugment|trivialaugment",
     "--reprob": "--random-erasing P",

@@ -120,7 +120,7 @@ def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(x == y for x, y, size in zip(a.stride(), b.stride(), a.shape) if size > 1)
 
 
-def lr_factor(schedule: ScheduleOptions, start: float, end: float) -> float:
+def lr_factor(schedule: ScheduleOptions, start: float, end: float, base_lr: float) -> float:
     """Multiplier of the base LR for an optimizer step that trains from progress ``start`` to
     ``end`` (in epochs): linear warmup up to ``end``, then the schedule at ``start``."""
     warmup = schedule.warmup_epochs
@@ -129,7 +129,8 @@ def lr_factor(schedule: ScheduleOptions, start: float, end: float) -> float:
     if schedule.lr_schedule == "cosine":
         span = schedule.epochs - warmup
         fraction = min(1.0, (start - warmup) / span) if span > 0 else 1.0
-        return 0.5 * (1.0 + math.cos(math.pi * fraction))
+        floor = min(schedule.min_lr / base_lr, 1.0)  # --min-lr is a rate: the same after --scale-lr or a new --lr
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * fraction))
     if schedule.lr_schedule == "linear":  # pix2pix: constant, then linearly to zero over the last decay epochs
         decay = schedule.lr_decay_epochs or schedule.epochs / 2
         return max(0.0, min(1.0, (schedule.epochs - start) / decay))

@@ -235,7 +235,7 @@ class Trainer(Checkpointing, Validation):
         self.ctx.begin(micro, epoch, epoch - 1 + micro.end / total, self.cfg.schedule.epochs)
         # Every optimizer gets the learning rate of the optimizer step this micro-batch belongs to.
         factor = lr_factor(self.cfg.schedule, epoch - 1 + micro.step_start / total,
-                           epoch - 1 + (micro.step_start + micro.step_samples) / total)
+                           epoch - 1 + (micro.step_start + micro.step_samples) / total, self.base_lr)
         for optimizer in self.optimizers.values():
             set_lr(optimizer, self.base_lr, factor)
         with self._micro_batch_scope(micro):

@@ -148,6 +148,8 @@ CASES = [
     ("clip-grad-nan", ["--clip-grad", "nan"], "--clip-grad", "finite"),
     ("nesterov-with-adam", ["--nesterov", "--optimizer", "adam"], "--nesterov", "is SGD's; --optimizer adam has none"),
     ("nesterov-without-momentum", ["--nesterov", "--momentum", "0"], "--nesterov", "with a momentum"),
+    ("min-lr-above-lr", ["--min-lr", "0.5"], "--min-lr", "0.5 is not below --lr 0.1"),
+    ("min-lr-without-cosine", ["--min-lr", "0.01", "--lr-schedule", "linear"], "--min-lr", "linear has no floor"),
     ("vit-at-another-size", ["--model", "vit_b_16", "--image-size", "32"], "--image-size",
      "--model vit_b_16 is built for 224 px images and takes no other size (this run's are 32 px)"),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import shutil
+import yaml
 
 from conftest import USER_MODELS, records, run_phalanx, snapshot_tree, write_digit_pngs
 from phalanx.visualize import LocalSource
@@ -99,6 +100,13 @@ def test_a_torchvision_classifier_gets_its_reference_learning_rate_for_the_batch
     assert "lr: 0.05\n" in bigger.out
     chosen = phalanx("train", "--model", "resnet18", "--lr", 0.1, "--print-config")
     assert "lr: 0.1\n" in chosen.out and "warmup_epochs: 0.0\n" in chosen.out
+    # Adam and AdamW without --lr: torch's 0.001, not the SGD rate of the task (nor of the classifier);
+    # a task whose own optimizer is Adam keeps its rate (pix2pix's 0.0002), and --lr wins.
+    for args, lr in ((["--optimizer", "adamw"], 0.001), (["--model", "resnet18", "--optimizer", "adam"], 0.001),
+                     (["--task", "translate", "--optimizer", "adamw"], 0.0002),
+                     (["--optimizer", "adam", "--lr", 0.01], 0.01), (["--task", "simclr", "--optimizer", "sgd"], 0.06)):
+        printed = phalanx("train", *args, "--print-config")
+        assert printed.code == 0 and yaml.safe_load(printed.out)["lr"] == lr, (args, printed.out, printed.err)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..errors import PhalanxError
 from ..fields import check_fields, flag, parse_text, suggest
-from .default_lr import classifier_lr
+from .default_lr import classifier_lr, optimizer_lr
 from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DeepLIIFOptions, DetectOptions, DINOOptions,
                       MoCoOptions, SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
 
@@ -236,10 +236,13 @@ def check_used(task: str, given: dict[str, Any], general_defaults: dict[str, Any
 def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
     """General options this task gives other defaults (pix2pix's Adam and LR for translate, a
     torchvision classifier's LR for its batch, ...), given the options set explicitly."""
+    given = given or {}
     if task in BUILTIN:
         info = BUILTIN[task]
-        return {**info.defaults, **(info.adapt({**info.defaults, **(given or {})}) if info.adapt else {})}
-    return dict(getattr(task_class(task), "defaults", {}) or {})  # your own task's (imports it)
+        defaults = {**info.defaults, **(info.adapt({**info.defaults, **given}) if info.adapt else {})}
+    else:
+        defaults = dict(getattr(task_class(task), "defaults", {}) or {})  # your own task's (imports it)
+    return {**defaults, **optimizer_lr(defaults, given)}
 
 
 def task_class(name: str) -> type:
