@@ -150,7 +150,7 @@ def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torch
 def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx):
     small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
     result = phalanx("train", "--task", "detect", "--dataroot", small, "--epochs", 1, "--batch-size", 2,
-                     "--checkpoints-dir", tmp_path / "ck", "--name", "det", "--no-progress")
+                     "--image-size", 64, "--checkpoints-dir", tmp_path / "ck", "--name", "det", "--no-progress")
     assert result.code == 0, result.err
     assert torch.load(tmp_path / "ck/det/latest.pt", weights_only=True)["config"]["model"] == \
         "fasterrcnn_mobilenet_v3_large_320_fpn"
@@ -190,8 +190,9 @@ def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categor
 
 @pytest.mark.slow
 def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scenes, tmp_path, phalanx):
+    # mIoU per epoch at seed 0 (2026-11-27): 0.24, 0.28, 0.35, 0.35, 0.36; the barely trained one 0.016.
     common = [*SEGMENTER, "--dataroot", scenes, "--batch-size", 8, "--lr", 0.05, "--checkpoints-dir", tmp_path]
-    trained = phalanx("train", *common, "--epochs", 8, "--name", "trained")
+    trained = phalanx("train", *common, "--epochs", 5, "--name", "trained")
     assert trained.code == 0, trained.err
     untrained = phalanx("train", *common, "--epochs", 1, "--lr", 1e-9, "--name", "untrained")
     assert untrained.code == 0, untrained.err
