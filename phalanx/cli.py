@@ -258,7 +258,7 @@ def _main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.ClickException as exc:
         named = isinstance(exc, click.BadParameter) and exc.param is not None and exc.param.name == "precision"
-        say_error((named and habits.precision_hint(args)) or exc.format_message())
+        say_error((named and habits.precision_hint(args)) or habits.checkpoint_hint(exc, args) or exc.format_message())
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         say_error("interrupted")

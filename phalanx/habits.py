@@ -93,3 +93,16 @@ def precision_hint(args: list[str]) -> str | None:
         if value is not None and value.lower() in PRECISIONS:
             return f"--precision: '{value}' is phalanx's {PRECISIONS[value.lower()]} (one of fp32, bf16, fp16, fp64)"
     return None
+
+
+def checkpoint_hint(error: Exception, args: list[str]) -> str | None:
+    """A missing ``--checkpoint`` where a ``.pt`` file was typed without it (``phalanx evaluate
+    best.pt``, as other tools take it): the option to write."""
+    param = getattr(error, "param", None)
+    if type(error).__name__ != "MissingParameter" or param is None or param.name != "checkpoint":
+        return None
+    typed = [arg for before, arg in zip(["", *args], args)
+             if arg.endswith(".pt") and not arg.startswith("-") and not before.startswith("-")]
+    if not typed:
+        return None
+    return f"--checkpoint: the checkpoint is given as an option: --checkpoint {typed[0]}"

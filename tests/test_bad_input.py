@@ -197,6 +197,9 @@ INFERENCE = [
 ]
 CASES += [("evaluate", *case) for case in INFERENCE + [
     ("no-checkpoint", [], "--checkpoint", "Missing option"),
+    # typed without its option, as other tools take it: the option to write
+    ("checkpoint-as-argument", ["{w}/ck/done/latest.pt"], "--checkpoint",
+     "the checkpoint is given as an option: --checkpoint /"),
     ("eval-knn-k-of-a-classifier", ["--checkpoint", "{w}/ck/done/latest.pt", "--knn-k", "5"], "--knn-k",
      "--task classify (this checkpoint's) does not read it"),
     ("eval-dataroot-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"], "--dataroot",
