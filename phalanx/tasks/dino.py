@@ -35,10 +35,13 @@ class DINOHead(nn.Module):
     """Linear-GELU-Linear-GELU-Linear to a bottleneck, l2-normalised, then a last layer whose rows
     are unit vectors (DINO's weight-normalised layer with its norm fixed at 1)."""
 
-    def __init__(self, inputs: int, hidden: int, bottleneck: int, outputs: int):
+    def __init__(self, inputs: int, hidden: int, bottleneck: int, outputs: int, norm: str = "none"):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(inputs, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
-                                    nn.Linear(hidden, bottleneck))
+
+        def block(size: int) -> list[nn.Module]:  # DINO's use_bn_in_head: a BatchNorm after each hidden Linear
+            return [nn.Linear(size, hidden), *([nn.BatchNorm1d(hidden)] if norm == "batch" else []), nn.GELU()]
+
+        self.layers = nn.Sequential(*block(inputs), *block(hidden), nn.Linear(hidden, bottleneck))
         for layer in self.layers:
             if isinstance(layer, nn.Linear):  # DINO's initialisation
                 nn.init.trunc_normal_(layer.weight, std=0.02, a=-2, b=2)
@@ -68,7 +71,7 @@ class DINOTask(MomentumTeacherTask):
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
         o = self.options
-        head = DINOHead(size, o.hidden_dim, o.bottleneck_dim, o.output_dim)
+        head = DINOHead(size, o.hidden_dim, o.bottleneck_dim, o.output_dim, o.head_norm)
         return {"backbone": backbone, "projector": head, "teacher": self.teacher_of(backbone, head)}
 
     def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
@@ -135,7 +138,9 @@ class DINOTask(MomentumTeacherTask):
             return None
         return (f"the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform distribution's over "
                 f"{self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the teacher gives every image "
-                "the same distribution; the loss is then its entropy whatever the backbone gives)")
+                "the same distribution; the loss is then its entropy whatever the backbone gives)"
+                + ("; --head-norm batch kept it from collapsing on the built-in digits" if self.options.head_norm == "none"
+                   else ""))
 
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says

@@ -192,6 +192,8 @@ class DINOOptions(MultiCropOptions):
     hidden_dim: int = option(2048, "Hidden size of the DINO head's two hidden layers.", metavar="N", above=0)
     bottleneck_dim: int = option(256, "Size of the l2-normalised bottleneck before the head's last layer.",
                                  metavar="N", above=0)
+    head_norm: str = option("none", "Normalisation after the head's hidden layers: none (DINO's default) or batch "
+                            "(its --use_bn_in_head).", choices=("none", "batch"))
     teacher_temp: float = option(0.04, "Teacher temperature after its warmup.", metavar="T", above=0)
     warmup_teacher_temp: float = option(0.04, "Teacher temperature in the first epoch, rising linearly to "
                                         "--teacher-temp over --warmup-teacher-temp-epochs.", metavar="T", above=0)
