@@ -678,6 +678,23 @@ MUTANTS = [
     Mutant("a resume forgets its --weights (and so its normalisation)", "phalanx/resume_options.py",
            '                         "weights")', '                         )',
            ("tests/test_resume.py -k fine_tune_resumed",)),
+    Mutant("--min-lr ignored", "phalanx/optim.py", "        floor = min(schedule.min_lr / base_lr, 1.0)",
+           "        floor = 0.0", ("tests/test_resume.py -k may_lower_the_learning_rate",)),
+    Mutant("--min-lr read as a fraction of --lr", "phalanx/optim.py",
+           "        floor = min(schedule.min_lr / base_lr, 1.0)", "        floor = min(schedule.min_lr, 1.0)",
+           ("tests/test_resume.py -k may_lower_the_learning_rate",)),
+    Mutant("Adam keeps the SGD task's rate", "phalanx/tasks/__init__.py",
+           "    return {**defaults, **optimizer_lr(defaults, given)}", "    return defaults",
+           ("tests/test_newcomer.py -k reference_learning_rate",)),
+    Mutant("an Adam task's own rate replaced too", "phalanx/tasks/default_lr.py",
+           'defaults.get("optimizer", "sgd") in adaptive:', 'False:',
+           ("tests/test_newcomer.py -k reference_learning_rate",)),
+    Mutant("a checkpoint typed without --checkpoint: no hint", "phalanx/habits.py",
+           "    if not typed:\n        return None", "    if typed:\n        return None",
+           ("tests/test_bad_input.py -k checkpoint-as-argument",)),
+    Mutant("DINO's --head-norm ignored", "phalanx/tasks/dino.py",
+           "o.output_dim, o.head_norm)", "o.output_dim)",
+           ("tests/test_ssl.py -k linear_probe_beats and dino",)),
 ]
 
 
