@@ -163,7 +163,8 @@ class ScheduleOptions:
     lr_step_epochs: int = option(30, "With --lr-schedule step: multiply the LR by 0.1 every N epochs.",
                                  metavar="N", above=0)
     min_lr: float = option(0.0, "The learning rate the cosine schedule ends at (timm's --min-lr, torchvision's "
-                           "--lr-min; 0: to zero). Head groups keep their multiple of it.", metavar="LR", at_least=0)
+                           "--lr-min; 0: to zero). Head groups keep their multiple of it. A resume may change it.",
+                           metavar="LR", at_least=0, identity=False)
     warmup_epochs: float = option(0.0, "Linear learning-rate warmup, in epochs.", at_least=0)
     max_steps: int = option(0, "Stop at optimizer step N (counting resumed steps; 0: train all --epochs), saving "
                             "latest.pt mid-epoch as a preempted run does: --resume auto continues. The learning rate "

@@ -101,8 +101,11 @@ def checkpoint_hint(error: Exception, args: list[str]) -> str | None:
     param = getattr(error, "param", None)
     if type(error).__name__ != "MissingParameter" or param is None or param.name != "checkpoint":
         return None
+    ctx = getattr(error, "ctx", None)  # the options that take a value: a .pt after one is its value
+    valued = {spelling for option in (ctx.command.params if ctx else []) if not getattr(option, "is_flag", True)
+              for spelling in option.opts}
     typed = [arg for before, arg in zip(["", *args], args)
-             if arg.endswith(".pt") and not arg.startswith("-") and not before.startswith("-")]
+             if arg.endswith((".pt", ".pth")) and not arg.startswith("-") and before not in valued]
     if not typed:
         return None
     return f"--checkpoint: the checkpoint is given as an option: --checkpoint {typed[0]}"

@@ -27,7 +27,7 @@ CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; anything larger is no
 # or runs something (--remote-transfer(-cmd), --pickle-dir): a checkpoint from elsewhere must not
 # choose where your files go.
 TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "batch_size", "grad_accum", "lr", "best_metric", "val_every",
-                         "save_epoch_freq", "log_every", "snapshot_every", "clip_grad", "clip_mode",
+                         "save_epoch_freq", "log_every", "snapshot_every", "clip_grad", "clip_mode", "min_lr",
                          # never loaded at a resume (the checkpoint holds the weights); it decides what
                          # --normalize auto is (ImageNet's with --weights): a fine-tune resumed without it
                          # went on with [-1, 1] inputs instead
@@ -51,12 +51,25 @@ def saved_options(given: dict[str, Any]) -> dict[str, Any]:
         # What this command line alone resolves to (the task's and the model's defaults included).
         alone = from_mapping({**general, "task": task, "task_options": {**options, **task_values}},
                              source="--config").to_dict()
+        taken = {name: value for name, value in saved.items() if _takes(name, general) and value != alone[name]}
+        # A default that follows another option (Adam's rate follows --optimizer, a torchvision
+        # model's rate its batch) follows it as the run had it: an Adam run's typed 0.1 is not Adam's 0.001.
+        followed = tasks.defaults_of(task, {**general, **taken})
+        taken.update({name: saved[name] for name, value in followed.items()
+                      if name in saved and _takes(name, general) and _plain(saved[name]) != _plain(value)})
     except (PhalanxError, TypeError, AttributeError, ValueError):  # not a configuration: take nothing
         return {}
-    taken = {name: value for name, value in saved.items()
-             if name not in general and name not in ("task", "task_options") and value != alone[name]
-             and (FIELDS[name].metadata["identity"] or name in TAKEN_BEYOND_IDENTITY)}
     return {**({} if "task" in general else {"task": task}), **taken, "task_options": options}
+
+
+def _takes(name: str, typed: dict[str, Any]) -> bool:
+    """Whether a resume takes the saved run's ``name`` where its value would otherwise differ."""
+    return name in FIELDS and name not in typed and name not in ("task", "task_options") and \
+        (FIELDS[name].metadata["identity"] or name in TAKEN_BEYOND_IDENTITY)
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def described(taken: dict[str, Any], task: str) -> list[str]:

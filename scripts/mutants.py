@@ -407,8 +407,8 @@ MUTANTS = [
     Mutant("a resume takes nothing of its run", "phalanx/resume_options.py", "saved = from_mapping(_saved_config(given[\"resume\"], general)",
            "saved = from_mapping(None", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a resume takes the identity options only", "phalanx/resume_options.py",
-           "and (FIELDS[name].metadata[\"identity\"] or name in TAKEN_BEYOND_IDENTITY)}",
-           "and FIELDS[name].metadata[\"identity\"]}", ("tests/test_resume.py -k leaves_out",)),
+           "(FIELDS[name].metadata[\"identity\"] or name in TAKEN_BEYOND_IDENTITY)",
+           "FIELDS[name].metadata[\"identity\"]", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a resume takes the run's values that equal this command line's", "phalanx/resume_options.py",
            "and value != alone[name]", "and True", ("tests/test_resume.py -k leaves_out",)),
     Mutant("a finished run's resume rewrites the run", "phalanx/run.py",
@@ -687,7 +687,7 @@ MUTANTS = [
            "    return {**defaults, **optimizer_lr(defaults, given)}", "    return defaults",
            ("tests/test_newcomer.py -k reference_learning_rate",)),
     Mutant("an Adam task's own rate replaced too", "phalanx/tasks/default_lr.py",
-           'defaults.get("optimizer", "sgd") in adaptive:', 'False:',
+           '(own in adaptive and "lr" in defaults):', 'False:',
            ("tests/test_newcomer.py -k reference_learning_rate",)),
     Mutant("a checkpoint typed without --checkpoint: no hint", "phalanx/habits.py",
            "    if not typed:\n        return None", "    if typed:\n        return None",
@@ -695,6 +695,12 @@ MUTANTS = [
     Mutant("DINO's --head-norm ignored", "phalanx/tasks/dino.py",
            "o.output_dim, o.head_norm)", "o.output_dim)",
            ("tests/test_ssl.py -k linear_probe_beats and dino",)),
+    Mutant("a resume compares an Adam run's rate with SGD's default", "phalanx/resume_options.py",
+           "        followed = tasks.defaults_of(task, {**general, **taken})",
+           "        followed = tasks.defaults_of(task, general)",
+           ("tests/test_resume.py -k may_lower_the_learning_rate",)),
+    Mutant("--min-lr fixed at a resume", "phalanx/resume_options.py", '"clip_mode", "min_lr",', '"clip_mode",',
+           ("tests/test_resume.py -k may_lower_the_learning_rate",)),
 ]
 
 

@@ -104,7 +104,9 @@ def test_a_torchvision_classifier_gets_its_reference_learning_rate_for_the_batch
     # a task whose own optimizer is Adam keeps its rate (pix2pix's 0.0002), and --lr wins.
     for args, lr in ((["--optimizer", "adamw"], 0.001), (["--model", "resnet18", "--optimizer", "adam"], 0.001),
                      (["--task", "translate", "--optimizer", "adamw"], 0.0002),
-                     (["--optimizer", "adam", "--lr", 0.01], 0.01), (["--task", "simclr", "--optimizer", "sgd"], 0.06)):
+                     (["--optimizer", "adam", "--lr", 0.01], 0.01), (["--task", "simclr", "--optimizer", "sgd"], 0.06),
+                     (["--task", "phalanx_testtasks:AdamWithoutRate"], 0.001),
+                     (["--task", "phalanx_testtasks:GatherTask", "--optimizer", "adam"], 0.001)):
         printed = phalanx("train", *args, "--print-config")
         assert printed.code == 0 and yaml.safe_load(printed.out)["lr"] == lr, (args, printed.out, printed.err)
 

@@ -250,6 +250,15 @@ def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_wher
         end = record["step"] * 32 / 1438
         cosine = 0.5 * (1 + math.cos(math.pi * start / 2))
         assert record["lr"] == pytest.approx(0.02 + (base - 0.02) * cosine), record["step"]
+    # --min-lr may change too (a lower --lr needs a lower floor: refused as another run's before)
+    floor = phalanx("train", "--resume", "auto", "--lr", 0.01, "--min-lr", 0.001, "--dry-run", "--checkpoints-dir", tmp_path)
+    assert floor.code == 0 and "learning rate: 0.01 (--lr 0.01, --scale-lr none), cosine schedule over 2 epochs to " \
+        "0.001" in floor.out, floor.out + floor.err
+    # A resume takes an Adam run's typed rate where it equals the general default: Adam's default
+    # rate (0.001) follows the optimizer, which the resume takes too (it resumed at 0.001).
+    assert phalanx("train", "--name", "adam", "--optimizer", "adam", "--lr", 0.1, "--max-steps", 2, *common).code == 0
+    adam = phalanx("train", "--name", "adam", "--resume", "auto", "--dry-run", *common)
+    assert adam.code == 0 and "learning rate: 0.1 (--lr 0.1" in adam.out, adam.out
 
 
 def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normalisation(tmp_path, phalanx):

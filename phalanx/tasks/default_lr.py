@@ -28,9 +28,10 @@ ADAPTIVE_LR = 1e-3
 
 
 def optimizer_lr(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``--optimizer adam|adamw`` without ``--lr`` on a task whose own optimizer is SGD: torch's
-    default rate for them instead of the task's SGD rate."""
+    """Adam or AdamW without ``--lr``: torch's default rate for them, unless the task gives its own
+    for its own Adam (pix2pix's 0.0002). An SGD task's rate (or none: the general 0.1) is SGD's."""
     adaptive = ("adam", "adamw")
-    if "lr" in given or given.get("optimizer") not in adaptive or defaults.get("optimizer", "sgd") in adaptive:
+    own = defaults.get("optimizer", "sgd")
+    if "lr" in given or given.get("optimizer", own) not in adaptive or (own in adaptive and "lr" in defaults):
         return {}
     return {"lr": ADAPTIVE_LR}

@@ -4,7 +4,8 @@ momentum teacher gives the other global crop. The teacher's outputs are centred 
 of their batch mean) and sharpened (a low temperature, warmed up over the first epochs); the
 head's last layer does not train in the first ``--freeze-last-layer`` epochs.
 
-Exact at any world size: the loss is per sample, and the centre moves with the mean of the global
+Exact at any world size (with ``--head-norm batch``, under ``--sync-bn``, as any BatchNorm): the
+loss is per sample, and the centre moves with the mean of the global
 batch's teacher outputs (summed over ranks with their count, so an uneven or padding share weighs
 what it holds). The centre is task state, checkpointed and resumed. Lightly's centre averages each
 rank's mean, which is the global mean only when every rank holds as many samples.
@@ -32,8 +33,10 @@ COLLAPSED = 0.95
 
 
 class DINOHead(nn.Module):
-    """Linear-GELU-Linear-GELU-Linear to a bottleneck, l2-normalised, then a last layer whose rows
-    are unit vectors (DINO's weight-normalised layer with its norm fixed at 1)."""
+    """Linear-GELU-Linear-GELU-Linear to a bottleneck (with ``norm`` batch, a BatchNorm after each
+    hidden Linear), l2-normalised, then a last layer whose rows are unit vectors (DINO's
+    weight-normalised layer with its norm fixed at 1). Each crop's batch goes through it alone:
+    its BatchNorm normalises over one crop's rows (DINO's over all the crops of a step)."""
 
     def __init__(self, inputs: int, hidden: int, bottleneck: int, outputs: int, norm: str = "none"):
         super().__init__()
@@ -139,8 +142,8 @@ class DINOTask(MomentumTeacherTask):
         return (f"the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform distribution's over "
                 f"{self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the teacher gives every image "
                 "the same distribution; the loss is then its entropy whatever the backbone gives)"
-                + ("; --head-norm batch kept it from collapsing on the built-in digits" if self.options.head_norm == "none"
-                   else ""))
+                + ("; try --head-norm batch (it kept DINO from collapsing on the built-in digits)"
+                   if self.options.head_norm == "none" else ""))
 
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says

@@ -163,6 +163,13 @@ class StoppingClassify(StopAtStep, ClassifyTask):
     """Classification, stopped by a SIGTERM at a chosen step."""
 
 
+class AdamWithoutRate(GatherTask):
+    """A task of yours whose optimizer is AdamW, with no rate of its own: torch's AdamW rate, not the
+    general (SGD's) 0.1."""
+
+    defaults = {"optimizer": "adamw", "precision": "fp64"}
+
+
 class Incomplete(Task):
     """Declares a training step but no data or networks: refused before anything is written."""
 
