@@ -250,7 +250,9 @@ def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_wher
         end = record["step"] * 32 / 1438
         cosine = 0.5 * (1 + math.cos(math.pi * start / 2))
         assert record["lr"] == pytest.approx(0.02 + (base - 0.02) * cosine), record["step"]
-    # --min-lr may change too (a lower --lr needs a lower floor: refused as another run's before)
+    # --min-lr is the run's where none is typed, and may change too (a lower --lr needs a lower floor)
+    own = phalanx("train", "--resume", "auto", "--dry-run", "--checkpoints-dir", tmp_path)
+    assert own.code == 0 and "cosine schedule over 2 epochs to 0.02," in own.out, own.out + own.err
     floor = phalanx("train", "--resume", "auto", "--lr", 0.01, "--min-lr", 0.001, "--dry-run", "--checkpoints-dir", tmp_path)
     assert floor.code == 0 and "learning rate: 0.01 (--lr 0.01, --scale-lr none), cosine schedule over 2 epochs to " \
         "0.001" in floor.out, floor.out + floor.err
