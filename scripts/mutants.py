@@ -701,6 +701,12 @@ MUTANTS = [
            ("tests/test_resume.py -k may_lower_the_learning_rate",)),
     Mutant("--min-lr fixed at a resume", "phalanx/resume_options.py", '"clip_mode", "min_lr",', '"clip_mode",',
            ("tests/test_resume.py -k may_lower_the_learning_rate",)),
+    Mutant("predict --output - writes a file named -", "phalanx/tasks/classify_inference.py",
+           "    if output == STDOUT:\n        sys.stdout.write(text)", "    if False:\n        sys.stdout.write(text)",
+           ("tests/test_inference.py -k predict_writes_every",)),
+    Mutant("predict --output - says its count on stdout", "phalanx/inference/predict.py",
+           "file=sys.stderr if to_stdout else sys.stdout)", "file=sys.stdout)",
+           ("tests/test_inference.py -k predict_writes_every",)),
 ]
 
 

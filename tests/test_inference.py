@@ -91,6 +91,11 @@ def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, ph
     assert right >= 24  # 16x16 PNGs of the digits, prepared as validation prepares 8x8 ones
     csv = phalanx("predict", "--checkpoint", trained / "latest.pt", folder / "digit1", "--output", tmp_path / "p.csv")
     assert csv.code == 0 and (tmp_path / "p.csv").read_text().startswith("path,class,probability,top_k\n")
+    # --output -: the same rows as JSON lines on stdout, for a pipe; what predict says goes to stderr
+    piped = phalanx("predict", "--checkpoint", trained / "latest.pt", folder, "--output", "-", "--top-k", 3,
+                    "--batch-size", 8)
+    assert piped.code == 0 and [json.loads(line) for line in piped.out.splitlines()] == rows, piped.out[-500:]
+    assert "30 image(s) predicted, 1 skipped; wrote stdout" in piped.err and not (tmp_path / "-").exists()
 
 
 def features_and_their_reference(phalanx, checkpoint, folder, count: int, seed: int, module_of):

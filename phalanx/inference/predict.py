@@ -15,7 +15,7 @@ from ..data.inputs import collate_inputs, image_paths
 from ..errors import EXIT_FAILED, PhalanxError
 from ..progress import ProgressBar
 from ..tasks.features import FeaturesPredictor, check_features_output
-from ..tasks.inference import Inference, Predictor
+from ..tasks.inference import STDOUT, Inference, Predictor
 from ..devices import inference_device
 from .model import load_trained
 from .options import PredictOptions
@@ -24,10 +24,14 @@ from .outputs import check_predict_files, check_predict_place
 
 def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset[str] = frozenset()) -> int:
     """``typed``: the options given on the command line (one another task reads is refused)."""
-    output = Path(opts.output)
-    check_predict_place(output)  # before the model loads
+    output, to_stdout = Path(opts.output), opts.output == STDOUT
+    if not to_stdout:
+        check_predict_place(output)  # before the model loads
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
+    if to_stdout and (opts.features or not inference.streams):
+        raise PhalanxError(f"- (stdout) takes a table of predictions, a JSON line an image; --task {trained.config.task}'s "
+                           f"predict{' --features' if opts.features else ''} writes files: give a path", "--output")
     read = () if opts.features else inference.predict_options
     unread = [name for name in PredictOptions.TASK_SPECIFIC if name in typed and name not in read]
     if unread:
@@ -39,7 +43,8 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
         check_features_output(opts.output)
     else:
         inference.check_predict_output(opts.output)
-    check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
+    if not to_stdout:
+        check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
     paths = image_paths(paths_given)
     device = inference_device(opts.gpu_ids)
     if opts.features:
@@ -54,7 +59,8 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     if not predicted:
         raise PhalanxError(f"no image could be predicted ({len(skipped)} skipped); nothing written", "IMAGES",
                            exit_code=EXIT_FAILED)
-    print(f"phalanx: {predicted} image(s) predicted, {len(skipped)} skipped; wrote {opts.output}")
+    print(f"phalanx: {predicted} image(s) predicted, {len(skipped)} skipped; wrote {'stdout' if to_stdout else opts.output}",
+          file=sys.stderr if to_stdout else sys.stdout)  # stdout holds the predictions alone
     return len(skipped)
 
 

@@ -52,7 +52,8 @@ class TaskInfo:
 
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=classifier_lr, predicts=".csv or .jsonl"),
+             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=classifier_lr,
+             predicts=".csv, .jsonl or - (JSON lines on stdout)"),
     TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
              "phalanx.tasks.translate:TranslateTask",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from ..data.manifest import checked
 from ..errors import PhalanxError
 from ..finetune import backbone_of
 from .base import Evaluation
-from .inference import Inference, Predictor
+from .inference import STDOUT, Inference, Predictor
 
 if TYPE_CHECKING:
     from ..inference.options import PredictOptions
@@ -92,9 +93,11 @@ class ClassifyInference(Inference):
                              transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
         return backbone_of(self.models[self.task.primary_model])[0], images
 
+    streams = True
+
     def check_predict_output(self, output: str) -> None:
-        if Path(output).suffix not in (".csv", ".jsonl"):
-            raise PhalanxError(f"must end in .csv or .jsonl (got {Path(output).name})", "--output")
+        if output != STDOUT and Path(output).suffix not in (".csv", ".jsonl"):
+            raise PhalanxError(f"must end in .csv or .jsonl, or be - for stdout (got {Path(output).name})", "--output")
 
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
         """The most likely classes of each image, to a CSV or JSONL table."""
@@ -134,15 +137,16 @@ class ClassPredictor(Predictor):
                               "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)]})
 
     def finish(self) -> None:
-        write_predictions(Path(self.output), self.rows)
+        write_predictions(self.output, self.rows)
 
 
 def pipeline_of(info: dict[str, Any]) -> transforms.Pipeline:
     return transforms.Pipeline(info["size"], "none", info["crop_pct"], tuple(info["mean"]), tuple(info["std"]))
 
 
-def write_predictions(output: Path, rows: list[dict[str, Any]]) -> None:
-    if output.suffix == ".jsonl":
+def write_predictions(output: str, rows: list[dict[str, Any]]) -> None:
+    """A CSV or JSONL file, written whole and renamed into place; ``-``: JSON lines on stdout."""
+    if output == STDOUT or output.endswith(".jsonl"):
         text = "".join(json.dumps(row) + "\n" for row in rows)
     else:
         buffer = io.StringIO()
@@ -152,4 +156,8 @@ def write_predictions(output: Path, rows: list[dict[str, Any]]) -> None:
             top = ";".join(f"{t['class']}:{t['probability']:.6f}" for t in row["top_k"])
             writer.writerow([row["path"], row["class"], f"{row['probability']:.6f}", top])
         text = buffer.getvalue()
-    atomic_write(output, lambda fh: fh.write(text.encode()))
+    if output == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    atomic_write(Path(output), lambda fh: fh.write(text.encode()))

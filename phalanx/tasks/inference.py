@@ -62,6 +62,9 @@ class Predictor:
         """Write what ``predict`` kept (a table, a JSON of every detection); nothing by default."""
 
 
+STDOUT = "-"  # ``predict --output -``: the predictions on stdout (an Inference that ``streams``)
+
+
 class Inference:
     """A trained task's evaluation, prediction and export. This base evaluates on the run's
     validation split (or ``--dataroot``'s, read as training reads it) and has no predict or export.
@@ -76,6 +79,8 @@ class Inference:
     # The task-specific ``predict`` options its predictor reads (of PredictOptions.TASK_SPECIFIC):
     # another is refused when typed, as ``train`` refuses another task's option.
     predict_options: tuple[str, ...] = ()
+    # ``predict --output -``: its predictions as lines on stdout (a table's rows), for a pipe.
+    streams = False
 
     def __init__(self, trained: Trained):
         self.trained, self.task, self.cfg = trained, trained.task, trained.config
