@@ -248,8 +248,8 @@ MUTANTS = [
            "        keys = ctx.all_gather_in_order(key)\n        self.enqueue(keys)\n"
            "        loss = self.info_nce(query, key)\n", ("tests/test_ssl_family.py -k moco_step",)),
     Mutant("DINO's teacher given the local crops", "phalanx/tasks/dino.py",
-           'teacher = [ctx.models["teacher"](view) for view in views[:2]]',
-           'teacher = [ctx.models["teacher"](view) for view in views]', ("tests/test_ssl_family.py -k teacher_sees",)),
+           "            teacher = self.teacher(ctx.models, views)",
+           '            teacher = [ctx.models["teacher"](view) for view in views]', ("tests/test_ssl_family.py -k teacher_sees",)),
     Mutant("MoCo's queue not checkpointed", "phalanx/tasks/moco.py",
            'return {"queue": self.queue.detach().cpu().clone(), "queue_at": self.queue_at}', "return {}",
            ("tests/test_ssl_family.py -k resumed_mid_epoch and moco",)),

@@ -142,9 +142,9 @@ PRETRAIN = {"moco": [*HEADS, "--queue-size", 256, "--epochs", 2, "--head-norm", 
 # How far above the random backbone's probe (17.4%) each method must be, from what one epoch gave
 # at seeds 0, 1 and 2 (2026-11-27): SimCLR 62-67%, BYOL 41-67%, SwAV 41-53%, VICReg 48-58%, Barlow Twins
 # 26-53%, SimSiam 25-34%, MoCo (two epochs, --head-norm batch) 45-58%, DINO (two epochs, --head-norm batch)
-# 33-44% (one epoch 38-47%; its default head 14% after one).
+# 42-51% (one epoch 37-50%; its default head 13% after one).
 # A collapsed backbone (one feature for every image) gives chance, 10%, under any margin.
-MARGIN = {"simsiam": 0.05, "barlowtwins": 0.05, "dino": 0.05}
+MARGIN = {"simsiam": 0.05, "barlowtwins": 0.05}
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def random_backbones_probe(tmp_path_factory) -> float:
 
 
 @pytest.mark.slow
-# DINO with its default head (no normalisation) collapses here: the probe gives 14% (chance 10%) after
+# DINO with its default head (no normalisation) collapses here: the probe gives 13% (chance 10%) after
 # one epoch, its head's teacher reaches the uniform distribution in the second and the run warns
 # (the test below); with --head-norm batch no warning after two.
 @pytest.mark.parametrize("task", ["simclr", "byol", "moco", "swav", "simsiam", "barlowtwins", "vicreg", "dino"])

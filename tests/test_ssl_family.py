@@ -248,13 +248,13 @@ def test_the_dino_teacher_sees_the_global_crops_only():
     torch.manual_seed(0)
     models = {name: m.double() for name, m in task.build_models(_TaskInfo()).items()}
     seen = []
-    models["teacher"].register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[-1]))
+    models["teacher"].register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
     views = [torch.randn(4, 1, 8, 8, dtype=torch.float64) for _ in range(2)]
     views += [torch.randn(4, 1, 4, 4, dtype=torch.float64) for _ in range(3)]  # local crops, smaller
     optimizers = {"student": torch.optim.SGD([*models["backbone"].parameters(), *models["projector"].parameters()],
                                              lr=0.1)}
     task.training_step(views, step_context(models, optimizers))
-    assert seen == [8, 8]
+    assert seen == [(8, 1, 8, 8)]  # the two global crops, together (as DINO's multi-crop wrapper)
 
 
 def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():

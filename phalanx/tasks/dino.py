@@ -35,8 +35,8 @@ COLLAPSED = 0.95
 class DINOHead(nn.Module):
     """Linear-GELU-Linear-GELU-Linear to a bottleneck (with ``norm`` batch, a BatchNorm after each
     hidden Linear), l2-normalised, then a last layer whose rows are unit vectors (DINO's
-    weight-normalised layer with its norm fixed at 1). Each crop's batch goes through it alone:
-    its BatchNorm normalises over one crop's rows (DINO's over all the crops of a step)."""
+    weight-normalised layer with its norm fixed at 1). A step's crops go through it together
+    (``DINOTask.student``), as in DINO."""
 
     def __init__(self, inputs: int, hidden: int, bottleneck: int, outputs: int, norm: str = "none"):
         super().__init__()
@@ -117,12 +117,26 @@ class DINOTask(MomentumTeacherTask):
         count = torch.tensor(float(rows.shape[0] * rows.shape[1]))
         return ctx.all_reduce_sums_later({"sum": rows.sum((0, 1)), "count": count}, move)
 
+    @staticmethod
+    def student(models: Any, views: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The crops of each size through the backbone together (the global ones, then the local
+        ones), then every crop through the head at once, as DINO's multi-crop wrapper does: a
+        BatchNorm normalises over the crops of a size (the backbone's) or of the step (the head's)."""
+        sizes = [views[:2], views[2:]] if len(views) > 2 else [views]
+        outputs = models["projector"](torch.cat([models["backbone"](torch.cat(same)) for same in sizes]))
+        return list(outputs.split([len(view) for view in views]))
+
+    @staticmethod
+    def teacher(models: Any, views: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The global crops through the teacher together (DINO's teacher sees no local crop)."""
+        return list(models["teacher"](torch.cat(views[:2])).split([len(view) for view in views[:2]]))
+
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         views = list(batch)
         self.track(ctx)
         with torch.no_grad():
-            teacher = [ctx.models["teacher"](view) for view in views[:2]]  # the global views only
-        student = [self.embed(ctx.models, view) for view in views]
+            teacher = self.teacher(ctx.models, views)
+        student = self.student(ctx.models, views)
         loss, entropy = self.dino_loss(teacher, student, self.teacher_temperature(ctx.epoch))
         center_norm = self.update_center(torch.stack(teacher), ctx, bool(ctx.samples))  # moved after the backward
         ctx.backward(loss, "student")
@@ -148,8 +162,8 @@ class DINOTask(MomentumTeacherTask):
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says
         nothing here: the head's outputs of any two views are nearly parallel)."""
-        teacher = [models["teacher"](v) for v in (v1, v2)]
-        return self.dino_loss(teacher, [self.embed(models, v) for v in (v1, v2)], self.options.teacher_temp)[0]
+        return self.dino_loss(self.teacher(models, [v1, v2]), self.student(models, [v1, v2]),
+                              self.options.teacher_temp)[0]
 
     def state_dict(self) -> dict[str, Plain]:
         return {"center": self.center.detach().cpu().clone()}
