@@ -707,6 +707,12 @@ MUTANTS = [
     Mutant("predict --output - says its count on stdout", "phalanx/inference/predict.py",
            "file=sys.stderr if to_stdout else sys.stdout)", "file=sys.stdout)",
            ("tests/test_inference.py -k predict_writes_every",)),
+    Mutant("SimCLR logs no embedding std (its collapse unsaid)", "phalanx/tasks/simclr.py",
+           '    loss_names = ("loss", "embedding_std")\n', "",
+           ("tests/test_ssl.py -k moco_with_its_default_head",)),
+    Mutant("a collapse warning without its --head-norm hint", "phalanx/tasks/ssl.py",
+           'if getattr(self.options, "head_norm", "") == "none" else ""', 'if False else ""',
+           ("tests/test_ssl.py -k moco_with_its_default_head",)),
 ]
 
 

@@ -154,7 +154,12 @@ def test_flags_of_timm_torchvision_and_lightning_are_answered_with_phalanxs_name
              ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
              ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?"),  # evaluate has no --precision
              # --label-smoothing is classify's: no answer for segment's run (click's guess stands)
-             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'. Did you mean")]
+             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'. Did you mean"),
+             # DINO's and Lightly's names, for the task that has the option (the default task has none)
+             ("train", ["--task", "dino", "--use_bn_in_head"], "No such option '--use_bn_in_head': phalanx's is --head-norm"),
+             ("train", ["--task", "moco", "--memory-bank-size", "8"], "No such option '--memory-bank-size': phalanx's is "
+              "--queue-size"),
+             ("train", ["--momentum-teacher", "0.9"], "No such option '--momentum-teacher'. (Did you mean")]
     for command, args, line in cases:
         result = phalanx(command, *args)
         lines = result.err.strip().splitlines()

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..recipe import ema_update
 from .base import Batch, TaskData
+from .decorrelation import global_embedding_std
 from .options import BYOLOptions
 from .ssl import SelfSupervisedTask, mlp
 
@@ -54,6 +55,8 @@ class BYOLTask(MomentumTeacherTask):
     Options = BYOLOptions
     loss_label = "BYOL loss (2 - 2 cos)"
     view_loss_meaning = "BYOL's loss between an image's two views"
+    loss_names = ("loss", "embedding_std")  # the online projections' spread: a collapse warns
+    metric_labels = {**MomentumTeacherTask.metric_labels, "embedding_std": "embedding std (collapse: 0)"}
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
@@ -70,12 +73,13 @@ class BYOLTask(MomentumTeacherTask):
 
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         v1, v2 = batch
-        p1 = ctx.models["predictor"](self.embed(ctx.models, v1))
-        p2 = ctx.models["predictor"](self.embed(ctx.models, v2))
+        z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
+        p1, p2 = ctx.models["predictor"](z1), ctx.models["predictor"](z2)
         with torch.no_grad():
             t1, t2 = ctx.models["teacher"](v1), ctx.models["teacher"](v2)
         self.track(ctx)
-        return {"loss": 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))}
+        loss = 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))
+        return {"loss": loss, "embedding_std": global_embedding_std(ctx, z1, z2)}
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         teacher = models["teacher"]

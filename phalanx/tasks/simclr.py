@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .base import TaskData
+from .decorrelation import global_embedding_std
 from .options import SimCLROptions
 from .ssl import SelfSupervisedTask, gather_views, mlp
 
@@ -18,6 +19,10 @@ class SimCLRTask(SelfSupervisedTask):
     name = "simclr"
     Options = SimCLROptions
     loss_label = "NT-Xent loss"
+    # The spread of the embeddings: a collapse (the default head on a network without BatchNorm here)
+    # leaves NT-Xent near log(2B - 1) and the view loss near 0, which alone look like nothing wrong.
+    loss_names = ("loss", "embedding_std")
+    metric_labels = {**SelfSupervisedTask.metric_labels, "embedding_std": "embedding std (collapse: 0)"}
     options: SimCLROptions
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
@@ -43,6 +48,7 @@ class SimCLRTask(SelfSupervisedTask):
     def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
+        spread = global_embedding_std(ctx, z1, z2)  # every rank joins its all-reduce, a padding one too
         if self.options.gather:
             all1, all2, start = gather_views(ctx, z1, z2)
         else:
@@ -50,5 +56,5 @@ class SimCLRTask(SelfSupervisedTask):
         if not ctx.samples:  # a padding sample: it takes part, weighing nothing, through the gather
             # (whose backward is a collective every rank must join: through z1 alone, the other
             # rank's all-reduce met this rank's DDP gradient bucket and gloo aborted)
-            return {"loss": (all1.sum() + all2.sum()) * 0.0}
-        return {"loss": self.nt_xent(z1, z2, all1, all2, start)}
+            return {"loss": (all1.sum() + all2.sum()) * 0.0, "embedding_std": spread}
+        return {"loss": self.nt_xent(z1, z2, all1, all2, start), "embedding_std": spread}

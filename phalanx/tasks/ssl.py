@@ -244,7 +244,9 @@ class SelfSupervisedTask(Task):
         if std is None or not dim or std >= COLLAPSED_STD / math.sqrt(dim):
             return None
         return (f"the embeddings' std is {std:.4f}, against about {1 / math.sqrt(dim):.4f} (1/sqrt({dim})) for "
-                "embeddings spread over the sphere: they have collapsed towards one direction")
+                "embeddings spread over the sphere: they have collapsed towards one direction"
+                + ("; try --head-norm batch (it kept MoCo and SimCLR from collapsing on the built-in digits)"
+                   if getattr(self.options, "head_norm", "") == "none" else ""))
 
     def summary(self, metrics: dict[str, float]) -> str:
         text = f"val_view_loss {metrics['view_loss']:.4f}"
