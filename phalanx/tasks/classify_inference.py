@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class ClassifyInference(Inference):
     task: ClassifyTask
     predict_options = ("top_k",)
+    streams = True  # predict --output -: the table's rows as JSON lines on stdout
 
     def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
         if not dataroot or (dataset or "folder") != "folder":
@@ -92,8 +93,6 @@ class ClassifyInference(Inference):
         images = InputImages(paths, "L" if self.info["channels"] == 1 else "RGB",
                              transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
         return backbone_of(self.models[self.task.primary_model])[0], images
-
-    streams = True
 
     def check_predict_output(self, output: str) -> None:
         if output != STDOUT and Path(output).suffix not in (".csv", ".jsonl"):

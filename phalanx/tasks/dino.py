@@ -122,7 +122,7 @@ class DINOTask(MomentumTeacherTask):
         """The crops of each size through the backbone together (the global ones, then the local
         ones), then every crop through the head at once, as DINO's multi-crop wrapper does: a
         BatchNorm normalises over the crops of a size (the backbone's) or of the step (the head's)."""
-        sizes = [views[:2], views[2:]] if len(views) > 2 else [views]
+        sizes = [same for same in (views[:2], views[2:]) if same]
         outputs = models["projector"](torch.cat([models["backbone"](torch.cat(same)) for same in sizes]))
         return list(outputs.split([len(view) for view in views]))
 
