@@ -43,6 +43,22 @@ class LaunchPlan:
     args: argparse.Namespace  # torchrun's parsed arguments
 
     @property
+    def picks_port(self) -> bool:
+        """One node, and no port, endpoint or --standalone named: the rendezvous takes a free port of this
+        machine (torch 2.14's torchrun does so itself; 2.11's, the GPU image's, listened on 29500, and a
+        second run on the machine failed with EADDRINUSE: two runs at once there, 2026-11-27)."""
+        named = any(option.startswith(("--master", "--rdzv-endpoint", "--rdzv_endpoint", "--standalone"))
+                    for option in self.torchrun_options)
+        return (self.nnodes[1] == 1 and self.args.rdzv_backend == "static" and not self.args.rdzv_endpoint
+                and not self.args.standalone and not named and "PET_MASTER_PORT" not in os.environ)
+
+    @property
+    def rank_may_change(self) -> bool:
+        """torchrun's c10d rendezvous on several nodes: a node may take another rank in a later round
+        (after a restart, or a node lost or added)."""
+        return self.nnodes[1] > 1 and self.args.rdzv_backend == "c10d"
+
+    @property
     def world_size(self) -> str:
         low, high = self.nnodes
         return str(low * self.nproc_per_node) if low == high else \
@@ -118,6 +134,9 @@ def describe(cfg: RunConfig, plan: LaunchPlan, train_samples: int | None = None)
     lines = [f"torchrun {shlex.join(plan.torchrun_argv)}",
              f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {nodes}), backend "
              f"{workers[0].backend}"]
+    if plan.picks_port:
+        lines.append("rendezvous: on this machine, at a free port taken at launch (torchrun's --master-port "
+                     "to choose one)")
     lines += [f"local rank {r}: {worker.device}" for r, worker in enumerate(workers)]
     return lines + plan_report(cfg, workers[0], train_samples) + \
         [f"this node's launcher: {launcher_name(os.environ)}; its workers get torchrun's variables"]
@@ -160,18 +179,18 @@ def run_workers(cfg: RunConfig, plan: LaunchPlan) -> None:
     from torch.distributed.run import run
 
     from .devices import cpu_threads_per_worker
+    from .rendezvous import launch_environment, on_a_free_port
 
     # torchrun logs each worker failure at length; phalanx reports it in one line below.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    threads_set = cfg.devices.uses_cpu and "OMP_NUM_THREADS" not in os.environ
-    if threads_set:
-        # Workers inherit it: cores / local workers from their first instruction (torchrun
-        # would pick 1 and warn about it).
-        os.environ["OMP_NUM_THREADS"] = str(cpu_threads_per_worker(plan.nproc_per_node))
     if _QUIET_CPP_LOG:
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+    if plan.picks_port:
+        on_a_free_port(plan.args)
     try:
-        run(plan.args)
+        threads = cpu_threads_per_worker(plan.nproc_per_node) if cfg.devices.uses_cpu else None
+        with launch_environment(threads, plan.rank_may_change):
+            run(plan.args)
     except ChildFailedError as exc:
         raise _worker_failures(exc) from None
     except SignalException as exc:
@@ -181,9 +200,6 @@ def run_workers(cfg: RunConfig, plan: LaunchPlan) -> None:
                         exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED) from None
     except Exception as exc:  # the agent itself: rendezvous, store, anything torchrun raises
         raise RunFailed(_agent_failure(exc, plan), OPTION) from None
-    finally:  # a caller in this process (``phalanx.cli.main``) keeps its environment: its later
-        if threads_set:  # processes had one thread where the launch had left OMP_NUM_THREADS=1
-            os.environ.pop("OMP_NUM_THREADS", None)
 
 
 _AGENT_FAILURES = {
@@ -200,14 +216,26 @@ def _agent_failure(exc: Exception, plan: LaunchPlan) -> str:
     rendezvous timeouts default to minutes (read_timeout 60 s, join_timeout 600 s)."""
     what = _AGENT_FAILURES.get(type(exc).__name__)
     if what is None:
-        return f"torchrun failed: {summarize(exc)}"
+        return f"torchrun failed: {summarize(exc)}{'' if cause_line(innermost(exc)) else _raised_at(innermost(exc))}"
     root = innermost(exc)
     detail = f" ({type(root).__name__}: {cause_line(root)})" if cause_line(root) else ""
+    if "EADDRINUSE" in detail:  # the store's port: waiting longer would not help
+        where = f"port {plan.args.master_port or 29500}" if plan.args.rdzv_backend == "static" else plan.args.rdzv_endpoint
+        return (f"rendezvous failed: {where} is in use on this machine (another run's?); give torchrun another "
+                "--master-port (or --rdzv-endpoint), or leave both out on one node for a free port")
     if plan.args.rdzv_backend == "static":
         hint = "--rdzv-conf timeout=SECONDS"
     else:
         hint = "--rdzv-conf read_timeout=SECONDS (connecting) or join_timeout=SECONDS (waiting for nodes)"
     return f"rendezvous failed: {what}{detail}; to wait less, give torchrun {hint}"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where an error without a message (a bare AssertionError of torch's) was raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno}" if frames else ""
 
 
 def _worker_failures(exc) -> RunFailed:

@@ -49,6 +49,7 @@ class FSDPStrategy(DDPStrategy):
         # sharded: each rank writes its shard (sharded_checkpoint); whole: every rank helps gather it for rank 0
         self.writes_shards = cfg.devices.fsdp_checkpoints == "sharded"
         self.gathers_state = not self.writes_shards
+        self._mesh = None
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -62,10 +63,20 @@ class FSDPStrategy(DDPStrategy):
                 module.inplace = False
         policy = MixedPrecisionPolicy(param_dtype=self.gathered_dtype, reduce_dtype=torch.float32) \
             if self.gathered_dtype else MixedPrecisionPolicy()
+        shard = dict(mesh=self.mesh(), reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         for block in reversed(blocks(model)):  # inner blocks first, as fully_shard needs
-            fully_shard(block, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+            fully_shard(block, **shard)
+        fully_shard(model, **shard)
         return model
+
+    def mesh(self):
+        """The ranks as a mesh of this strategy's devices. fully_shard's own default is a mesh of the
+        machine's accelerator: CPU workers on a GPU machine were sharded onto CUDA (and failed there)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return self._mesh
 
     def forward_only(self, model: nn.Module) -> nn.Module:
         return model

@@ -27,13 +27,15 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
     back into fresh sharded networks. Validation sees rank 0's BatchNorm statistics on every rank,
     as under DDP. A block's weights stay gathered after its forward with
     --no-reshard-after-forward only; under --precision bf16 a block runs in bfloat16 and its
-    gradients are averaged in float32."""
+    gradients are averaged in float32. The weights are sharded on the CPU workers' mesh where the
+    machine has an accelerator (said to be CUDA here: the GPU machine's failure of 2026-11-27)."""
     env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                            str(REPO / "tests/support/fsdp_ranks.py"), str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    assert [found["mesh_devices"] for found in ranks] == [{"cpu"}, {"cpu"}]  # not the accelerator's (CUDA's)
     for name in ("resnet18", "G", "D"):
         held = [found[name]["weights"] for found in ranks]
         assert sum(held) == ranks[0][name]["total"], name

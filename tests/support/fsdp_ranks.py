@@ -5,7 +5,8 @@ how many, and (rank 0) the state gathered whole for a checkpoint, with the netwo
 they were loaded back from it into fresh sharded networks; and the ResNet's BatchNorm statistics
 before and inside ``whole_networks`` (validation); and whether a block's weights are still gathered
 after its forward, with and without --no-reshard-after-forward; and under --precision bf16, the
-dtypes a block computes in and keeps, its averaged gradients, and the exact mean of the ranks' own."""
+dtypes a block computes in and keeps, its averaged gradients, and the exact mean of the ranks' own; and the
+device type of the mesh each weight is sharded on, with the machine's accelerator said to be CUDA."""
 
 import copy
 import os
@@ -30,8 +31,15 @@ def networks():
 
 strategy = make_strategy(RunConfig.flat(strategy="fsdp"), placement())
 rank = dist.get_rank()
-models = {name: strategy.wrap(model) for name, model in networks().items()}
-found = {}
+# fully_shard's default mesh is the machine's accelerator's: while wrapping, the accelerator is said to
+# be CUDA, as on a GPU machine, so these CPU workers show that the strategy's own mesh is the one used.
+accelerator = torch._C._get_accelerator
+torch._C._get_accelerator = lambda: torch.device("cuda")
+try:
+    models = {name: strategy.wrap(model) for name, model in networks().items()}
+finally:
+    torch._C._get_accelerator = accelerator
+found = {"mesh_devices": {p.device_mesh.device_type for model in models.values() for p in model.parameters()}}
 for name, model in models.items():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(2, 6 if name == "D" else 3, 32, 32, generator=torch.Generator().manual_seed(rank))
