@@ -19,8 +19,8 @@ from conftest import (REPO, USER_MODELS, free_port, gate, near_ties, paused, pro
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
 from phalanx import rendezvous
-from phalanx.launch import _agent_failure, describe, plan_launch
-from phalanx.rendezvous import launch_environment, on_a_free_port, store_sharing_fails_on_a_new_rank_0
+from phalanx.launch import _agent_failure, describe, plan_launch, run_workers
+from phalanx.rendezvous import launch_environment, store_sharing_fails_on_a_new_rank_0
 from phalanx.models import SmallCNN
 from phalanx.cluster import Placement
 from phalanx.devices import cpu_threads_per_worker, worker_device
@@ -228,14 +228,17 @@ def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
     assert not tmp_path.joinpath("experiment").exists()
 
 
-def test_one_node_without_a_named_port_rendezvouses_at_a_free_port_under_an_older_torchrun():
+def test_one_node_without_a_named_port_rendezvouses_at_a_free_port_under_an_older_torchrun(monkeypatch):
     # torch 2.14's parser leaves the port None and its torchrun takes a free one on one node; older
     # ones (the GPU image's 2.11) default it to 29500, where a second run on the machine failed.
-    plan = plan_launch(RunConfig(), "--nproc_per_node 2")
+    cfg = RunConfig()
+    plan = plan_launch(cfg, "--nproc_per_node 2")
     assert plan.picks_port
     plan.args.master_port = 29500  # as 2.11's parser has it
-    on_a_free_port(plan.args)
-    assert (plan.args.rdzv_backend, plan.args.rdzv_endpoint) == ("c10d", "localhost:0")
+    given = []
+    monkeypatch.setattr(torch.distributed.run, "run", lambda args: given.append(vars(args).copy()))
+    run_workers(cfg, plan)  # torchrun's run() replaced: what the launch hands it
+    assert (given[0]["rdzv_backend"], given[0]["rdzv_endpoint"]) == ("c10d", "localhost:0")
     for named in ("--nproc_per_node 2 --master-port 29501", "--nproc_per_node 2 --master_addr 10.0.0.1",
                   "--standalone --nproc_per_node 2", "--nnodes 1:2 --nproc_per_node 1 --rdzv-backend c10d "
                   "--rdzv-endpoint h:1"):
