@@ -161,6 +161,8 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
 
     steps = "" if train_samples is None else \
         f"; {steps_per_epoch(train_samples, cfg.optim.batch_size, plan.world_size, cfg.optim.grad_accum)} optimizer steps per epoch"
+    if cfg.schedule.max_steps:
+        steps += f"; stops at optimizer step {cfg.schedule.max_steps} (--max-steps)"
     return [f"batch size: {cfg.optim.batch_size} per process, {plan.effective_batch} effective (x{cfg.optim.grad_accum} "
             f"accumulation x{plan.world_size} processes){steps}",
             f"learning rate: {plan.lr:g} (--lr {cfg.optim.lr:g}, --scale-lr {cfg.schedule.scale_lr}), {cfg.schedule.lr_schedule} schedule "
@@ -168,6 +170,18 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
             + (f" to {cfg.schedule.min_lr:g}" if cfg.schedule.min_lr else "") + f", {cfg.schedule.warmup_epochs:g} warmup"
             + (f"; gradients clipped to {cfg.optim.clip_grad:g} ({'their total norm' if cfg.optim.clip_mode == 'norm' else 'each element'})"
                if cfg.optim.clip_grad else "")]
+
+def option_warnings(cfg: RunConfig, device_type: str, world_size: int) -> list[str]:
+    """Options that do less than they seem to on these devices, said as a run starts."""
+    said = []
+    if cfg.optim.precision == "fp16" and device_type == "cpu":
+        said.append("--precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's measurements; "
+                    "bf16 is the CPU's fast half precision")
+    if cfg.devices.sync_bn and world_size == 1:
+        said.append("--sync-bn normalises over the rows of several processes (trainlaunch's workers, a "
+                    "scheduler's tasks); in one process it changes nothing")
+    return said
+
 
 def peak_memory(strategy: Strategy) -> dict[str, Any]:
     """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""

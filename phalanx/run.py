@@ -19,7 +19,8 @@ from .data import close_loaders
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .outputs import RunOutputs, new_run_id
-from .devices import Placement, elastic_restart_count, missing_gpus, placement, plan_report, plan_run, refuse_data_parallel
+from .devices import (Placement, elastic_restart_count, missing_gpus, option_warnings, placement, plan_report, plan_run,
+                      refuse_data_parallel)
 from .memory_plan import check_batch_memory, memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
@@ -228,9 +229,8 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
         networks = cfg.network.model if list(models) == ["model"] else ", ".join(models)  # one whole model: --model's name
         say(f"phalanx: {task_part}{data.description}; model {networks}; "
             f"{strategy.describe()}; {workers}; lr {trainer.base_lr:g}; run dir {cfg.run_dir}")
-        if cfg.optim.precision == "fp16" and strategy.device.type == "cpu":
-            say("phalanx: warning: --precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's "
-                "measurements; bf16 is the CPU's fast half precision")
+        for warning in option_warnings(cfg, strategy.device.type, strategy.world_size):
+            say(f"phalanx: warning: {warning}")
         if resume is not None:
             trainer.restore(resume.state)
             for line in resume_notes(cfg, resume, trainer):

@@ -64,7 +64,10 @@ def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx
 
 
 def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
-    assert phalanx("train", "--max-steps", 3, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    first = phalanx("train", "--max-steps", 3, "--sync-bn", "--checkpoints-dir", tmp_path, "--no-progress")
+    assert first.code == 0, first.err
+    # --sync-bn in one process changes nothing, and is said so (a newcomer's run was silent about it)
+    assert "phalanx: warning: --sync-bn normalises over the rows of several processes" in first.out + first.err
     before = snapshot_tree(tmp_path)
     # The plan is printed, and the dry run exits as the real run would: a pre-check in a job script
     # that passed on exit 0 let the job fail (a newcomer's finding).
@@ -73,6 +76,9 @@ def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
     assert taken.err.startswith("phalanx: --name: ") and taken.err.count("\n") == 1, taken.err
     resumed = phalanx("train", "--dry-run", "--resume", "auto", "--checkpoints-dir", tmp_path)
     assert resumed.code == 0 and "latest.pt (in epoch 1 at sample 96, step 3)" in resumed.out  # not "epoch 0"
+    stopping = phalanx("train", "--dry-run", "--resume", "auto", "--max-steps", 5, "--checkpoints-dir", tmp_path)
+    assert "45 optimizer steps per epoch; stops at optimizer step 5 (--max-steps)" in stopping.out
+    assert "--max-steps" not in resumed.out
     assert snapshot_tree(tmp_path) == before
 
 
