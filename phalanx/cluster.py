@@ -43,14 +43,16 @@ def placement_from(env: Mapping[str, str]) -> Placement | None:
     return None
 
 
-def launcher_name(env: Mapping[str, str]) -> str:
-    """For --dry-run: what started this process, even where it forms no group."""
+def launcher_name(env: Mapping[str, str], workers_of_its_own: bool = False) -> str:
+    """For --dry-run: what started this process, even where it forms no group. ``workers_of_its_own``:
+    trainlaunch's, which starts torchrun's workers whatever started it (not "one process")."""
     placement = placement_from(env)
     if placement is not None:
         return placement.describe()
-    if "SLURM_JOB_ID" in env:
-        return f"none (a SLURM job, {env['SLURM_JOB_ID']}, but not an srun task: one process)"
-    return "none (one process)"
+    job = f"a SLURM job, {env['SLURM_JOB_ID']}, but not an srun task" if "SLURM_JOB_ID" in env else ""
+    if workers_of_its_own:
+        return f"no scheduler ({job})" if job else "no scheduler"
+    return f"none ({job}: one process)" if job else "none (one process)"
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -139,7 +139,8 @@ def describe(cfg: RunConfig, plan: LaunchPlan, train_samples: int | None = None)
                      "to choose one)")
     lines += [f"local rank {r}: {worker.device}" for r, worker in enumerate(workers)]
     return lines + plan_report(cfg, workers[0], train_samples) + \
-        [f"this node's launcher: {launcher_name(os.environ)}; its workers get torchrun's variables"]
+        [f"this node: started by {launcher_name(os.environ, workers_of_its_own=True)}; trainlaunch starts "
+         "torchrun's workers here, each with torchrun's variables"]
 
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:

@@ -222,6 +222,8 @@ def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
     assert lines[0].startswith("torchrun --nproc_per_node 2 --max-restarts 1 -m phalanx.worker '{")
     assert "world size: 2" in result.out
     assert "rendezvous: on this machine, at a free port taken at launch" in result.out
+    # not "launcher: none (one process)", train's words, which a newcomer read as no workers at all
+    assert "this node: started by no scheduler" in result.out and "one process" not in result.out
     assert "local rank 0: cpu" in result.out and "local rank 1: cpu" in result.out
     assert "16 per process, 32 effective" in result.out
     assert "learning rate: 0.2" in result.out
