@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -158,6 +159,15 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
             + (f" ({why}: {shapes})" if replaced else "")
             + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused" + _other_inputs(stats, normalised))
+
+
+def weights_preview(task: Any, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]:
+    """--dry-run: the task's ``load_weights`` into its networks built on the meta device (no memory
+    taken): what would load, be replaced or left is said, and weights that fit nothing are refused,
+    as in the run. Copies into meta tensors do nothing, which torch warns of once a tensor."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*meta parameter in the current model")
+        return [note.removeprefix("phalanx: ") for note in task.load_weights(models, spec, data)]
 
 
 def _other_inputs(own: Stats | None, run: Stats | None) -> str:

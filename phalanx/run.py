@@ -18,9 +18,9 @@ from .config_sections import means_cpu
 from .data import close_loaders
 from .errors import PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
+from .finetune import weights_preview
 from .outputs import RunOutputs, new_run_id
-from .devices import (Placement, elastic_restart_count, missing_gpus, option_warnings, placement, plan_report, plan_run,
-                      refuse_data_parallel)
+from .devices import Placement, elastic_restart_count, missing_gpus, option_warnings, placement, plan_report, plan_run, refuse_data_parallel
 from .memory_plan import check_batch_memory, memory_lines
 from .parallel import Strategy
 from .strategies import strategy_for
@@ -100,9 +100,7 @@ def describe_run(cfg: RunConfig) -> tuple[list[str], PhalanxError | None]:
     warned about, not refused: a plan is most useful on a login node, before the job reaches its GPUs."""
     env = placement()
     plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
-    lines = [f"launcher: {launcher_name(os.environ)}",
-             f"task: {cfg.task}",
-             f"devices: {plan.describe()}"]
+    lines = [f"launcher: {launcher_name(os.environ)}", f"task: {cfg.task}", f"devices: {plan.describe()}"]
     data, checked, stop = describe_checks(cfg, plan.world_size, plan.mode, len(plan.devices))
     lines += [*plan_report(cfg, plan, len(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
@@ -143,6 +141,8 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
     except PhalanxError as exc:
         action, stop = f"a real run would stop here: {exc}", exc
     lines.append(f"run dir: {cfg.run_dir}: {action}")
+    if stop is None and cfg.network.weights and resume is None:
+        lines += weights_preview(task, models, cfg.network.weights, data)
     if stop is None:  # a real run stops at its run directory first
         refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
     return data, lines, stop

@@ -79,6 +79,14 @@ def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
     stopping = phalanx("train", "--dry-run", "--resume", "auto", "--max-steps", 5, "--checkpoints-dir", tmp_path)
     assert "45 optimizer steps per epoch; stops at optimizer step 5 (--max-steps)" in stopping.out
     assert "--max-steps" not in resumed.out
+    # --weights tried against --model as the run would load them (a dry run passed, the run refused)
+    trained = tmp_path / "experiment/latest.pt"
+    weighed = phalanx("train", "--dry-run", "--name", "ft", "--weights", trained, "--checkpoints-dir", tmp_path)
+    assert weighed.code == 0 and f"weights {trained}: 8 tensors loaded, 0 replaced" in weighed.out, weighed.err
+    assert "Warning" not in weighed.err  # torch's, of copies into meta tensors
+    other = phalanx("train", "--dry-run", "--name", "ft", "--weights", trained, "--model", "resnet18",
+                    "--checkpoints-dir", tmp_path)
+    assert other.code == 2 and other.err.startswith("phalanx: --weights: no tensor in "), other.err
     assert snapshot_tree(tmp_path) == before
 
 
