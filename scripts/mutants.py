@@ -734,6 +734,21 @@ MUTANTS = [
     Mutant("a bare AssertionError of torchrun says not where", "phalanx/launch.py",
            'return f" at {frames[-1].filename', 'return "" and f" at {frames[-1].filename',
            ("tests/test_trainlaunch.py -k agents_shared_store",)),
+    Mutant("--sync-bn in one process unsaid", "phalanx/devices.py",
+           "    if cfg.devices.sync_bn and world_size == 1:", "    if False:",
+           ("tests/test_cli.py -k existing_run",)),
+    Mutant("the dry run says not where --max-steps stops", "phalanx/devices.py",
+           "    if cfg.schedule.max_steps:\n        steps +=", "    if False:\n        steps +=",
+           ("tests/test_cli.py -k existing_run",)),
+    Mutant("trainlaunch's dry run says train's 'none (one process)'", "phalanx/launch.py",
+           "launcher_name(os.environ, workers_of_its_own=True)", "launcher_name(os.environ)",
+           ("tests/test_trainlaunch.py -k dry_run_prints",)),
+    Mutant("the dry run does not try --weights", "phalanx/run.py",
+           "    if stop is None and cfg.network.weights and resume is None:", "    if False:",
+           ("tests/test_cli.py -k existing_run",)),
+    Mutant("the dry run's --weights shows torch's meta-copy warnings", "phalanx/finetune.py",
+           '        warnings.filterwarnings("ignore", message=".*meta parameter in the current model")\n', "",
+           ("tests/test_cli.py -k existing_run",)),
 ]
 
 
