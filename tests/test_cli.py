@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-import warnings
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
