@@ -749,6 +749,9 @@ MUTANTS = [
     Mutant("the dry run's --weights shows torch's meta-copy warnings", "phalanx/finetune.py",
            '        warnings.filterwarnings("ignore", message=".*meta parameter in the current model")\n', "",
            ("tests/test_cli.py -k existing_run",)),
+    Mutant("SwAV logs no embedding std (its collapse unsaid)", "phalanx/tasks/swav.py",
+           '    loss_names = ("loss", "prototype_usage", "embedding_std")', '    loss_names = ("loss", "prototype_usage")',
+           ("tests/test_ssl.py -k moco_with_its_default_head",)),
 ]
 
 

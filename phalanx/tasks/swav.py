@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .base import Batch, Plain, TaskData
+from .decorrelation import global_embedding_std
 from .options import SwAVOptions
 from .ssl import SelfSupervisedTask, mlp
 
@@ -47,8 +48,9 @@ class SwAVTask(SelfSupervisedTask):
     name = "swav"
     Options = SwAVOptions
     loss_label = "SwAV loss (swapped prediction)"
-    loss_names = ("loss", "prototype_usage")
-    metric_labels = {**SelfSupervisedTask.metric_labels, "prototype_usage": "prototypes in use (fraction)"}
+    loss_names = ("loss", "prototype_usage", "embedding_std")  # the features' spread: a collapse warns
+    metric_labels = {**SelfSupervisedTask.metric_labels, "prototype_usage": "prototypes in use (fraction)",
+                     "embedding_std": "embedding std (collapse: 0)"}
     manual_optimization = True  # the prototypes' gradient is dropped in the first epochs
     options: SwAVOptions
 
@@ -120,6 +122,7 @@ class SwAVTask(SelfSupervisedTask):
         views = list(batch)
         features = [nn.functional.normalize(self.embed(ctx.models, v), dim=1) for v in views]
         scores = [ctx.models["prototypes"](f) for f in features]
+        spread = global_embedding_std(ctx, *features[:2])  # the global crops'; every rank joins, a padding one too
         codes, used = [], []
         for crop, score in enumerate(scores[:2]):  # the global crops' codes, from the global batch's scores
             everyone, start = ctx.all_gather(score.detach())
@@ -137,7 +140,7 @@ class SwAVTask(SelfSupervisedTask):
                 param.grad = None
         ctx.step("model")
         usage = torch.cat(used).unique().numel() / self.options.prototypes
-        return {"loss": loss.detach(), "prototype_usage": loss.new_tensor(usage)}
+        return {"loss": loss.detach(), "prototype_usage": loss.new_tensor(usage), "embedding_std": spread}
 
     def after_step(self, models: Mapping[str, nn.Module]) -> None:
         self.normalize(models["prototypes"])  # back on the unit sphere before the next step
