@@ -171,6 +171,7 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
             + (f"; gradients clipped to {cfg.optim.clip_grad:g} ({'their total norm' if cfg.optim.clip_mode == 'norm' else 'each element'})"
                if cfg.optim.clip_grad else "")]
 
+
 def option_warnings(cfg: RunConfig, device_type: str, world_size: int) -> list[str]:
     """Options that do less than they seem to on these devices, said as a run starts."""
     said = []

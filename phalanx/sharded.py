@@ -69,7 +69,7 @@ class FSDPStrategy(DDPStrategy):
         fully_shard(model, **shard)
         return model
 
-    def mesh(self):
+    def mesh(self) -> Any:
         """The ranks as a mesh of this strategy's devices. fully_shard's own default is a mesh of the
         machine's accelerator: CPU workers on a GPU machine were sharded onto CUDA (and failed there)."""
         from torch.distributed.device_mesh import init_device_mesh
