@@ -114,6 +114,74 @@ def test_grayscale_and_png_go_through_pil():
     assert decode(photo(64, 48, 0), "L", None, fast=True).shape == (1, 48, 64)
 
 
+def test_jpegs_decode_as_torchvisions_decode_jpeg_does_pixel_for_pixel(monkeypatch):
+    # phalanx calls torchvision's registered decoder op, not its deprecated Python wrapper; where
+    # the op is missing, the wrapper. Both give decode_jpeg's pixels, in colour and in grey.
+    import warnings
+
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from phalanx.data import images
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        expected = {mode: [decode_jpeg(torch.frombuffer(bytearray(photo(64, 48, seed)), dtype=torch.uint8),
+                                       mode=getattr(ImageReadMode, name)) for seed in range(3)]
+                    for mode, name in (("RGB", "RGB"), ("L", "GRAY"))}
+    op_path = images._torchvision_jpeg()
+    monkeypatch.setattr(torch, "ops", object())  # a torchvision whose op cannot be found
+    wrapper_path = images._torchvision_jpeg.__wrapped__()
+    monkeypatch.undo()
+    for mode, pictures in expected.items():
+        assert pictures[0].shape == ((3 if mode == "RGB" else 1), 48, 64)
+        for seed, picture in enumerate(pictures):
+            data = photo(64, 48, seed)
+            assert torch.equal(decode(data, mode, None, fast=True), picture)
+            for path in (op_path, wrapper_path):
+                assert torch.equal(path(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode), picture)
+
+
+def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it(tmp_path, monkeypatch):
+    import threading
+    import tracemalloc
+
+    from phalanx.data import images
+
+    for size in (0, 1, 5000, images.READ_ON_BYTES + 7, 300_000):
+        path = tmp_path / f"{size}.bin"
+        path.write_bytes(os.urandom(size))
+        tracemalloc.start()
+        data = images.read_bounded(path)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert data == path.read_bytes()
+        # A read of the limit (256 MiB) allocated that much for every image.
+        assert peak < 2 * size + 4 * images.READ_ON_BYTES, (size, peak)
+    # Files that state no size: /proc's, a pipe.
+    assert images.read_bounded("/proc/self/cmdline") == open("/proc/self/cmdline", "rb").read()
+
+    def fifo_of(count: int):
+        fifo = tmp_path / f"fifo{count}"
+        os.mkfifo(fifo)
+
+        def write():
+            with open(fifo, "wb") as fh:
+                try:
+                    fh.write(b"x" * count)
+                except BrokenPipeError:  # the reader stopped at the limit
+                    pass
+        threading.Thread(target=write, daemon=True).start()
+        return fifo
+    assert images.read_bounded(fifo_of(200_000)) == b"x" * 200_000
+    monkeypatch.setattr(images, "MAX_FILE_BYTES", 1000)
+    (tmp_path / "limit").write_bytes(bytes(1000))
+    assert len(images.read_bounded(tmp_path / "limit")) == 1000
+    (tmp_path / "over").write_bytes(bytes(1001))
+    for over in (tmp_path / "over", fifo_of(10_000_000)):
+        with pytest.raises(ValueError, match="larger than"):
+            images.read_bounded(over)
+
+
 def make_folder(root, files_per_class: int, classes: int = 3):
     from PIL import Image
 
