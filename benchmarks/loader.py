@@ -122,12 +122,13 @@ print(json.dumps({"images_per_s": count / (time.perf_counter() - started)}))
 '''
 
 
-def throughput(repeats: int) -> dict:
+def throughput(repeats: int, sets: list[str]) -> dict:
     names = ["phalanx", "torchvision ImageFolder", "torchvision decode_jpeg", "phalanx basic", "phalanx trivialaugment",
              "phalanx randaugment", "phalanx autoaugment"]
     raw: dict = {}
     env = {**os.environ, "PYTHONPATH": str(REPO), "PHALANX_CACHE": str(DATA / "cache")}
-    for data_set, (_, _, size) in SETS.items():
+    for data_set in sets:
+        size = SETS[data_set][2]
         root = jpeg_folder(data_set)
         for workers in (1, 2):
             for rep in range(repeats):  # interleaved: each contender once, then again
@@ -328,13 +329,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", choices=("throughput", "endtoend", "startup"))
     parser.add_argument("--before", default="0224ace", help="the phalanx to compare startup with")
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS),
+                        help="the folders of the throughput part")
     opts = parser.parse_args()
     import platform
 
     results: dict = {"date": time.strftime("%Y-%m-%d"),
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
     if opts.only in (None, "throughput"):
-        results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats).items()}
+        results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats, opts.sets).items()}
     if opts.only in (None, "endtoend"):
         raw_rates = end_to_end(opts.repeats)
         results["end_to_end"] = {k: summary(v) for k, v in raw_rates.items()}
@@ -348,7 +351,7 @@ def main() -> int:
         results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    suffix = f"-{opts.only}" if opts.only else ""
+    suffix = (f"-{opts.only}" if opts.only else "") + ("-" + "-".join(opts.sets) if opts.sets != list(SETS) else "")
     (out / f"loader{suffix}.json").write_text(json.dumps(results, indent=2))
     (out / f"loader{suffix}.md").write_text(markdown(results))
     print(markdown(results))
