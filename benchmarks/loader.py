@@ -337,7 +337,9 @@ def main() -> int:
     results: dict = {"date": time.strftime("%Y-%m-%d"),
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
     if opts.only in (None, "throughput"):
-        results["throughput"] = {k: summary(v) for k, v in throughput(opts.repeats, opts.sets).items()}
+        raw_throughput = throughput(opts.repeats, opts.sets)
+        results["throughput"] = {k: summary(v) for k, v in raw_throughput.items()}
+        results["throughput_raw"] = raw_throughput
     if opts.only in (None, "endtoend"):
         raw_rates = end_to_end(opts.repeats)
         results["end_to_end"] = {k: summary(v) for k, v in raw_rates.items()}
@@ -351,7 +353,8 @@ def main() -> int:
         results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    suffix = (f"-{opts.only}" if opts.only else "") + ("-" + "-".join(opts.sets) if opts.sets != list(SETS) else "")
+    some_sets = opts.only == "throughput" and set(opts.sets) != set(SETS)
+    suffix = (f"-{opts.only}" if opts.only else "") + ("-" + "-".join(opts.sets) if some_sets else "")
     (out / f"loader{suffix}.json").write_text(json.dumps(results, indent=2))
     (out / f"loader{suffix}.md").write_text(markdown(results))
     print(markdown(results))

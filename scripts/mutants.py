@@ -754,15 +754,17 @@ MUTANTS = [
            '    loss_names = ("loss", "prototype_usage", "embedding_std")', '    loss_names = ("loss", "prototype_usage")',
            ("tests/test_ssl.py -k moco_with_its_default_head",)),
     Mutant("an image file read with the limit's allocation", "phalanx/data/images.py",
-           '    with open(path, "rb", buffering=0) as fh:\n        want = os.fstat(fh.fileno()).st_size + 1',
-           '    with open(path, "rb", buffering=0) as fh:\n        want = MAX_FILE_BYTES + 1',
+           "        want = info.st_size + 1", "        want = MAX_FILE_BYTES + 1",
            ("tests/test_loader.py -k read_whole",)),
     Mutant("an image file read to its stated size only", "phalanx/data/images.py",
            "            want = READ_ON_BYTES if total <= MAX_FILE_BYTES else 0", "            want = 0",
            ("tests/test_loader.py -k read_whole",)),
     Mutant("JPEGs decoded in colour whatever the mode", "phalanx/data/images.py",
-           "lambda data, mode: op(data, modes[mode].value, False)", 'lambda data, mode: op(data, modes["RGB"].value, False)',
+           "lambda data, mode: op(data, modes[mode], False)", 'lambda data, mode: op(data, modes["RGB"], False)',
            ("tests/test_loader.py -k pixel_for_pixel",)),
+    Mutant("an image file over the limit read before it is refused", "phalanx/data/images.py",
+           "        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_FILE_BYTES:", "        if False:",
+           ("tests/test_loader.py -k read_whole",)),
 ]
 
 

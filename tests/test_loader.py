@@ -115,30 +115,33 @@ def test_grayscale_and_png_go_through_pil():
 
 
 def test_jpegs_decode_as_torchvisions_decode_jpeg_does_pixel_for_pixel(monkeypatch):
-    # phalanx calls torchvision's registered decoder op, not its deprecated Python wrapper; where
-    # the op is missing, the wrapper. Both give decode_jpeg's pixels, in colour and in grey.
+    # phalanx calls torchvision's registered decoder op, not its deprecated Python wrapper: the
+    # wrapper's pixels, in colour and in grey. Without the op (torchvision's image extension did
+    # not load), PIL decodes, as --no-fast-decode does.
     import warnings
 
     from torchvision.io import ImageReadMode, decode_jpeg
 
     from phalanx.data import images
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        expected = {mode: [decode_jpeg(torch.frombuffer(bytearray(photo(64, 48, seed)), dtype=torch.uint8),
-                                       mode=getattr(ImageReadMode, name)) for seed in range(3)]
-                    for mode, name in (("RGB", "RGB"), ("L", "GRAY"))}
     op_path = images._torchvision_jpeg()
-    monkeypatch.setattr(torch, "ops", object())  # a torchvision whose op cannot be found
-    wrapper_path = images._torchvision_jpeg.__wrapped__()
-    monkeypatch.undo()
-    for mode, pictures in expected.items():
-        assert pictures[0].shape == ((3 if mode == "RGB" else 1), 48, 64)
-        for seed, picture in enumerate(pictures):
+    assert op_path is not None and op_path.__name__ == "<lambda>"  # the op itself, not a wrapper
+    for mode, name in (("RGB", "RGB"), ("L", "GRAY")):
+        for seed in range(3):
             data = photo(64, 48, seed)
-            assert torch.equal(decode(data, mode, None, fast=True), picture)
-            for path in (op_path, wrapper_path):
-                assert torch.equal(path(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode), picture)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                expected = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                       mode=getattr(ImageReadMode, name))
+            assert expected.shape == ((3 if mode == "RGB" else 1), 48, 64)
+            assert torch.equal(decode(data, mode, None, fast=True), expected)
+            assert torch.equal(op_path(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode), expected)
+    monkeypatch.setattr(torch, "ops", object())  # a torchvision whose op cannot be found
+    assert images._torchvision_jpeg.__wrapped__() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(images, "_torchvision_jpeg", lambda: None)
+    data = photo(64, 48, 0)
+    assert torch.equal(decode(data, "RGB", None, fast=True), decode(data, "RGB", None, fast=False))
 
 
 def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it(tmp_path, monkeypatch):
@@ -147,18 +150,38 @@ def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it
 
     from phalanx.data import images
 
-    for size in (0, 1, 5000, images.READ_ON_BYTES + 7, 300_000):
-        path = tmp_path / f"{size}.bin"
-        path.write_bytes(os.urandom(size))
+    started_here = not tracemalloc.is_tracing()
+    if started_here:
         tracemalloc.start()
-        data = images.read_bounded(path)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert data == path.read_bytes()
-        # A read of the limit (256 MiB) allocated that much for every image.
-        assert peak < 2 * size + 4 * images.READ_ON_BYTES, (size, peak)
+
+    def allocated_by(read):
+        """What ``read()`` allocated at its peak beyond what was held before it, and its result."""
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        try:
+            return read(), tracemalloc.get_traced_memory()[1] - before
+        except ValueError:
+            return None, tracemalloc.get_traced_memory()[1] - before
+    try:
+        for size in (0, 1, 5000, images.READ_ON_BYTES + 7, 300_000):
+            path = tmp_path / f"{size}.bin"
+            path.write_bytes(os.urandom(size))
+            data, peak = allocated_by(lambda: images.read_bounded(path))
+            assert data == path.read_bytes()
+            # A read of the limit (256 MiB) allocated that much for every image.
+            assert peak < 2 * size + 4 * images.READ_ON_BYTES, (size, peak)
+        # A file that says it is over the limit is refused before anything is read.
+        monkeypatch.setattr(images, "MAX_FILE_BYTES", 1024 * 1024)
+        (tmp_path / "big").write_bytes(bytes(3 * 1024 * 1024))
+        data, peak = allocated_by(lambda: images.read_bounded(tmp_path / "big"))
+        assert data is None and peak < 4 * images.READ_ON_BYTES, peak
+        monkeypatch.undo()
+    finally:
+        if started_here:
+            tracemalloc.stop()
     # Files that state no size: /proc's, a pipe.
     assert images.read_bounded("/proc/self/cmdline") == open("/proc/self/cmdline", "rb").read()
+    writers = []
 
     def fifo_of(count: int):
         fifo = tmp_path / f"fifo{count}"
@@ -170,7 +193,8 @@ def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it
                     fh.write(b"x" * count)
                 except BrokenPipeError:  # the reader stopped at the limit
                     pass
-        threading.Thread(target=write, daemon=True).start()
+        writers.append(threading.Thread(target=write, daemon=True))
+        writers[-1].start()
         return fifo
     assert images.read_bounded(fifo_of(200_000)) == b"x" * 200_000
     monkeypatch.setattr(images, "MAX_FILE_BYTES", 1000)
@@ -180,6 +204,9 @@ def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it
     for over in (tmp_path / "over", fifo_of(10_000_000)):
         with pytest.raises(ValueError, match="larger than"):
             images.read_bounded(over)
+    for writer in writers:
+        writer.join(timeout=30)
+        assert not writer.is_alive()
 
 
 def make_folder(root, files_per_class: int, classes: int = 3):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -67,9 +68,12 @@ class PathTable:
 def read_bounded(path: Path) -> bytes:
     """A file's bytes, refused beyond ``MAX_FILE_BYTES``. Read unbuffered, one byte past the size the
     file says it has, then on in small chunks (a file that grew, a pipe): a read of
-    ``MAX_FILE_BYTES + 1`` allocated that much for every image, 27 of a 160-px JPEG's 400 us."""
+    ``MAX_FILE_BYTES + 1`` allocated that much for every image (``benchmarks/read_decode.py``)."""
     with open(path, "rb", buffering=0) as fh:
-        want = os.fstat(fh.fileno()).st_size + 1
+        info = os.fstat(fh.fileno())
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+        want = info.st_size + 1
         chunks, total = [], 0
         while want > 0:
             chunk = fh.read(min(want, MAX_FILE_BYTES + 1 - total))
@@ -78,7 +82,7 @@ def read_bounded(path: Path) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             want = READ_ON_BYTES if total <= MAX_FILE_BYTES else 0
-    if total > MAX_FILE_BYTES:
+    if total > MAX_FILE_BYTES:  # it grew past the limit, or states no size
         raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -153,26 +157,18 @@ def import_decoders() -> None:
 @functools.cache
 def _torchvision_jpeg() -> Callable[[torch.Tensor, str], torch.Tensor] | None:
     """torchvision's JPEG decoder (the same pixels as PIL, and faster), while torchvision has it:
-    ``(bytes as a uint8 tensor, "RGB" or "L") -> (C, H, W)``. Its registered op where there is one,
-    called as torchvision's ``decode_jpeg`` calls it for one CPU tensor: that Python wrapper (it logs
-    the call and warns that torchvision's decoding is deprecated) took 9 of 180 us an image."""
+    ``(bytes as a uint8 tensor, "RGB" or "L") -> (C, H, W)``. Its registered op, called as
+    torchvision's ``decode_jpeg`` calls it for one CPU tensor, without that Python wrapper (it logs
+    the call and warns that torchvision's decoding is deprecated, for every image). Without the op
+    (torchvision's image extension did not load; its ``decode_jpeg`` would fail too): None, PIL decodes."""
     try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except ImportError:
-        return None
-    modes = {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY}
-    try:
-        op = torch.ops.image.decode_jpeg
-    except (AttributeError, RuntimeError):  # an extension of another name: the public function
-        op = None
-    if op is not None:
-        return lambda data, mode: op(data, modes[mode].value, False)
+        from torchvision.io import ImageReadMode
 
-    def public(data: torch.Tensor, mode: str) -> torch.Tensor:
-        with warnings.catch_warnings():  # torchvision 0.29 calls its image decoding deprecated
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return decode_jpeg(data, mode=modes[mode])
-    return public
+        op = torch.ops.image.decode_jpeg
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    modes = {"RGB": ImageReadMode.RGB.value, "L": ImageReadMode.GRAY.value}
+    return lambda data, mode: op(data, modes[mode], False)
 
 
 def _to_tensor(img) -> torch.Tensor:
