@@ -65,6 +65,11 @@ class PathTable:
         return self.blob[self.offsets[index]:self.offsets[index + 1]].tobytes().decode()
 
 
+def too_large() -> ValueError:
+    """The refusal of a file over ``MAX_FILE_BYTES``, however it was found to be."""
+    return ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+
+
 def read_bounded(path: Path) -> bytes:
     """A file's bytes, refused beyond ``MAX_FILE_BYTES``. Read unbuffered, one byte past the size the
     file says it has, then on in small chunks (a file that grew, a pipe): a read of
@@ -72,7 +77,7 @@ def read_bounded(path: Path) -> bytes:
     with open(path, "rb", buffering=0) as fh:
         info = os.fstat(fh.fileno())
         if stat.S_ISREG(info.st_mode) and info.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+            raise too_large()
         want = info.st_size + 1
         chunks, total = [], 0
         while want > 0:
@@ -83,7 +88,7 @@ def read_bounded(path: Path) -> bytes:
             total += len(chunk)
             want = READ_ON_BYTES if total <= MAX_FILE_BYTES else 0
     if total > MAX_FILE_BYTES:  # it grew past the limit, or states no size
-        raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+        raise too_large()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
-from .images import MAX_FILE_BYTES, decode, read_bounded
+from .images import MAX_FILE_BYTES, decode, read_bounded, too_large
 from .manifest import IMAGE_SUFFIXES
 
 OPTION = "--dataroot"
@@ -38,7 +38,7 @@ def _mask_values(path: Path, ignore_index: int) -> tuple[tuple[int, int], int]:
     from PIL import Image
 
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+        raise too_large()
     with Image.open(path) as img:
         if img.mode not in ("L", "P", "I", "I;16", "1"):
             raise ValueError(f"is a {img.mode} image; a mask is one channel of class indices (mode L, P or I)")

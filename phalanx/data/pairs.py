@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import PhalanxError
-from .images import MAX_FILE_BYTES, decode, read_bounded
+from .images import MAX_FILE_BYTES, decode, read_bounded, too_large
 from .manifest import IMAGE_SUFFIXES
 
 OPTION = "--dataroot"
@@ -52,7 +52,7 @@ def _size(path: Path) -> tuple[tuple[int, int], str]:
     from PIL import Image
 
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+        raise too_large()
     try:
         with Image.open(path) as img:
             return img.size, img.mode
