@@ -30,7 +30,8 @@ import torch
 
 from .atomic import atomic_write
 from .tasks import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
-from .errors import PhalanxError, RunFailed
+from .tasks.contract import check_loadable
+from .errors import PhalanxError
 
 FORMAT = "phalanx-checkpoint"
 VERSION = 4  # the newest this phalanx reads
@@ -42,31 +43,7 @@ def epoch_name(epoch: int) -> str:
     return f"epoch_{epoch:04d}.pt"
 
 
-# What torch.load(weights_only=True) reads back besides tensors and containers: anything else in a
-# checkpoint (a numpy scalar, a Path) would make every checkpoint of the run unloadable.
-PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
-
-
 SOURCES = {"data": "TaskData.info", "task_state": "the task's state_dict()"}  # where a user's values come from
-
-
-def check_loadable(value: Any, where: str = "checkpoint") -> None:
-    """Refuse, at the first save, a value that phalanx could not load back, naming its key and type."""
-    if isinstance(value, torch.Tensor) or type(value) in PLAIN:  # exact types: numpy.float64 is a float
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_loadable(key, f"{where}, a key,")
-            check_loadable(item, f"{where}[{key!r}]")
-        return
-    if type(value) in (list, tuple, set):
-        for index, item in enumerate(value):
-            check_loadable(item, f"{where}[{index}]")
-        return
-    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
-    raise RunFailed(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
-                    "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
-                    "back: convert it (float(x), str(path), x.tolist())")
 
 
 def save(paths: list[Path], state: dict[str, Any]) -> None:
@@ -185,6 +162,19 @@ def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
             "ema": {"model": state["ema"]} if state.get("ema") else None, "task_state": {},
             "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},
             "epoch_sums": {"losses": {"loss": loss_sum}, "samples": samples}}
+
+
+def in_run_directory(path: Path, option: str) -> tuple[Path, str]:
+    """A checkpoint given as its run directory (``--checkpoint checkpoints/a``, as Lightning's
+    ``ckpt_path="best"``): its best.pt, else its latest.pt; and the line that says which. A file is
+    itself, with no line."""
+    if not path.is_dir():
+        return path, ""
+    for name, why in ((BEST, "its best validation so far"), (LATEST, "it has no best.pt yet")):
+        if (path / name).is_file():
+            return path / name, f"phalanx: {option} {path} is a run directory: using its {name} ({why})"
+    raise PhalanxError(f"{path} is a directory without {BEST} or {LATEST} (a run directory holds them); give a "
+                       "checkpoint file or a run's directory", option)
 
 
 def candidates(run_dir: Path) -> list[Path]:

@@ -254,7 +254,10 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             params = exc.ctx.command.params if exc.ctx else []
             known = [spelling for param in params for spelling in param.opts + param.secondary_opts]
-            say_error(habits.option_hint(exc.option_name, known, command, args) or exc.format_message())
+            relevant = click.exceptions.NoSuchOption(exc.option_name, possibilities=habits.for_the_task(
+                list(exc.possibilities or []), args), ctx=exc.ctx)
+            say_error(habits.option_hint(exc.option_name, known, command, args)
+                      or habits.launch_hint(exc.option_name, command) or relevant.format_message())
         return exc.exit_code
     except click.ClickException as exc:
         named = isinstance(exc, click.BadParameter) and exc.param is not None and exc.param.name == "precision"

@@ -66,7 +66,8 @@ Examples:
 
 @click.command(cls=Command, epilog=CONSOLIDATE_EXAMPLES)
 @click.option("--checkpoint", required=True, metavar="FILE", cls=Option,
-              help="A checkpoint of --fsdp-checkpoints sharded (the file that names its shards).")
+              help="A checkpoint of --fsdp-checkpoints sharded (the file that names its shards), or its run "
+              "directory (its best.pt, else its latest.pt).")
 @click.option("--output", required=True, metavar="FILE", cls=Option,
               help="The one file to write (atomically), as a whole checkpoint: torch.load opens it, and it "
               "resumes, evaluates, predicts and exports as any other.")

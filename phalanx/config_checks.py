@@ -24,6 +24,7 @@ def check_config(cfg: RunConfig) -> None:
     check_fields(cfg)
     tasks.check_name(cfg.task)
     object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
+    _check_required(cfg)
     if not (cfg.data.val_crop_pct == 0 or 0.5 <= cfg.data.val_crop_pct <= 1.25):
         raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.data.val_crop_pct})")
     if cfg.data.num_workers != "auto" and not cfg.data.num_workers.isdigit():
@@ -61,6 +62,20 @@ def check_config(cfg: RunConfig) -> None:
     if len(ids) > 1 and cfg.optim.batch_size < len(ids):
         raise bad("batch_size", f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; "
                   f"use at least {len(ids)}")
+
+
+def _check_required(cfg: RunConfig) -> None:
+    """Your own task's ``requires``: each general option it cannot run without, given."""
+    if not tasks.is_user_task(cfg.task):
+        return  # (a built-in task refuses a missing --dataroot itself, saying what it reads)
+    cls = tasks.task_class(cfg.task)
+    values = cfg.to_dict()
+    for name in getattr(cls, "requires", ()):
+        if name not in values:
+            raise PhalanxError(f"{cls.__name__}.requires names '{name}', which is not a general option "
+                               f"(they are the flags of `phalanx train --help`, spelt with underscores)", "--task")
+        if values[name] in (None, "", ()):
+            raise PhalanxError(f"is required by --task {cfg.task} (its `requires`)", flag(name))
 
 
 def _check_optim(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:

@@ -112,9 +112,11 @@ class StepContext(RunContext):
     """One micro-batch of training: set by the trainer before each ``training_step``."""
 
     def __init__(self, strategy: Strategy, optim: OptimOptions, channels_last: bool, models: Mapping[str, nn.Module],
-                 optimizers: Mapping[str, torch.optim.Optimizer], scalers: Mapping[str, torch.amp.GradScaler]):
+                 optimizers: Mapping[str, torch.optim.Optimizer], scalers: Mapping[str, torch.amp.GradScaler],
+                 manual: bool = True, task: str = "the task"):
         super().__init__(strategy, optim.precision, channels_last)
         self.optim = optim
+        self.manual, self.task = manual, task  # (whether the task's step may call backward and step itself)
         self.models = models
         self.optimizers, self.scalers = optimizers, scalers
         self.micro: MicroBatch | None = None
@@ -142,12 +144,27 @@ class StepContext(RunContext):
                 raise PhalanxError(f"ctx.backward needs an optimizer name ({', '.join(self.optimizers)})", "--task")
             return next(iter(self.optimizers))
         if name not in self.optimizers:
-            raise PhalanxError(f"the task has no optimizer '{name}' ({', '.join(self.optimizers)})", "--task")
+            raise PhalanxError(f"{self.task} has no optimizer '{name}' (its param_groups made "
+                               f"{', '.join(self.optimizers)}): param_groups returns one entry per optimizer the step "
+                               "names", "--task")
         return name
+
+    def _manual(self, call: str) -> None:
+        if not self.manual:
+            raise PhalanxError(f"{self.task}.training_step called ctx.{call}, which only a task with "
+                               "manual_optimization = True calls (it steps its optimizers in turn, as a GAN does); "
+                               f"declare manual_optimization = True in {self.task}, or return {{\"loss\": ...}} and "
+                               "let the trainer do backward and the step")
 
     def backward(self, loss: torch.Tensor, optimizer: str | None = None) -> None:
         """Backpropagate a per-sample (1-D) or mean (0-dim) loss of this micro-batch, scaled so
-        that DDP's average over ranks is the mean over the optimizer step's samples."""
+        that DDP's average over ranks is the mean over the optimizer step's samples (a task with
+        ``manual_optimization``)."""
+        self._manual("backward")
+        self.backward_loss(loss, optimizer)
+
+    def backward_loss(self, loss: torch.Tensor, optimizer: str | None = None) -> None:
+        """``backward``, for the trainer itself too (the ``"loss"`` of a task without manual optimization)."""
         name = self._optimizer(optimizer)
         micro = self.micro
         total = loss.sum() if loss.dim() else loss * micro.real
@@ -160,7 +177,12 @@ class StepContext(RunContext):
 
     def step(self, optimizer: str | None = None) -> None:
         """Step an optimizer, if this micro-batch ends an optimizer step (with ``--grad-accum``,
-        gradients accumulate until then), and clear its gradients."""
+        gradients accumulate until then), and clear its gradients (a task with ``manual_optimization``)."""
+        self._manual("step")
+        self.step_optimizer(optimizer)
+
+    def step_optimizer(self, optimizer: str | None = None) -> None:
+        """``step``, for the trainer itself too."""
         name = self._optimizer(optimizer)
         if not self.ends_step or name in self.stepped:
             return

@@ -51,6 +51,14 @@ def diverged(what: str, epoch: int, saved_epoch: int, lr: float, precision: str)
                      f"Lower --lr (it is {lr:g}) or add --warmup-epochs{range_hint}")
 
 
+def non_finite_at_start(what: str) -> RunFailed:
+    """A loss that is inf or nan at the very first step came before any update: from the data or
+    the model as built, not from the learning rate."""
+    return RunFailed(f"{what} at step 1, before any update: the data or the model gave it, not the learning rate; "
+                     "look for inf or nan in the inputs and targets (a division by zero, log(0) in the loss, an "
+                     "image that did not decode)")
+
+
 def rank_divergence(strategy: Any, models: Iterable[nn.Module]) -> tuple[float, str | None]:
     """The largest difference between the ranks' copies of any parameter or buffer at the end of a
     run, and a warning where there is one (DDP keeps the parameters identical, phalanx the buffers)."""

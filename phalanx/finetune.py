@@ -174,9 +174,11 @@ def _other_inputs(own: Stats | None, run: Stats | None) -> str:
     """Where a phalanx checkpoint learnt on inputs normalised otherwise than this run's (with --weights,
     --normalize auto is ImageNet's; a self-supervised run's default is [-1, 1]): what to give. A
     newcomer's linear probe of a SimCLR backbone trained on ImageNet-normalised inputs unawares."""
-    if own is None or run is None or _close(own, run):
+    if own is None or run is None:
         return ""
     mean, std = (",".join(f"{v:.4g}" for v in values) for values in own)
+    if _close(own, run):  # (--normalize auto takes them from the checkpoint)
+        return f"; inputs normalised as the checkpoint's were (mean {mean}, std {std})"
     run_mean, run_std = (",".join(f"{v:.4g}" for v in values) for values in run)
     return (f"\nphalanx: --weights: the checkpoint learnt on inputs normalised with mean {mean}, std {std}; this "
             f"run's are mean {run_mean}, std {run_std}: give --mean {mean} --std {std} to feed it what it learnt on")

@@ -87,6 +87,47 @@ def option_hint(option: str, known: list[str], command: str, args: list[str]) ->
     return f"No such option '{option}': phalanx's is {instead}"
 
 
+# How many processes and nodes: torchrun's and Lightning's words, said where phalanx takes them.
+LAUNCH_FLAGS = ("--nodes", "--nnodes", "--num-nodes", "--nproc-per-node", "--num-processes")
+LAUNCH_HINTS = {
+    "scale": "phalanx scale's world sizes are --workers N[,N...] (DDP workers on this machine, or srun steps in a "
+             "SLURM allocation)",
+    "trainlaunch": "it is torchrun's: give it inside --use-torchrun, as --use-torchrun \"--nnodes 2 --nproc-per-node 4 "
+                   "...\"",
+}
+
+
+def launch_hint(option: str, command: str) -> str | None:
+    """An unknown process or node count (torchrun's ``--nnodes``, Lightning's ``--num-nodes``): where
+    ``phalanx command`` takes it, or which command does."""
+    if option.replace("_", "-") not in LAUNCH_FLAGS:
+        return None
+    where = LAUNCH_HINTS.get(command, "several processes or nodes are phalanx trainlaunch's: --use-torchrun "
+                                      "\"--nnodes N --nproc-per-node M\"")
+    return f"No such option '{option}': {where}"
+
+
+def task_of(args: list[str]) -> str:
+    """The run's task as typed (``--task NAME`` or ``--task=NAME``), else the default."""
+    from . import tasks
+
+    for before, arg in zip(["", *args], args):
+        if arg.startswith("--task="):
+            return arg.split("=", 1)[1]
+        if before == "--task":
+            return arg
+    return tasks.DEFAULT
+
+
+def for_the_task(possibilities: list[str], args: list[str]) -> list[str]:
+    """click's spelling suggestions less the options of other tasks than the run's (``--gan-mode``
+    is no answer to a classifier's, or ``phalanx scale``'s, typo)."""
+    from . import tasks
+
+    owners, task = tasks.option_owners(), task_of(args)
+    return [p for p in possibilities if task in owners.get(p.lstrip("-").replace("-", "_"), [task])]
+
+
 def key_hint(name: str) -> str:
     """A configuration file's key of another tool (timm's ``opt``, ``img_size``): phalanx's key for it."""
     instead = ELSEWHERE.get("--" + name.replace("_", "-"), "")

@@ -255,8 +255,10 @@ def _worker_failures(exc) -> RunFailed:
     *others, (rank, failure) = sorted(exc.failures.items(),
                                       key=lambda item: (not secondary(item[1]), -when(item[1])))
     code = failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED  # bad input, a signal: kept
+    # Every rank refused the same input: one line, as `train`'s. A rank torchrun stopped before it
+    # got as far (a slower one, on a busy machine) refused nothing else.
     if code == EXIT_BAD_INPUT and all((o.exitcode, first_line(o.message)) == (failure.exitcode, first_line(
-            failure.message)) for _, o in others):  # every rank refused the same input: one line, as `train`'s
+            failure.message)) or o.exitcode == -15 and secondary(o) for _, o in others):
         return RunFailed(first_line(failure.message), exit_code=code)
     for other_rank, other in others:
         said = "stopped by torchrun after another rank failed" if other.exitcode == -15 else first_line(other.message)

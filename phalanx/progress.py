@@ -22,25 +22,26 @@ class ProgressLog:
         self.done = self.samples = 0
         self.start = self.last_draw = time.perf_counter()
 
-    def update(self, samples: int, loss: Callable[[], float]) -> None:
+    def update(self, samples: int, loss: Callable[[], float] | None = None) -> None:
+        """``loss``: the loss so far, shown beside the rate (None: a loop without one, predict's)."""
         self.done += 1
         self.samples += samples
         now = time.perf_counter()
         if self.tty and (now - self.last_draw >= 0.2 or self.done == self.total):
             self.last_draw = now
-            self._draw(loss(), self.samples / max(now - self.start, 1e-9))
+            self._draw(f" loss {loss():.4f}" if loss else "", self.samples / max(now - self.start, 1e-9))
         elif self.lines and now - self.last_draw >= self.interval and self.done < self.total:
             self.last_draw = now
             rate = self.samples / max(now - self.start, 1e-9)
             self.stream.write(f"{self.label}: {self.done}/{self.total} micro-batches ({100 * self.done / self.total:.0f}%)"
-                              f"  loss {loss():.4f}  {rate:,.0f} samples/s  {now - self.start:.0f}s\n")
+                              f"{f'  loss {loss():.4f}' if loss else ''}  {rate:,.0f} samples/s  {now - self.start:.0f}s\n")
             self.stream.flush()
 
-    def _draw(self, loss: float, rate: float) -> None:
+    def _draw(self, loss: str, rate: float) -> None:
         width = 24
         filled = int(width * self.done / max(self.total, 1))
         bar = "#" * filled + "." * (width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} loss {loss:.4f} {rate:,.0f} samples/s ")
+        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}{loss} {rate:,.0f} samples/s ")
         self.stream.flush()
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from .cluster import launcher_name
 from .config import RunConfig
 from .config_sections import means_cpu
 from .data import close_loaders
-from .errors import PhalanxError, RunFailed
+from .errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
 from .finetune import weights_preview
 from .outputs import RunOutputs, new_run_id
@@ -26,7 +26,7 @@ from .parallel import Strategy
 from .strategies import strategy_for
 from .preempt import Preempted, StopRequest
 from .single_rows import refuse_single_rows
-from .tasks.base import Declaration, Task, TaskData
+from .tasks.base import Declaration, Task, TaskData, check_declaration
 from .best import Best
 from .trainer import Trainer
 
@@ -130,6 +130,7 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
     lines = [f"data: {data.description}"]
     for name, model in models.items():
         lines.append(f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    check_declaration(task, task.declare(data, models), data, models, bool(cfg.output.best_metric))
     lines += memory_lines(cfg, models, world_size)
     resume, stop = None, None
     try:
@@ -192,6 +193,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)
+    check_declaration(task, declared, data, models, bool(cfg.output.best_metric))
     best = Best(declared, cfg.output.best_metric)  # checks --best-metric
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.
@@ -199,25 +201,29 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     run_id = resume.state.get("run_id", new_run_id()) if resume else new_run_id()
     if cfg.resume is None and not cfg.overwrite and rundir.failed_before_a_checkpoint(cfg.run_dir):
         notes.insert(0, f"phalanx: {cfg.run_dir} {rundir.REPLACED_NOTE}")
-    if strategy.is_main:
-        rundir.create(cfg, resume)
-    with rundir.claimed(cfg.run_dir, strategy.is_main):  # a live run is never replaced as a failed one
-        try:
-            panes = task.panes(declared)
-            outputs.start(run_id, panes, best.spec(declared, panes))
-            if cfg.resume == "auto" and resume is None:
-                say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
-            for line in notes:
-                say(line)
-            return _fit(cfg, strategy, task, declared, data, models, outputs, run_id, resume, say)
-        except Preempted:
-            outputs.status("preempted")
-            raise
-        except BaseException:
-            outputs.status("failed")
-            raise
-        finally:
-            outputs.close()  # the last snapshot, and every upload sent or reported
+    made = rundir.create(cfg, resume) if strategy.is_main else []
+    try:
+        with rundir.claimed(cfg.run_dir, strategy.is_main):  # a live run is never replaced as a failed one
+            try:
+                panes = task.panes(declared)
+                outputs.start(run_id, panes, best.spec(declared, panes))
+                if cfg.resume == "auto" and resume is None:
+                    say(f"phalanx: --resume auto: no checkpoint in {cfg.run_dir}: starting a new run")
+                for line in notes:
+                    say(line)
+                return _fit(cfg, strategy, task, declared, data, models, outputs, run_id, resume, say)
+            except Preempted:
+                outputs.status("preempted")
+                raise
+            except BaseException:
+                outputs.status("failed")
+                raise
+            finally:
+                outputs.close()  # the last snapshot, and every upload sent or reported
+    except PhalanxError as exc:  # exit 2 writes nothing, also where the first step found the mistake
+        if strategy.is_main and resume is None and exc.exit_code == EXIT_BAD_INPUT:
+            rundir.remove_refused(cfg, made)
+        raise
 
 
 def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,

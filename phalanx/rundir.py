@@ -165,9 +165,11 @@ def _differs(resume: Resume, name: str, saved: Any, mine: Any) -> None:
                        "the same value or start a new --name", flag(name))
 
 
-def create(cfg: RunConfig, resume: Resume | None) -> None:
-    """Make the run directory (global rank 0 only); clear a replaced run; save the configuration."""
+def create(cfg: RunConfig, resume: Resume | None) -> list[Path]:
+    """Make the run directory (global rank 0 only); clear a replaced run; save the configuration.
+    Returns the folders it made (``remove_refused`` takes them away again)."""
     run_dir = cfg.run_dir
+    made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob(".*.tmp-*"):  # a writer killed mid-write left its temporary behind
         stale.unlink(missing_ok=True)
@@ -177,6 +179,25 @@ def create(cfg: RunConfig, resume: Resume | None) -> None:
     # Records past the checkpoint (or all, when a restart found none) would be repeated.
     trim_metrics(run_dir / METRICS, resume.state["epoch"] if resume else 0, resume.state["step"] if resume else 0)
     atomic_write_text(run_dir / CONFIG, cfg.to_json())
+    return made
+
+
+def remove_refused(cfg: RunConfig, made: list[Path]) -> None:
+    """A new run refused as bad input once it started (a task's mistake that only its first step
+    shows) leaves nothing, as a refusal before the start does: its configuration, metrics log and
+    snapshots go, and the folders ``create`` made, where they are left empty (logs/ of an earlier
+    run stays). Never once a checkpoint is written."""
+    from .snapshots import remove_history
+
+    run_dir = cfg.run_dir
+    if any(run_dir.glob("*.pt")):
+        return
+    remove_history(cfg.snapshot_dir)
+    for path in (run_dir / CONFIG, run_dir / METRICS):
+        path.unlink(missing_ok=True)
+    for folder in made:  # the deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def trim_metrics(path: Path, last_epoch: int, last_step: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -223,6 +224,9 @@ def consolidate(source: Path, target: Path) -> dict[str, Any]:
         raise PhalanxError(f"{target} exists; give a new file name", "--output")
     if not target.parent.is_dir():
         raise PhalanxError(f"{target.parent} does not exist", "--output")
+    source, which = checkpoint.in_run_directory(source, "--checkpoint")
+    if which:
+        print(which, file=sys.stderr, flush=True)
     state = load_whole(source, "--checkpoint")
     checkpoint.save([target], {k: v for k, v in state.items() if k not in ("format", "version", "primary")})
     return state

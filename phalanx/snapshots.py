@@ -74,6 +74,18 @@ def segment_name(index: int) -> str:
     return f"segment_{index:06d}.pkl"
 
 
+def remove_history(directory: Path) -> None:
+    """The snapshot files of ``directory`` (a run refused at its first step leaves none), and the
+    folder where that leaves it empty."""
+    for path in directory.glob("*.pkl"):
+        if SEGMENT_NAME.match(path.name):
+            path.unlink(missing_ok=True)
+    try:
+        directory.rmdir()
+    except OSError:  # not empty (another file was put there), or not there
+        pass
+
+
 def holds_snapshots(directory: Path) -> bool:
     """Whether a run's snapshot history is in ``directory`` (its first segment)."""
     return (directory / segment_name(1)).exists()

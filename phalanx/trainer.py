@@ -29,7 +29,7 @@ from .config import RunConfig
 from .context import Pending, RunContext, StepContext
 from .data import loader_workers, run_loaders
 from .devices import peak_memory
-from .divergence import diverged, first_non_finite, rank_divergence
+from .divergence import diverged, first_non_finite, non_finite_at_start, rank_divergence
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
 from .outputs import RunOutputs
 from .parallel import Strategy
@@ -78,7 +78,8 @@ class Trainer(Checkpointing, Validation):
         self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
         self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
                         for name in self.optimizers}
-        self.ctx = StepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers)
+        self.ctx = StepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers,
+                               declared.manual_optimization, type(task).__name__)
         self.eval_ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         self.data = data  # (the task's pictures of each epoch are drawn from it: Validation.visuals)
         self.loss_names = declared.loss_names
@@ -244,7 +245,7 @@ class Trainer(Checkpointing, Validation):
             if self.first_step_pending:
                 check_step_losses(self.task, losses, self.declared)
             if not manual:
-                self.ctx.backward(losses["loss"])
+                self.ctx.backward_loss(losses["loss"])
         # Sums the step all-reduced beside its backward (monitors of the global batch), done now.
         return {name: value.result() if isinstance(value, Pending) else value for name, value in losses.items()}
 
@@ -252,7 +253,7 @@ class Trainer(Checkpointing, Validation):
         """Step the optimizers this micro-batch ends a step for, then count the step."""
         if not manual:
             for name in self.optimizers:
-                self.ctx.step(name)
+                self.ctx.step_optimizer(name)
         self.strategy.after_step(self.models.values())
         bare = self.bare_models()
         for name, ema in self.ema.items():
@@ -296,5 +297,7 @@ class Trainer(Checkpointing, Validation):
         first step and once an epoch: one host sync and one tiny all-reduce, not at every step)."""
         what = first_non_finite(losses or {}, self.bare_models(), self.device)
         if self._any_rank(what is not None):
+            if self.step == 1 and losses and (what is None or what.startswith("train ")):  # a loss, before any update
+                raise non_finite_at_start(f"the {what or 'train loss of another rank'} is non-finite (inf or nan)")
             raise diverged(f"the {what or 'weights of another rank'} became non-finite (inf or nan) at step "
                            f"{self.step}", epoch, self.epoch, self.base_lr, self.cfg.optim.precision)

@@ -170,13 +170,23 @@ def test_flags_of_timm_torchvision_and_lightning_are_answered_with_phalanxs_name
              ("train", ["--precision=16-mixed"], "--precision: '16-mixed' is phalanx's fp16 (one of fp32"),
              ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
              ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?"),  # evaluate has no --precision
-             # --label-smoothing is classify's: no answer for segment's run (click's guess stands)
-             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'. Did you mean"),
+             # --label-smoothing is classify's: no answer for segment's run, nor a guess at it
+             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'."),
              # DINO's and Lightly's names, for the task that has the option (the default task has none)
              ("train", ["--task", "dino", "--use_bn_in_head"], "No such option '--use_bn_in_head': phalanx's is --head-norm"),
              ("train", ["--task", "moco", "--memory-bank-size", "8"], "No such option '--memory-bank-size': phalanx's is "
               "--queue-size"),
-             ("train", ["--momentum-teacher", "0.9"], "No such option '--momentum-teacher'. (Did you mean")]
+             # click's guess, less other tasks' options (DINO's --warmup-teacher-temp is no answer for classify)
+             ("train", ["--momentum-teacher", "0.9"], "No such option '--momentum-teacher'. Did you mean '--momentum'?"),
+             ("scale", ["--gan-mod", "x"], "No such option '--gan-mod'."),  # --gan-mode is DeepLIIF's
+             ("train", ["--task", "deepliif", "--gan-mod", "x"], "No such option '--gan-mod'. (Did you mean one of: "
+              "'--gan-mode', '--gan-mode-s'?)"),
+             # torchrun's and Lightning's process counts: where this command takes them
+             ("scale", ["--nodes", "-1"], "No such option '--nodes': phalanx scale's world sizes are --workers"),
+             ("trainlaunch", ["--nnodes", "2"], "No such option '--nnodes': it is torchrun's: give it inside "
+              "--use-torchrun"),
+             ("train", ["--num_nodes", "2"], "No such option '--num_nodes': several processes or nodes are phalanx "
+              "trainlaunch's")]
     for command, args, line in cases:
         result = phalanx(command, *args)
         lines = result.err.strip().splitlines()

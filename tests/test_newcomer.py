@@ -286,3 +286,131 @@ def test_a_timm_style_config_file_names_every_unknown_key_at_once_with_phalanxs_
         "option 'img_size' (phalanx's is image_size); line 3: unknown option 'opt' (phalanx's is optimizer: "
         "sgd|adam|adamw); line 5: unknown option 'learning_rat'"), result.err
     assert list(tmp_path.iterdir()) == [config]
+
+
+# --- issue 64: a newcomer in a fresh clone, and writing a task of their own from the docs ------------
+
+def test_a_run_directory_is_its_best_checkpoint_else_its_latest_in_every_command(tmp_path, phalanx):
+    # "is a directory, not a checkpoint file": a user who trained --name a expects its best.pt.
+    assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path / "ck", "--name", "a", "--no-progress").code == 0
+    run = tmp_path / "ck/a"
+    evaluated = phalanx("evaluate", "--checkpoint", run, "--no-progress")  # --no-progress: as train's, predict's
+    assert evaluated.code == 0, evaluated.err
+    assert evaluated.err.splitlines()[0] == f"phalanx: --checkpoint {run} is a run directory: using its best.pt (its " \
+                                            "best validation so far)"
+    assert evaluated.out.startswith(f"{(run / 'best.pt').resolve()} on ")
+    (tmp_path / "imgs").mkdir()
+    write_digit_pngs(tmp_path / "digits", per_class=1)
+    predicted = phalanx("predict", "--checkpoint", run, tmp_path / "digits", "--output", tmp_path / "p.csv")
+    assert predicted.code == 0 and "using its best.pt" in predicted.err.splitlines()[0], predicted.err
+    (run / "best.pt").unlink()
+    exported = phalanx("export", "--checkpoint", run, "--output", tmp_path / "m.ts")
+    assert exported.code == 0 and "using its latest.pt (it has no best.pt yet)" in exported.err.splitlines()[0]
+    consolidated = phalanx("consolidate", "--checkpoint", run, "--output", tmp_path / "whole.pt")
+    assert consolidated.code == 0 and "using its latest.pt" in consolidated.err.splitlines()[0], consolidated.err
+    (tmp_path / "empty").mkdir()
+    refused = phalanx("evaluate", "--checkpoint", tmp_path / "empty")
+    assert refused.code == 2 and refused.err == f"phalanx: --checkpoint: {tmp_path / 'empty'} is a directory without " \
+                                                "best.pt or latest.pt (a run directory holds them); give a checkpoint " \
+                                                "file or a run's directory\n"
+
+
+def test_predict_keeps_an_output_folder_and_its_input_folders_apart(tmp_path, phalanx):
+    # deepliif's outputs written among its inputs were read back as inputs by the next predict: 14
+    # images "predicted" from 2, 88 files in the folder. Refused before the checkpoint is read.
+    write_digit_pngs(tmp_path / "imgs", per_class=1)
+    before = snapshot_tree(tmp_path)
+    for inputs, output, words in [
+            (tmp_path / "imgs", tmp_path / "imgs/out", "is inside the input folder"),
+            (tmp_path / "imgs", tmp_path / "imgs", "is inside the input folder"),
+            (tmp_path / "imgs/train/digit3", tmp_path / "imgs", "is inside the output folder")]:
+        result = phalanx("predict", "--checkpoint", tmp_path / "nowhere.pt", inputs, "--output", output)
+        assert result.code == 2 and len(result.err.splitlines()) == 1 and words in result.err, result.err
+        assert result.err.startswith("phalanx: --output: ")
+    assert snapshot_tree(tmp_path) == before
+    from phalanx.inference.outputs import check_apart
+
+    check_apart((str(tmp_path / "imgs"),), tmp_path / "out")  # beside it: fine
+    check_apart((str(tmp_path / "imgs/train/digit3/0003.png"),), tmp_path / "imgs/train/digit1")  # a file apart
+
+
+@pytest.mark.parametrize("task, words", [
+    ("NoPrimary", "NoPrimary.primary_model is 'model', a network build_models did not make (generator, "
+                  "discriminator)"),
+    ("NoBestMetric", "NoBestMetric.best_metric is ('loss', 'min'), but its validation metrics are L1: declare"),
+    ("FloatSums", "FloatSums.empty_sums() returned {'L1': 0.0, 'samples': 0.0}; it returns a dict of name -> zero "
+                  "tensor"),
+])
+def test_a_tasks_declarations_are_checked_against_what_it_built_before_the_first_step(tmp_path, phalanx, task, words):
+    # Each trained a whole epoch, then failed with a KeyError ('loss', 'model') and a traceback.
+    for command in (["train"], ["train", "--dry-run"]):
+        result = phalanx(*command, "--task", f"phalanx_testtasks:{task}", "--checkpoints-dir", tmp_path)
+        assert result.code == 2 and result.err == f"phalanx: {words}" + result.err[len(words) + 9:], result.err
+        assert len(result.err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("task, words", [
+    ("BackwardWithoutManual", "BackwardWithoutManual.training_step called ctx.backward, which only a task with "
+                              "manual_optimization = True calls"),
+    ("MissingOptimizer", "--task: MissingOptimizer has no optimizer 'discriminator' (its param_groups made generator)"),
+    ("ExtraLoss", "ExtraLoss.training_step returned 'G_total', which ExtraLoss.loss_names (G_GAN, G_L1, D_real, "
+                  "D_fake) does not declare, so it would never be logged"),
+])
+def test_a_task_refused_at_its_first_step_leaves_nothing_behind(tmp_path, phalanx, task, words):
+    # Both exited 2 and left config.json, metrics.jsonl and pickle/, where exit 2 writes nothing; the
+    # first never named manual_optimization. An undeclared loss was dropped without a word.
+    result = phalanx("train", "--task", f"phalanx_testtasks:{task}", "--checkpoints-dir", tmp_path / "ck",
+                     "--no-progress")
+    assert result.code == 2 and len(result.err.splitlines()) == 1 and words in result.err, result.err
+    assert not (tmp_path / "ck").exists()  # the folders the run made are gone too
+    (tmp_path / "ck/experiment/logs").mkdir(parents=True)  # a failed run's logs before: they stay
+    assert phalanx("train", "--task", f"phalanx_testtasks:{task}", "--checkpoints-dir", tmp_path / "ck",
+                   "--no-progress").code == 2
+    assert [p.name for p in (tmp_path / "ck/experiment").iterdir()] == ["logs"]
+
+
+def test_a_required_option_a_nan_at_step_1_and_a_misspelt_task_class_are_one_line(tmp_path, phalanx):
+    missing = phalanx("train", "--task", "phalanx_testtasks:NeedsDataroot", "--checkpoints-dir", tmp_path)
+    assert missing.err == "phalanx: --dataroot: is required by --task phalanx_testtasks:NeedsDataroot (its " \
+                          "`requires`)\n" and missing.code == 2  # was a TypeError about NoneType, exit 1
+    nan = phalanx("train", "--task", "phalanx_testtasks:NanFromTheData", "--checkpoints-dir", tmp_path,
+                  "--no-progress")
+    assert nan.code == 1 and nan.err.splitlines()[-1] == (
+        "phalanx: the train loss is non-finite (inf or nan) at step 1, before any update: the data or the model "
+        "gave it, not the learning rate; look for inf or nan in the inputs and targets (a division by zero, log(0) "
+        "in the loss, an image that did not decode)"), nan.err  # was "Lower --lr ... or add --warmup-epochs"
+    typo = phalanx("train", "--task", "phalanx_testtasks:StopingAutoencoder", "--dry-run")
+    assert typo.code == 2 and typo.err.startswith("phalanx: --task: module 'phalanx_testtasks' has no class "
+                                                  "'StopingAutoencoder' (did you mean StoppingAutoencoder"), typo.err
+    far = phalanx("train", "--task", "adversarial_autoencoder:Generator", "--dry-run")
+    assert far.err.endswith("has no class 'Generator'; its tasks: AdversarialAutoencoder\n"), far.err
+
+
+def test_export_of_your_own_task_carries_its_preprocessing(tmp_path, phalanx):
+    # FILE.json held the network's name and format alone, where the docs say preprocessing goes.
+    import json
+
+    assert phalanx("train", "--task", "adversarial_autoencoder:AdversarialAutoencoder", "--epochs", 1,
+                   "--checkpoints-dir", tmp_path, "--no-progress").code == 0
+    assert phalanx("export", "--checkpoint", tmp_path / "experiment", "--output", tmp_path / "g.ts").code == 0
+    meta = json.loads((tmp_path / "g.ts.json").read_text())
+    assert (meta["channels"], meta["image_size"], meta["mean"], meta["std"]) == (1, 8, [0.5], [0.5])
+    assert meta["scale"] == "pixels / 255, then (x - mean) / std" and meta["network"] == "generator"
+
+
+def test_deepliif_checks_its_data_before_vggs_weights_and_help_says_resnet_nblocks(tmp_path, phalanx, monkeypatch):
+    # A missing folder, a file, an empty folder or --image-size 33 were all answered with the VGG19 line.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty-hub"))
+    (tmp_path / "empty").mkdir()
+    for args, words in [(["--dataroot", tmp_path / "nope"], "is not a directory"),
+                        (["--dataroot", tmp_path / "empty"], "has no train/ folder")]:
+        result = phalanx("train", "--task", "deepliif", *args, "--dry-run")
+        assert result.code == 2 and words in result.err and "VGG" not in result.err, result.err
+    shown = phalanx("train", "--task", "deepliif", "--help").out
+    assert "resnet_Nblocks, a ResNet of N residual blocks" in " ".join(shown.split())  # resnet_99blocks trains
+    from phalanx.errors import PhalanxError
+    from phalanx.tasks.translate_nets import check_generator
+
+    check_generator("resnet_3blocks", 32, "--net-g")
+    with pytest.raises(PhalanxError, match="unet_N .* or resnet_Nblocks"):
+        check_generator("resnet3", 32, "--net-g")

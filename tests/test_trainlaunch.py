@@ -536,3 +536,30 @@ def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_
     assert [r["epoch"] for r in val] == [1, 2, 3] and val[0]["world_size"] == 2 and val[-1]["world_size"] == 1
     for epoch in (1, 2, 3):  # every sample once, across the change of world size
         assert sum(r["samples"] for r in records(run, "train") if r["epoch"] == epoch) == 1438
+
+
+def test_a_refusal_of_one_rank_while_torchrun_stops_the_slower_one_is_still_one_line(tmp_path, capsys):
+    # test_bad_input's launch-dataroot-missing failed on a busy machine: the slower rank, stopped by
+    # torchrun before it refused the same input, added a line of its own ("stopped by torchrun").
+    import json
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from phalanx.launch import _worker_failures
+
+    refused = tmp_path / "rank0.json"
+    refused.write_text(json.dumps({"message": {"message": "--dataroot: /x/nope is not a directory",
+                                               "extraInfo": {"py_callstack": "", "timestamp": "0",
+                                                             "time_ns": time.time_ns()}}}))
+    rank0 = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(refused))
+    stopped = ProcessFailure(local_rank=1, pid=2, exitcode=-15, error_file=str(tmp_path / "none.json"))
+    for failures in ({0: rank0, 1: stopped}, {0: rank0}):
+        error = _worker_failures(ChildFailedError("phalanx.worker", failures))
+        assert (error.exit_code, str(error)) == (2, "--dataroot: /x/nope is not a directory")
+        assert capsys.readouterr().err == ""
+    other = tmp_path / "rank1.json"
+    other.write_text(refused.read_text().replace("--dataroot: /x/nope is not a directory", "--model: no such model"))
+    differs = ProcessFailure(local_rank=1, pid=2, exitcode=2, error_file=str(other))
+    error = _worker_failures(ChildFailedError("phalanx.worker", {0: rank0, 1: differs}))
+    assert error.exit_code == 2 and "rank" in str(error) and capsys.readouterr().err.startswith("phalanx: rank ")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,6 +18,7 @@ from ..context import RunContext
 from ..data import loader_workers
 from ..errors import PhalanxError
 from ..devices import placement
+from ..progress import ProgressBar
 from ..strategies import strategy_for
 from ..sampling import ShardSampler, every_batch
 from .model import load_trained
@@ -34,6 +35,16 @@ def config_changes(opts: EvaluateOptions) -> dict[str, Any]:
     if opts.dataroot:
         changes.update(dataroot=opts.dataroot, dataset=opts.dataset or "folder")
     return changes
+
+
+def shown(batches: Iterator[Any], bar: ProgressBar, samples: int, batch_size: int) -> Iterator[Any]:
+    """The batches of ``samples`` images, each counted on the progress bar as it is taken."""
+    try:
+        for index, batch in enumerate(batches):
+            yield batch
+            bar.update(min(batch_size, samples - index * batch_size))
+    finally:
+        bar.close()
 
 
 def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
@@ -57,7 +68,9 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
         ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
-        evaluation = task.evaluate(models, every_batch(loader, "evaluation"), ctx)
+        bar = ProgressBar(len(loader), "evaluate", opts.progress and strategy.is_main)
+        batches = shown(every_batch(loader, "evaluation"), bar, len(loader.sampler), cfg.optim.batch_size)
+        evaluation = task.evaluate(models, batches, ctx)
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")
         # The checkpoint's absolute path: the JSON is read from elsewhere (a newcomer found a relative one).

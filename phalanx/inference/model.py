@@ -3,11 +3,13 @@ resolved to (classes, image size, normalisation)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from ..checkpoint import in_run_directory
 from ..sharded_checkpoint import load_whole
 from ..run_state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
@@ -25,8 +27,13 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
     """Rebuild the task's networks by name and load their weights and the task's own state (a
     momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
     ``changes``: this command's options over the run's (devices, batch size, data); ``task_changes``:
-    over the task's own, each refused where the checkpoint's task has no such option."""
-    state = load_whole(Path(path), OPTION, optimizers=False)  # a sharded checkpoint: its networks read whole
+    over the task's own, each refused where the checkpoint's task has no such option. A run
+    directory is its best.pt, else its latest.pt, said on the first line."""
+    file, which = in_run_directory(Path(path), OPTION)
+    if which:
+        print(which, file=sys.stderr, flush=True)
+    path = str(file)
+    state = load_whole(file, OPTION, optimizers=False)  # a sharded checkpoint: its networks read whole
     try:
         cfg = from_mapping(state["config"], source=OPTION)
     except (KeyError, TypeError, PhalanxError) as exc:

@@ -9,7 +9,9 @@ from ..config_sections import DATASETS
 from ..errors import PhalanxError
 from ..fields import option
 
-CHECKPOINT_HELP = "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt); it is all these commands need."
+CHECKPOINT_HELP = ("A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt), or a run directory (its best.pt, "
+                   "else its latest.pt); it is all these commands need.")
+PROGRESS_HELP = "Show a progress bar on stderr."
 OVERWRITE_HELP = ("Replace an --output file that phalanx did not write (never the checkpoint itself); files phalanx "
                   "wrote are replaced without it.")
 
@@ -34,6 +36,7 @@ class EvaluateOptions:
     ema: bool = option(False, "Evaluate the moving average of the weights (a run with --ema-decay).")
     knn_k: int = option(0, "A self-supervised checkpoint's kNN accuracy with this many neighbours (0: the run's "
                         "--knn-k); fewer than the labelled images, or every one votes.", metavar="K")
+    progress: bool = option(True, PROGRESS_HELP)
     overwrite: bool = option(False, OVERWRITE_HELP)
 
     def __post_init__(self) -> None:
@@ -57,7 +60,7 @@ class PredictOptions:
     gpu_ids: tuple[int, ...] = option((), "GPU to predict on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
-    progress: bool = option(True, "Show a progress bar on stderr.")
+    progress: bool = option(True, PROGRESS_HELP)
     score_threshold: float = option(0.3, "Detection: detections below this score are left out (0 keeps "
                                     "every detection, as COCO mAP counts them).", metavar="S")
     tile_overlap: str = option("auto", "Translation: images larger than the training size are translated in "

@@ -139,6 +139,21 @@ def check_predict_place(output: Path) -> None:
         check_folder_place(output)
 
 
+def check_apart(inputs: tuple[str, ...], output: Path) -> None:
+    """A folder of outputs and the images it is made of stay apart: outputs written among the inputs
+    would be read back as images by the next predict of that folder (and inputs inside the output
+    folder would be mixed with what predict writes there)."""
+    written = Path(os.path.realpath(output))
+    for item in inputs:
+        given = Path(os.path.realpath(item))
+        if given.is_dir() and (written == given or given in written.parents):
+            raise PhalanxError(f"{output} is inside the input folder {item}: the next predict of {item} would read "
+                               "these outputs back as images; write them to a folder outside it", OPTION)
+        if written in given.parents:
+            raise PhalanxError(f"the input {item} is inside the output folder {output}: predict writes its own "
+                               "files there; give an output folder that holds no input", OPTION)
+
+
 def check_predict_files(output: Path, features: bool, checkpoint: str, overwrite: bool) -> None:
     """``predict``'s files: OUTPUT (and OUTPUT.txt beside features); a folder of per-image files is
     checked only for where it goes (each file in it has a name of phalanx's own)."""

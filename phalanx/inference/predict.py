@@ -19,7 +19,7 @@ from ..tasks.inference import STDOUT, Inference, Predictor
 from ..devices import inference_device
 from .model import load_trained
 from .options import PredictOptions
-from .outputs import check_predict_files, check_predict_place
+from .outputs import check_apart, check_predict_files, check_predict_place
 
 
 def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset[str] = frozenset()) -> int:
@@ -27,6 +27,8 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     output, to_stdout = Path(opts.output), opts.output == STDOUT
     if not to_stdout:
         check_predict_place(output)  # before the model loads
+        if not output.suffix:  # a folder of outputs (files go beside the inputs harmlessly: no image suffix)
+            check_apart(paths_given, output)
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
     if to_stdout and (opts.features or not inference.streams):
@@ -44,7 +46,7 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     else:
         inference.check_predict_output(opts.output)
     if not to_stdout:
-        check_predict_files(output, opts.features, opts.checkpoint, opts.overwrite)
+        check_predict_files(output, opts.features, str(trained.path), opts.overwrite)
     paths = image_paths(paths_given)
     device = inference_device(opts.gpu_ids)
     if opts.features:
@@ -81,7 +83,7 @@ def run(predictor: Predictor, opts: PredictOptions, label: str) -> tuple[int, li
             failed = len(predictor.unreadable)
             predictor.predict(indices, images, raws)
             done += len(images) - (len(predictor.unreadable) - failed)
-        bar.update(len(indices) + len(bad), lambda: 0.0)
+        bar.update(len(indices) + len(bad))
     bar.close()
     skipped += predictor.unreadable
     if done:

@@ -259,7 +259,11 @@ def task_class(name: str) -> type:
     module = import_user_module(module_name, OPTION)
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
-        raise PhalanxError(f"module '{module_name}' has no class '{class_name}'", OPTION)
+        found = sorted(n for n, v in vars(module).items()
+                       if isinstance(v, type) and issubclass(v, Task) and v.__module__ == module.__name__)
+        hint = suggest(class_name, found) or (f"; its tasks: {', '.join(found[:8])}{', ...' if len(found) > 8 else ''}"
+                                              if found else "; it defines no subclass of phalanx.tasks.Task")
+        raise PhalanxError(f"module '{module_name}' has no class '{class_name}'{hint}", OPTION)
     if not issubclass(cls, Task):
         raise PhalanxError(f"'{name}' is not a subclass of phalanx.tasks.Task", OPTION)
     missing = [m for m in ("build_data", "build_models", "training_step") if getattr(cls, m) is getattr(Task, m)]

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import PhalanxError
-from .contract import Batch, Declaration, Evaluation, Plain, TaskData, Visuals, pane
+from .contract import Batch, Declaration, Evaluation, Plain, TaskData, Visuals, check_loadable, pane
 
 __all__ = ["Batch", "Declaration", "Evaluation", "Plain", "Task", "TaskData", "Visuals", "check_step_losses",
            "fixed_sample", "full_precision", "pane"]
@@ -64,6 +64,8 @@ class Task:
       ``image_size``, ``augment``, ``model``, ...) that the task reads from ``self.cfg.data`` and
       ``self.cfg.network``; any other of them given on the command line is refused, never silently
       ignored;
+    - ``requires``: the general options the task cannot run without (``("dataroot",)``): a run
+      without one is refused in one line before anything starts;
     - ``loss_names``: the named losses ``training_step`` returns, logged (averaged over ranks);
     - ``metrics``: the validation metrics that get panes and that ``--best-metric`` accepts
       (default: every metric ``validation_metrics`` makes of ``empty_sums()``);
@@ -85,6 +87,7 @@ class Task:
     Options: type | None = None
     defaults: dict[str, Plain] = {}
     reads: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
     loss_names: tuple[str, ...] = ("loss",)
     primary_model = "model"
     best_metric: tuple[str, str] = ("loss", "min")
@@ -253,17 +256,48 @@ class Task:
 
 def check_step_losses(task: Task, losses: object, declared: Declaration) -> None:
     """The losses a step returns are those its task declares (``loss_names``): said at the first
-    step in one line, not as a KeyError in a log."""
+    step in one line, not as a KeyError in a log, nor dropped unlogged without a word."""
     loss_names, manual = declared.loss_names, declared.manual_optimization
     wanted = set(loss_names) | ({"loss"} if not manual else set())
     got = set(losses) if isinstance(losses, dict) else set()
+    name = type(task).__name__
     if not isinstance(losses, dict) or not wanted <= got:
-        name = type(task).__name__
         missing = ", ".join(sorted(wanted - got)) or "a dict"
         raise PhalanxError(f"{name}.training_step returned {sorted(got) if isinstance(losses, dict) else type(losses).__name__}"
                            f" without {missing}: it returns a dict with every name of {name}.loss_names "
-                           f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"),
-                           exit_code=1)
+                           f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"))
+    undeclared = sorted(got - wanted)
+    if undeclared:
+        raise PhalanxError(f"{name}.training_step returned {', '.join(map(repr, undeclared))}, which {name}.loss_names "
+                           f"({', '.join(loss_names)}) does not declare, so it would never be logged: add it to "
+                           "loss_names, or leave it out of the dict")
+
+
+def check_declaration(task: Task, declared: Declaration, data: TaskData, models: Mapping[str, nn.Module],
+                      best_metric_given: bool) -> None:
+    """What a task declares against what it built, before the first step: a primary network, moving
+    averages and a best metric that exist, sums that validation can start from, and data info that a
+    checkpoint can hold (each was a KeyError, or a refusal at the first save, after a whole epoch)."""
+    name = type(task).__name__
+    built = ", ".join(models) or "none"
+    if declared.primary_model not in models:
+        raise PhalanxError(f"{name}.primary_model is {declared.primary_model!r}, a network build_models did not make "
+                           f"({built}): declare primary_model = the one predict, export and --weights use")
+    absent = [model for model in declared.ema_models if model not in models]
+    if absent:
+        raise PhalanxError(f"{name}.ema_models names {', '.join(map(repr, absent))}, which build_models did not make ({built})")
+    sums = task.empty_sums()
+    if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sums.items()):
+        raise PhalanxError(f"{name}.empty_sums() returned {sums!r:.80}; it returns a dict of name -> zero tensor "
+                           "(torch.zeros(())), one per sum validation_step returns")
+    if type(task).validation_metrics is Task.validation_metrics and "samples" not in sums:
+        raise PhalanxError(f"{name}.empty_sums() has no 'samples' ({', '.join(sums)}); the default validation_metrics "
+                           "divides each sum by it: add \"samples\": torch.zeros(()), and count them in validation_step")
+    metric = declared.best_metric[0]
+    if not best_metric_given and metric not in declared.metrics:  # (the task's metrics or those of zero sums)
+        raise PhalanxError(f"{name}.best_metric is {tuple(declared.best_metric)!r}, but its validation metrics are "
+                           f"{', '.join(declared.metrics)}: declare best_metric = (one of them, \"max\" or \"min\")")
+    check_loadable(data.info, "TaskData.info", PhalanxError)  # else refused at the first save
 
 
 def metrics_of(task: Task) -> list[str]:

@@ -5,11 +5,13 @@ the contract reads in one screen; ``phalanx.tasks.base`` re-exports them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Union
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+from ..errors import PhalanxError, RunFailed
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -18,6 +20,31 @@ if TYPE_CHECKING:
 Batch = Union[torch.Tensor, tuple, list, dict]
 # Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
 Plain = Union[None, bool, int, float, str, list, tuple, dict, torch.Tensor]
+
+
+# What torch.load(weights_only=True) reads back besides tensors and containers: anything else in a
+# checkpoint (a numpy scalar, a Path) would make every checkpoint of the run unloadable.
+PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def check_loadable(value: Any, where: str = "checkpoint", error: type[PhalanxError] = RunFailed) -> None:
+    """Refuse a value that phalanx could not load back from a checkpoint, naming its key and type
+    (``error``: bad input before the run starts, a failure at a save)."""
+    if isinstance(value, torch.Tensor) or type(value) in PLAIN:  # exact types: numpy.float64 is a float
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_loadable(key, f"{where}, a key,", error)
+            check_loadable(item, f"{where}[{key!r}]", error)
+        return
+    if type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]", error)
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    raise error(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
+                "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
+                "back: convert it (float(x), str(path), x.tolist())")
 
 
 @dataclass

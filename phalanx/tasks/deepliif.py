@@ -105,8 +105,6 @@ class DeepLIIFTask(TranslateTask):
         return self.cfg.data.augment == "basic"  # DeepLIIF's default (auto): flips only
 
     def build_data(self) -> TaskData:
-        if self.options.lambda_feat > 0:  # training only: predict, evaluate and export need no VGG
-            check_vgg()
         data = super().build_data()  # sets self.targets from the data
         if self.options.lambda_feat > 0 and data.info["channels"] != 3:
             raise PhalanxError(f"{self.cfg.data.dataroot} holds grayscale images; DeepLIIF's VGG19 perceptual loss "
@@ -117,6 +115,8 @@ class DeepLIIFTask(TranslateTask):
                                "--dataroot")
         self.restore_info({**data.info, "modalities": self.targets - self.seg, "seg": self.seg})
         data.info.update(modalities=self.modalities, seg=self.seg)
+        if self.options.lambda_feat > 0:  # after the data's own checks; training only: inference needs no VGG
+            check_vgg()
         return data
 
     def restore_info(self, info: dict[str, Any]) -> None:

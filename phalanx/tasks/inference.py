@@ -139,5 +139,11 @@ class Inference:
         return None
 
     def export_metadata(self) -> dict[str, Plain]:
-        """What goes beside an exported file (FILE.json): how to prepare its input, what its output is."""
-        return {}
+        """What goes beside an exported file (FILE.json): how to prepare its input, what its output is.
+        Default: the preprocessing the task's data info records (``channels``, ``size``, ``mean``,
+        ``std``), where it records them."""
+        names = {"channels": "channels", "size": "image_size", "mean": "mean", "std": "std"}
+        meta: dict[str, Plain] = {out: self.info[key] for key, out in names.items() if key in self.info}
+        if "mean" in meta and "std" in meta:
+            meta["scale"] = "pixels / 255, then (x - mean) / std"
+        return meta

@@ -63,9 +63,9 @@ class GANOptions:
 
 @dataclass(frozen=True)
 class TranslateOptions(GANOptions):
-    generator: str = option("unet_256", "Generator: unet_64, unet_128, unet_256 (pix2pix's U-Nets, for images whose "
-                            "sides are multiples of 64, 128, 256), unet_N for N-pixel images (unet_32 at "
-                            "--image-size 32), resnet_6blocks or resnet_9blocks.", metavar="NAME")
+    generator: str = option("unet_256", "Generator: unet_N, a U-Net for images whose sides are multiples of N "
+                            "(pix2pix's unet_64, unet_128, unet_256; unet_32 at --image-size 32), or resnet_Nblocks, "
+                            "a ResNet of N residual blocks (pix2pix's resnet_6blocks, resnet_9blocks).", metavar="NAME")
     gan_loss: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan (least squares).",
                            choices=("vanilla", "lsgan"))
     targets: int = option(0, "Target images per input; a generator and a discriminator each (0: what the data holds).",
@@ -82,8 +82,9 @@ class DeepLIIFOptions(GANOptions):
                              "segmentation).", metavar="N", at_least=0)
     seg: bool = option(True, "Also the segmentation: a generator from the input and one from each generated modality, "
                        "weighted by --seg-weights (--no-seg: the modalities alone).")
-    net_g: str = option("resnet_9blocks", "The modalities' generators: resnet_9blocks, resnet_6blocks or unet_N (N: "
-                        "32, 64, ... for N-pixel images).", metavar="NAME")
+    net_g: str = option("resnet_9blocks", "The modalities' generators: resnet_Nblocks, a ResNet of N residual blocks "
+                        "(DeepLIIF's resnet_9blocks, resnet_6blocks), or unet_N (N: 32, 64, ... for N-pixel images).",
+                        metavar="NAME")
     net_gs: str = option("unet_512", "The segmentation generators (unet_512: 512-pixel images; unet_N or "
                          "resnet_Nblocks).", metavar="NAME")
     seg_weights: tuple[float, ...] = option((), "Weights of the segmentation generators' outputs, the input's first "

@@ -50,9 +50,7 @@ class SelfSupervisedInference(Inference):
         return {"backbone": (self.models["backbone"], torch.zeros(2, channels, size, size))}
 
     def export_metadata(self) -> dict[str, Any]:
-        info = self.info
-        return {"channels": info["channels"], "image_size": info["size"], "mean": info["mean"], "std": info["std"],
-                "scale": "pixels / 255, then (x - mean) / std", "outputs": "the backbone's features (a feature extractor)"}
+        return {**super().export_metadata(), "outputs": "the backbone's features (a feature extractor)"}
 
 
 

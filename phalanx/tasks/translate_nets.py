@@ -157,8 +157,8 @@ def check_generator(name: str, image_size: int, option: str = "--generator") -> 
         return
     match = re.fullmatch(r"resnet_(\d+)blocks", name)
     if not match:
-        raise PhalanxError(f"must be one of {', '.join(GENERATORS)}, or unet_N for N-pixel images (got {name!r})",
-                           option)
+        raise PhalanxError(f"must be unet_N (a U-Net for N-pixel images) or resnet_Nblocks (N residual blocks), as "
+                           f"{', '.join(GENERATORS)} (got {name!r})", option)
     if image_size % 4:
         raise PhalanxError(f"{name} halves its input twice: --image-size must be a multiple of 4 (got {image_size})",
                            option)

@@ -295,6 +295,59 @@ if AdversarialAutoencoder is not None:
             return evaluation
 
 
+if AdversarialAutoencoder is not None:  # a newcomer's mistakes writing a task (issue 64): each refused at once
+    class NeedsDataroot(AdversarialAutoencoder):
+        """Reads its images from --dataroot, and says it cannot run without one."""
+
+        requires = ("dataroot",)
+        reads = ("dataroot", "val_fraction")
+
+    class NoPrimary(AdversarialAutoencoder):
+        """Leaves ``primary_model`` at the base's "model", a network it does not build."""
+
+        primary_model = Task.primary_model
+
+    class NoBestMetric(AdversarialAutoencoder):
+        """Leaves ``best_metric`` at the base's ("loss", "min"); its validation makes L1."""
+
+        best_metric = Task.best_metric
+
+    class FloatSums(AdversarialAutoencoder):
+        """``empty_sums`` of Python floats, where validation adds tensors to them."""
+
+        def empty_sums(self):
+            return {"L1": 0.0, "samples": 0.0}
+
+    class BackwardWithoutManual(AdversarialAutoencoder):
+        """Steps its optimizers itself but forgot ``manual_optimization = True``."""
+
+        manual_optimization = False
+
+        def param_groups(self, models):
+            return {name: [{"params": list(m.parameters()), "lr_mult": 1.0}] for name, m in models.items()}
+
+    class MissingOptimizer(AdversarialAutoencoder):
+        """Names an optimizer (discriminator) that its ``param_groups`` does not make."""
+
+        def param_groups(self, models):
+            return {"generator": [{"params": list(models["generator"].parameters()), "lr_mult": 1.0}]}
+
+    class ExtraLoss(AdversarialAutoencoder):
+        """Returns a loss (``G_total``) that its ``loss_names`` leaves out: it would never be logged."""
+
+        def training_step(self, real, ctx):
+            losses = super().training_step(real, ctx)
+            return {**losses, "G_total": losses["G_GAN"] + losses["G_L1"]}
+
+
+class NanFromTheData(ClassifyTask):
+    """A classifier whose loss is nan from the first batch on (as an image of nan would make it)."""
+
+    def training_step(self, batch, ctx):
+        losses = super().training_step(batch, ctx)
+        return {**losses, "loss": losses["loss"] * float("nan")}
+
+
 class SlowData(ClassifyTask):
     """Classification whose training images each take 20 ms to load: its steps wait for their data
     (the step-time breakdown must say so)."""
