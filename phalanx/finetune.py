@@ -161,6 +161,26 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused" + _other_inputs(stats, normalised))
 
 
+def learnt_normalisation(cfg: Any) -> Any:
+    """A new run whose --weights are a phalanx checkpoint, with --normalize auto and no --mean/--std:
+    its inputs normalised as the checkpoint's were (its data info), recorded in the run's
+    configuration, so a resume never reads the file again (``_other_inputs`` says it)."""
+    data = cfg.data
+    if not cfg.network.weights or data.normalize != "auto" or data.mean:
+        return cfg
+    path = Path(cfg.network.weights)
+    if not path.is_file() or path.suffix == ".safetensors":
+        return cfg
+    try:  # mapped, not read: only the small entries load
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a torch zip file: load_weights says why
+        return cfg
+    info = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
+    if not isinstance(info, dict) or not info.get("mean") or not info.get("std"):
+        return cfg
+    return cfg.replace(mean=tuple(float(v) for v in info["mean"]), std=tuple(float(v) for v in info["std"]))
+
+
 def weights_preview(task: Any, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]:
     """--dry-run: the task's ``load_weights`` into its networks built on the meta device (no memory
     taken): what would load, be replaced or left is said, and weights that fit nothing are refused,

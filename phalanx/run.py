@@ -18,7 +18,7 @@ from .config_sections import means_cpu
 from .data import close_loaders
 from .errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from .failures import hold_stop_signals, summarize, write_traceback
-from .finetune import weights_preview
+from .finetune import learnt_normalisation, weights_preview
 from .outputs import RunOutputs, new_run_id
 from .devices import Placement, elastic_restart_count, missing_gpus, option_warnings, placement, plan_report, plan_run, refuse_data_parallel
 from .memory_plan import check_batch_memory, memory_lines
@@ -115,6 +115,8 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
     input fails here as it would; their memory per rank under each strategy), and the run directory
     (said in the plan, and returned: the dry run then exits as the real run would, 2)."""
     check_batch_memory(cfg)
+    if cfg.resume is None:
+        cfg = learnt_normalisation(cfg)
     task = build_task(cfg, mode)
     data = task.build_data()
     try:
@@ -181,6 +183,8 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     # Every check first (run directory, task, data, networks, weights): bad input writes nothing.
     check_batch_memory(cfg)
     resume = rundir.plan(cfg)
+    if resume is None:  # (a resumed run's configuration holds what this chose)
+        cfg = learnt_normalisation(cfg)
     done = _nothing_to_do(cfg, resume)
     if done and not elastic_restart_count():  # nothing written; torchrun's restart after a failure ends the records
         say(f"phalanx: nothing to do: {done}")

@@ -282,17 +282,17 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
 
 
 def test_weights_of_a_phalanx_checkpoint_set_the_normalisation_the_user_left_to_auto(tmp_path):
-    from phalanx.config_sections import DataOptions
-    from phalanx.data.transforms import IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD, normalisation
-    from phalanx.finetune import _other_inputs
+    from phalanx.config import RunConfig
+    from phalanx.finetune import _other_inputs, learnt_normalisation
 
     torch.save({"format": "phalanx-checkpoint", "data": {"mean": [0.25], "std": [0.75]}}, tmp_path / "ssl.pt")
     torch.save({"weight": torch.ones(1)}, tmp_path / "plain.pt")
-    learnt = ((0.25,), (0.75,))
-    assert normalisation(DataOptions(), str(tmp_path / "ssl.pt"), 1) == learnt
-    assert normalisation(DataOptions(), str(tmp_path / "plain.pt"), 1) == (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD)
-    assert normalisation(DataOptions(), str(tmp_path / "ssl.pt"), 3) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    assert normalisation(DataOptions(normalize="imagenet"), str(tmp_path / "ssl.pt"), 1) == \
-        (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD)  # asked for: kept, and said to differ
-    assert "give --mean 0.25 --std 0.75" in _other_inputs(learnt, (IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD))
-    assert _other_inputs(learnt, learnt) == "; inputs normalised as the checkpoint's were (mean 0.25, std 0.75)"
+    learnt = learnt_normalisation(RunConfig.flat(weights=str(tmp_path / "ssl.pt")))
+    assert (learnt.data.mean, learnt.data.std) == ((0.25,), (0.75,))  # recorded: a resume reads no file
+    for kept in (RunConfig.flat(weights=str(tmp_path / "plain.pt")), RunConfig.flat(),
+                 RunConfig.flat(weights=str(tmp_path / "ssl.pt"), normalize="imagenet"),
+                 RunConfig.flat(weights=str(tmp_path / "ssl.pt"), mean=(0.5,), std=(0.5,))):
+        assert learnt_normalisation(kept) == kept  # not a phalanx checkpoint, or the user said
+    assert "give --mean 0.25 --std 0.75" in _other_inputs(((0.25,), (0.75,)), ((0.449,), (0.226,)))
+    assert _other_inputs(((0.25,), (0.75,)), ((0.25,), (0.75,))) == \
+        "; inputs normalised as the checkpoint's were (mean 0.25, std 0.75)"

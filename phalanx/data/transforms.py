@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -95,10 +94,6 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
         if channels == 1:  # one channel: the mean of the colour statistics, as timm does
             return (sum(mean) / 3,), (sum(std) / 3,)
         return mean, std
-    if kind == "auto" and weights:
-        learnt = checkpoint_statistics(weights)
-        if learnt is not None and len(learnt[0]) == channels:  # what the weights learnt on (finetune says so)
-            return learnt
     if kind == "auto":
         kind = "imagenet" if weights else "half"
     if kind == "imagenet":
@@ -108,22 +103,6 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
     if kind == "half":  # [0, 1] -> [-1, 1]
         return (0.5,) * channels, (0.5,) * channels
     return None  # "dataset"
-
-
-def checkpoint_statistics(weights: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """The mean and std a phalanx checkpoint's inputs were normalised with (its data info), or None
-    for any other file or name. The file is mapped, not read: only its small entries are loaded."""
-    path = Path(weights)
-    if not path.is_file() or path.suffix == ".safetensors":
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a torch zip file: --weights says why, where it loads them
-        return None
-    data = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
-    if not isinstance(data, dict) or not data.get("mean") or not data.get("std"):
-        return None
-    return tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["std"])
 
 
 class Prepare:
