@@ -264,8 +264,9 @@ def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_wher
 
 
 def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normalisation(tmp_path, phalanx):
-    # --normalize auto is ImageNet's with --weights, [-1, 1] without: a fine-tune resumed without
-    # typing --weights again went on with other inputs (mean 0.449 -> 0.5), found in review. The
+    # --normalize auto with --weights of a phalanx checkpoint is that checkpoint's normalisation (here
+    # the base run's [-1, 1]), recorded in the fine-tune's configuration: a fine-tune resumed without
+    # typing --weights again once went on with other inputs (mean 0.449 -> 0.5), found in review. The
     # weights file is not read again (the checkpoint holds the network): it may be gone.
     common = ["--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
     assert phalanx("train", "--name", "base", "--max-steps", 3, *common).code == 0
@@ -274,5 +275,6 @@ def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normali
     resumed = phalanx("train", "--name", "ft", "--resume", "auto", "--max-steps", 6, *common)
     assert resumed.code == 0, resumed.err
     data = torch.load(tmp_path / "ft/latest.pt", weights_only=True)["data"]
-    assert data["mean"] == pytest.approx([0.449])  # ImageNet's, in gray
+    assert data["mean"] == pytest.approx([0.5])  # the base run's, as the fine-tune began with
+    assert "inputs normalised as the checkpoint's were (mean 0.5, std 0.5)" not in resumed.out  # no file read
     assert torch.load(tmp_path / "ft/latest.pt", weights_only=True)["step"] == 6

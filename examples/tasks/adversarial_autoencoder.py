@@ -7,6 +7,8 @@ its input (L1) and to fool the discriminator. Run it from this folder:
     phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --epochs 5 --name aae
     phalanx trainlaunch --task adversarial_autoencoder:AdversarialAutoencoder --use-torchrun "--nproc_per_node 2" --name aae-ddp
     phalanx train --task adversarial_autoencoder:AdversarialAutoencoder --task-option width=32 --name aae-wide
+    phalanx predict --checkpoint checkpoints/aae digits/ --output reconstructed/
+    phalanx export --checkpoint checkpoints/aae --output aae.ts
 
 No normalisation layers: each sample's losses depend on that sample alone, so 2 DDP workers x B
 train exactly what one process x 2B does (``--precision fp64`` shows it to rounding).
@@ -15,14 +17,16 @@ train exactly what one process x 2B does (``--precision fp64`` shows it to round
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from phalanx.data import SeededView, load_digits
+from phalanx.data.inputs import InputImages, output_names
 from phalanx.data.sources import holdout_indices
 from phalanx.fields import option
-from phalanx.tasks import Inference, Task, TaskData, denormalize, images_item, png, strip
+from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
 
@@ -56,9 +60,35 @@ def bce(logits: torch.Tensor, real: bool) -> torch.Tensor:
     return nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none").flatten(1).mean(1)
 
 
+def prepare(image: torch.Tensor) -> torch.Tensor:
+    """A decoded grey image (1, H, W) of uint8 -> what the generator takes: 8x8 in [-1, 1]."""
+    small = nn.functional.interpolate(image[None].float() / 255, size=(8, 8), mode="bilinear", antialias=True)
+    return small[0] * 2 - 1
+
+
 class AutoencoderInference(Inference):
+    def predictor(self, paths: list[Path], opts, device: torch.device) -> Predictor:  # `phalanx predict`
+        return Reconstruct(InputImages(paths, "L", prepare), paths, device, self.models["generator"], Path(opts.output))
+
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:  # `phalanx export` writes the generator
         return {"generator": (self.models["generator"], torch.zeros(2, 1, 8, 8))}
+
+
+class Reconstruct(Predictor):
+    """Each input image's reconstruction, as OUTPUT/<its name>.png (folders below the inputs' own kept)."""
+
+    batch_size = 32  # every image is 8x8 once prepared
+
+    def __init__(self, inputs, paths: list[Path], device: torch.device, generator: nn.Module, output: Path):
+        super().__init__(inputs, paths, device)
+        self.generator, self.output, self.names = generator.to(device), output, output_names(paths)
+
+    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
+        rebuilt = self.generator(torch.stack(images).to(self.device, self.dtype)).float().cpu()
+        for index, image in zip(indices, rebuilt):
+            target = self.output / self.names[index]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(png(denormalize(image, [0.5], [0.5]), min_side=0))
 
 
 class AdversarialAutoencoder(Task):
