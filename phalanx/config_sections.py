@@ -55,8 +55,10 @@ class DataOptions:
                                  "crop_pct, 0.5 to 1.25; above 1 pads the crop with zeros, as torchvision's "
                                  "CenterCrop does; 0: 1.0 up to 64 px, 0.875 above).", metavar="PCT")
     normalize: str = option("auto", "Input normalisation: imagenet statistics, the training split's own "
-                            "(computed once, saved with the run), none, or auto (imagenet with --weights, else "
-                            "[-1, 1]). --mean/--std override.", choices=("auto", "imagenet", "dataset", "none"))
+                            "(computed once, saved with the run), none, weights (the --weights phalanx checkpoint's "
+                            "own, recorded with the run), or auto (weights with --weights of a phalanx checkpoint, "
+                            "imagenet with other --weights, else [-1, 1]). --mean/--std override.",
+                            choices=("auto", "imagenet", "dataset", "none", "weights"))
     mean: tuple[float, ...] = option((), "Per-channel mean to normalise with (0.485,0.456,0.406; one value: "
                                      "every channel's).", metavar="M[,M...]")
     std: tuple[float, ...] = option((), "Per-channel standard deviation to normalise with (one value: every "

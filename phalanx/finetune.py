@@ -162,11 +162,12 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
 
 
 def learnt_normalisation(cfg: Any) -> Any:
-    """A new run whose --weights are a phalanx checkpoint, with --normalize auto and no --mean/--std:
-    its inputs normalised as the checkpoint's were (its data info), recorded in the run's
-    configuration, so a resume never reads the file again (``_other_inputs`` says it)."""
+    """A new run whose --weights are a phalanx checkpoint, with --normalize auto (or weights) and no
+    --mean/--std: its inputs normalised as the checkpoint's were (its data info), recorded in the
+    run's configuration as ``--normalize weights`` and the statistics, so a resume never reads the
+    file again (``_other_inputs`` says it)."""
     data = cfg.data
-    if not cfg.network.weights or data.normalize != "auto" or data.mean:
+    if not cfg.network.weights or data.normalize not in ("auto", "weights") or data.mean:
         return cfg
     path = Path(cfg.network.weights)
     if not path.is_file() or path.suffix == ".safetensors":
@@ -178,7 +179,8 @@ def learnt_normalisation(cfg: Any) -> Any:
     info = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
     if not isinstance(info, dict) or not info.get("mean") or not info.get("std"):
         return cfg
-    return cfg.replace(mean=tuple(float(v) for v in info["mean"]), std=tuple(float(v) for v in info["std"]))
+    return cfg.replace(normalize="weights", mean=tuple(float(v) for v in info["mean"]),
+                       std=tuple(float(v) for v in info["std"]))
 
 
 def weights_preview(task: Any, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]:

@@ -288,7 +288,7 @@ def test_weights_of_a_phalanx_checkpoint_set_the_normalisation_the_user_left_to_
     torch.save({"format": "phalanx-checkpoint", "data": {"mean": [0.25], "std": [0.75]}}, tmp_path / "ssl.pt")
     torch.save({"weight": torch.ones(1)}, tmp_path / "plain.pt")
     learnt = learnt_normalisation(RunConfig.flat(weights=str(tmp_path / "ssl.pt")))
-    assert (learnt.data.mean, learnt.data.std) == ((0.25,), (0.75,))  # recorded: a resume reads no file
+    assert (learnt.data.normalize, learnt.data.mean, learnt.data.std) == ("weights", (0.25,), (0.75,))  # recorded
     for kept in (RunConfig.flat(weights=str(tmp_path / "plain.pt")), RunConfig.flat(),
                  RunConfig.flat(weights=str(tmp_path / "ssl.pt"), normalize="imagenet"),
                  RunConfig.flat(weights=str(tmp_path / "ssl.pt"), mean=(0.5,), std=(0.5,))):
@@ -296,3 +296,17 @@ def test_weights_of_a_phalanx_checkpoint_set_the_normalisation_the_user_left_to_
     assert "give --mean 0.25 --std 0.75" in _other_inputs(((0.25,), (0.75,)), ((0.449,), (0.226,)))
     assert _other_inputs(((0.25,), (0.75,)), ((0.25,), (0.75,))) == \
         "; inputs normalised as the checkpoint's were (mean 0.25, std 0.75)"
+    # For this run's channels: one value for each, RGB's averaged on one channel (as timm does)
+    from phalanx.config_sections import DataOptions
+    from phalanx.data.transforms import normalisation
+    from phalanx.errors import PhalanxError
+
+    rgb = DataOptions(normalize="weights", mean=(0.2, 0.4, 0.6), std=(0.3, 0.3, 0.6))
+    assert normalisation(rgb, "w.pt", 3) == ((0.2, 0.4, 0.6), (0.3, 0.3, 0.6))
+    mean, std = normalisation(rgb, "w.pt", 1)
+    assert mean == pytest.approx((0.4,)) and std == pytest.approx((0.4,))
+    assert normalisation(DataOptions(normalize="weights", mean=(0.5,), std=(0.5,)), "w.pt", 3) == ((0.5,) * 3, (0.5,) * 3)
+    with pytest.raises(PhalanxError, match="--normalize: takes the --weights checkpoint's mean and std"):
+        normalisation(DataOptions(normalize="weights"), None, 3)
+    with pytest.raises(PhalanxError, match="has 3 values for 1-channel images"):  # typed: still refused
+        normalisation(DataOptions(mean=(0.2, 0.4, 0.6), std=(0.3, 0.3, 0.6)), None, 1)

@@ -80,6 +80,8 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
                   model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
     a model's own statistics (timm's pretrained config), taken by auto."""
+    if data.normalize == "weights":  # a checkpoint's own, recorded with the run (models.weights.learnt_normalisation)
+        return _learnt(data, channels)
     if data.mean:
         if len(data.mean) == 1:  # one value for every channel (--mean 0.5 --std 0.5 on RGB images)
             return tuple(data.mean) * channels, tuple(data.std) * channels
@@ -103,6 +105,26 @@ def normalisation(data: DataOptions, weights: str | None, channels: int,
     if kind == "half":  # [0, 1] -> [-1, 1]
         return (0.5,) * channels, (0.5,) * channels
     return None  # "dataset"
+
+
+def _learnt(data: DataOptions, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``--normalize weights``: the statistics the --weights checkpoint learnt on, for this run's
+    channels: one value for every channel, and RGB statistics on one-channel images averaged (as
+    timm adapts them)."""
+    from ..errors import PhalanxError
+
+    mean, std = tuple(data.mean), tuple(data.std)
+    if not mean:
+        raise PhalanxError("takes the --weights checkpoint's mean and std: give --weights of a phalanx checkpoint, or "
+                           "another --normalize", "--normalize")
+    if len(mean) == channels:
+        return mean, std
+    if len(mean) == 1:
+        return mean * channels, std * channels
+    if len(mean) == 3 and channels == 1:
+        return (sum(mean) / 3,), (sum(std) / 3,)
+    raise PhalanxError(f"the --weights checkpoint learnt on {len(mean)}-channel images, this run's have {channels}; "
+                       "give --mean and --std", "--normalize")
 
 
 class Prepare:
