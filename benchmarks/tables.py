@@ -218,6 +218,42 @@ def loader_startup() -> list[str]:
         ["files", "phalanx", "first step (s)", "loader worker USS (MB)"], rows, at)
 
 
+def input_rate() -> list[str]:
+    data = load("input_rate.json")
+    at = provenance(data, "input_rate.json")
+    names = {"loader": "loader.py's JPEGs, a `val/` folder", "other": "torchvision-encoded JPEGs (quality 80), a `val/` folder",
+             "loader.py": "loader.py's own folder and flags"}
+    rows = []
+    for key, rate in data["rates"].items():
+        folder, contender = key.split("|")
+        ratio = data["ratios"].get(key)
+        cells = [spread(ratio, 2), verdict(ratio)] if ratio else (["baseline", ""] if contender.startswith("hand")
+                                                                   else ["", ""])
+        rows.append([names.get(folder, folder), contender, spread(rate), *cells])
+    lines = ["### Epoch 2's rate against a hand-written loop (`benchmarks/input_rate.py`)", "",
+             "160x160 JPEGs in 10 class folders to 32 px, a model that costs nothing, `--augment none --num-workers 0 "
+             "--batch-size 64`, `OMP_NUM_THREADS=1` unless a row says otherwise; phalanx's epoch 2 from "
+             "`metrics.jsonl`, the loop's own epoch 2 (`read_file` + `decode_jpeg` + `v2.Resize((32, 32))` + "
+             f"normalise). 7 interleaved repeats; the machine's load {data['load_range']}.", ""]
+    return lines + table(["data", "contender", "samples/s", "/ the hand-written loop, per repeat", "verdict"], rows, at)
+
+
+def input_startup() -> list[str]:
+    data = load("input_rate-startup.json")
+    at = provenance(data, "input_rate-startup.json")
+    rows = []
+    for key, difference in data["startup_difference"].items():
+        tree, manifest = key.split("|")
+        small, large = data["startup"][f"{key}|2000"], data["startup"][f"{key}|100000"]
+        rows.append([tree, manifest, spread(small, 2), spread(large, 2), spread(difference, 2)])
+    lines = ["### The first step with 100,000 files against 2,000 (`benchmarks/input_rate.py`)", "",
+             "24-px JPEGs; seconds from process start to the end of the first optimizer step, 7 interleaved repeats, "
+             "the difference taken per repeat; a cold manifest checks every file, a warm one only lists the folder. "
+             f"\"Before\" is commit f612764, before the manifest's columns and JPEG header walk; load {data['load_range']}.",
+             ""]
+    return lines + table(["phalanx", "manifest", "2,000 files (s)", "100,000 files (s)", "100,000 - 2,000 (s)"], rows, at)
+
+
 def recipes() -> list[str]:
     data = load("recipes.json")
     at = provenance(data, "recipes.json")
@@ -411,7 +447,7 @@ def gpu() -> list[str]:
 
 SECTIONS: list[tuple[str, list[Callable[[], list[str]]]]] = [
     ("Training loop", [training_loop, first_step, breakdown_cost, exit_latency, optimizer_step]),
-    ("Input pipeline", [loader_throughput, loader_endtoend, read_decode, loader_startup]),
+    ("Input pipeline", [loader_throughput, loader_endtoend, input_rate, read_decode, loader_startup, input_startup]),
     ("Recipes and exactness", [recipes, float32]),
     ("Tasks against their peers", [deepliif, selfsupervised_speed, selfsupervised_knn, selfsupervised_transfer, views,
                                    detect]),
@@ -420,7 +456,7 @@ SECTIONS: list[tuple[str, list[Callable[[], list[str]]]]] = [
 ]
 USED = {"latest.json", "first_step.json", "breakdown_cost.json", "exit_latency.json", "optimizer_step.json",
         "loader-throughput-small.json", "loader-throughput-large.json", "loader.json", "loader-endtoend.json",
-        "loader-endtoend-before-read-fix.json", "read_decode.json", "recipes.json", "float32.json", "deepliif.json",
+        "loader-endtoend-before-read-fix.json", "input_rate.json", "input_rate-startup.json", "read_decode.json", "recipes.json", "float32.json", "deepliif.json",
         "deepliif_model.json", *SSL_SPEED, "selfsupervised-knn.json", "selfsupervised-knn-views.json",
         "selfsupervised-transfer.json", "selfsupervised.json", "views.json", "detect.json", "sharded.json",
         "gpu.json", "gpu-fp32.json", "gpu-h200-a.json", "gpu-h200-b.json", "gpu-h100-2026-11-27.json"}

@@ -358,7 +358,7 @@ MUTANTS = [
            "cfg.data.val_crop_pct == 0 or 0.5 <= cfg.data.val_crop_pct <= 1.25", "0 <= cfg.data.val_crop_pct <= 1.25",
            ("tests/test_recipes.py -k crop_fraction_outside",)),
     Mutant("grayscale folders read as RGB", "_image_folder",
-           'channels is None and _grayscale(train_dir(root))', "False",
+           'channels is None and _grayscale(train_dir(root), found)', "False",
            ("tests/test_train.py -k image_folder_of_png",)),
     Mutant("JPEGs reduced to 1/8 scale", "decode",
            "img.draft(mode, (img.size[0] // DRAFT_REDUCTION, img.size[1] // DRAFT_REDUCTION))",

@@ -192,6 +192,8 @@ class ImageFiles(Dataset):
 
     def __init__(self, root: Path, paths: PathTable, labels: np.ndarray, mode: str, fast: bool = True):
         self.root, self.paths, self.labels, self.mode, self.fast = root, paths, labels, mode, fast
+        # An image's path as one string: pathlib's join took 4 us an image, 1% of a 160-px JPEG's way.
+        self.prefix = os.path.join(root, "")
         self.min_side: int | None = None  # set once the pipeline is known
         if fast:
             import_decoders()
@@ -200,7 +202,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path = self.root / self.paths[index]
+        path = self.prefix + self.paths[index]
         try:
             image = decode(read_bounded(path), self.mode, self.min_side, self.fast)
         except Exception as exc:  # truncated, corrupt, vanished since the scan

@@ -152,8 +152,9 @@ def _refuse_beyond(nbytes: int, limit: int, what: str, advice: str, option: str)
 
 # --- ImageFolder trees ------------------------------------------------------------------------
 
-def _files(split_dir: Path, classes: list[str] | None, mode: str, data: DataOptions,
-           unlabelled: bool = False) -> tuple[list[str], ImageFiles, dict]:
+def _checked(split_dir: Path, classes: list[str] | None, data: DataOptions,
+             unlabelled: bool = False) -> manifest.Checked:
+    """A split's readable images (the manifest's listing); a broken one refused unless --skip-broken."""
     found = manifest.checked(split_dir, classes, unlabelled)
     if found.broken and not data.skip_broken:
         path, why = next(iter(found.broken.items()))
@@ -162,6 +163,10 @@ def _files(split_dir: Path, classes: list[str] | None, mode: str, data: DataOpti
                            "unreadable images out", "--dataroot")
     if not found.paths:
         raise PhalanxError(f"no readable image in {split_dir}", "--dataroot")
+    return found
+
+
+def _files(split_dir: Path, found: manifest.Checked, mode: str, data: DataOptions) -> tuple[list[str], ImageFiles, dict]:
     files = ImageFiles(split_dir, PathTable(found.paths), np.asarray(found.labels, dtype=np.int64), mode,
                        fast=data.fast_decode)
     return found.classes, files, {str(split_dir / p): why for p, why in found.broken.items()}
@@ -176,12 +181,14 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
         raise PhalanxError(f"{root} has no train/ folder; expected {layout}{_layout_hint(root)}", "--dataroot")
     if channels not in (None, 1, 3):
         raise PhalanxError(f"the model needs {channels} input channels; folders give 1 or 3", "--model")
-    mode = "L" if channels == 1 or channels is None and _grayscale(train_dir(root)) else "RGB"
-    classes, train, skipped = _files(train_dir(root), None, mode, data, unlabelled)
+    found = _checked(train_dir(root), None, data, unlabelled)
+    mode = "L" if channels == 1 or channels is None and _grayscale(train_dir(root), found) else "RGB"
+    classes, train, skipped = _files(train_dir(root), found, mode, data)
     labels = f"{len(classes)} classes" if classes else "no labels"
     val_root = validation_dir(root)
     if val_root.is_dir():
-        val_classes, val, val_skipped = _files(val_root, classes or None, mode, data, unlabelled)
+        val_found = _checked(val_root, classes or None, data, unlabelled)
+        val_classes, val, val_skipped = _files(val_root, val_found, mode, data)
         how: str = f"{val_root.name}/"
         if not classes and val_classes:  # label-free train/: val/'s classes, for monitoring only
             classes, labels = val_classes, f"{len(val_classes)} classes in {how} (train/ has no labels)"
@@ -219,22 +226,25 @@ def _layout_hint(root: Path, looked_at: int = 64) -> str:
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
 
 
-def _grayscale(split_dir: Path, per_class: int = 2, looked_at: int = 16) -> bool:
-    """Whether a folder holds grayscale images (a few of each class, up to ``looked_at``): then a
-    model that takes any number of channels trains on one, not on three copies of it."""
+def _grayscale(split_dir: Path, found: manifest.Checked, per_class: int = 2, looked_at: int = 16) -> bool:
+    """Whether a folder holds grayscale images (the first few readable ones of each class in the
+    manifest's listing, up to ``looked_at``): then a model that takes any number of channels trains on
+    one, not on three copies of it. The listing is the scan's: a second listing of every class
+    folder, sorted as Path objects, took 0.15 s at 100,000 files."""
     from PIL import Image
 
     seen = 0
-    folders = sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for class_dir in folders or [split_dir]:  # a label-free folder: its own images
-        images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in manifest.IMAGE_SUFFIXES)
-        for path in images[:per_class]:
+    labels = found.labels
+    for first in np.unique(np.asarray(labels), return_index=True)[1].tolist():  # each class's (or the folder's) first
+        for index in range(first, min(first + per_class, len(labels))):
+            if labels[index] != labels[first]:
+                break
             try:
-                with Image.open(path) as img:
+                with Image.open(split_dir / found.paths[index]) as img:
                     if img.mode not in GRAY_MODES:
                         return False
                     seen += 1
-            except Exception:  # a broken file: the manifest names it
+            except Exception:  # changed since the check: the decode names it
                 continue
             if seen >= looked_at:
                 return True
