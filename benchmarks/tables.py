@@ -244,12 +244,13 @@ def input_startup() -> list[str]:
     rows = []
     for key, difference in data["startup_difference"].items():
         tree, manifest = key.split("|")
+        tree = "4577de5" if tree == "this tree" else f"{tree} (before)"
         small, large = data["startup"][f"{key}|2000"], data["startup"][f"{key}|100000"]
         rows.append([tree, manifest, spread(small, 2), spread(large, 2), spread(difference, 2)])
     lines = ["### The first step with 100,000 files against 2,000 (`benchmarks/input_rate.py`)", "",
              "24-px JPEGs; seconds from process start to the end of the first optimizer step, 7 interleaved repeats, "
              "the difference taken per repeat; a cold manifest checks every file, a warm one only lists the folder. "
-             f"\"Before\" is commit f612764, before the manifest's columns and JPEG header walk; load {data['load_range']}.",
+             f"\"Before\" is commit f612764, before the manifest's columns and JPEG header walk (4577de5); load {data['load_range']}.",
              ""]
     return lines + table(["phalanx", "manifest", "2,000 files (s)", "100,000 files (s)", "100,000 - 2,000 (s)"], rows, at)
 
