@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     opts = parser.parse_args()
     # The "off" patch must have applied (a failing sitecustomize is only a warning on stderr).
-    probe = subprocess.run([sys.executable, "-c", "from phalanx.step_times import StepTimes; "
+    probe = subprocess.run([sys.executable, "-c", "from phalanx.train.step_times import StepTimes; "
                             "print(StepTimes.lap.__name__)"], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join([OFF["BENCH_PYTHONPATH"], str(HERE.parent)])})
     if probe.stdout.strip() != "<lambda>":

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from phalanx import checkpoint  # noqa: E402
-from phalanx.checkpoint_writer import CheckpointWriter  # noqa: E402
-from phalanx.tasks.translate_nets import build_discriminator, build_generator  # noqa: E402
+from phalanx.checkpoint.writer import CheckpointWriter  # noqa: E402
+from phalanx.tasks.translate.nets import build_discriminator, build_generator  # noqa: E402
 
 
 def state() -> dict:

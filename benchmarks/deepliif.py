@@ -135,7 +135,7 @@ SCORE_DEEPLIIF = r'''
 import json, sys, torch
 sys.path.insert(0, sys.argv[3])
 from deepliif.models import networks
-from phalanx.tasks.image_metrics import psnr, ssim
+from phalanx.tasks.translate.image_metrics import psnr, ssim
 torch.set_num_threads(1)
 net = networks.define_G(3, 3, int(sys.argv[4]), "unet_64", "batch", use_dropout=True)
 state = torch.load(sys.argv[1] + "/latest_net_G_1.pth", map_location="cpu", weights_only=True)

@@ -95,10 +95,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from phalanx.config import RunConfig
-from phalanx.pictures import pixels
-from phalanx.tasks.deepliif import DeepLIIFTask
-from phalanx.tasks.deepliif_cells import count
-from phalanx.tasks.image_metrics import psnr, ssim
+from phalanx.records.pictures import pixels
+from phalanx.tasks.deepliif.task import DeepLIIFTask
+from phalanx.tasks.deepliif.cells import count
+from phalanx.tasks.translate.image_metrics import psnr, ssim
 torch.set_num_threads(1)
 source, data, size, ngf = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cfg = RunConfig.flat(task="deepliif", image_size=size, task_options={"net_g": "resnet_9blocks", "net_gs": "unet_64",

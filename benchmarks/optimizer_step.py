@@ -29,7 +29,7 @@ IMPLEMENTATIONS = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fu
 
 
 def translate_pair() -> tuple[list[list[torch.nn.Parameter]], callable]:
-    from phalanx.tasks.translate_nets import init_weights, patch_discriminator, unet
+    from phalanx.tasks.translate.nets import init_weights, patch_discriminator, unet
 
     torch.manual_seed(0)
     nets = [init_weights(unet(3, 3, 6, 16, "batch", True)), init_weights(patch_discriminator(6, 16, 3, "batch"))]

@@ -31,8 +31,8 @@ def contenders(size: int) -> dict:
     from lightly.transforms import SimCLRTransform
     from torchvision.transforms import functional as TF
 
-    from phalanx.tasks.view_batch import ViewRecipe
-    from phalanx.tasks.views import two_views
+    from phalanx.tasks.selfsupervised.view_batch import ViewRecipe
+    from phalanx.tasks.selfsupervised.views import two_views
 
     blur = 0.5 if size > 64 else 0.0
     lightly = SimCLRTransform(input_size=size, gaussian_blur=blur, min_scale=0.08, cj_strength=0.5,

@@ -98,7 +98,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:
-    from phalanx.rundir import read_metrics
+    from phalanx.checkpoint.rundir import read_metrics
 
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
 
@@ -187,9 +187,9 @@ def visdom_server(tmp_path_factory):
     """A real visdom server on 127.0.0.1 (its page assets installed offline by scripts/setup.sh)."""
     import urllib.request
 
-    from phalanx.visdom_assets import missing_assets
+    from phalanx.visualize.assets import missing_assets
 
-    assert not missing_assets(), "run: python -m phalanx.visdom_assets (scripts/setup.sh does)"
+    assert not missing_assets(), "run: python -m phalanx.visualize.assets (scripts/setup.sh does)"
     port = free_port()
     workdir = tmp_path_factory.mktemp("visdom")
     log = open(workdir / "visdom.log", "wb")

@@ -12,7 +12,7 @@ import torch
 
 from conftest import snapshot_tree
 from phalanx.config import RunConfig
-from phalanx.rundir import read_metrics
+from phalanx.checkpoint.rundir import read_metrics
 
 PHALANX = Path(sys.executable).with_name("phalanx")  # the console script, as a user runs it
 

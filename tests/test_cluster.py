@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, USER_MODELS, free_port, gate, paused, records, release, wait_until
-from phalanx.cluster import placement_from, first_host, launcher_name, tasks_on_node
+from phalanx.distributed.cluster import placement_from, first_host, launcher_name, tasks_on_node
 from phalanx.errors import PhalanxError
 
 TRAIN_SAMPLES = 1438

@@ -151,7 +151,8 @@ def test_the_config_is_frozen_sections_that_read_and_write_flat_as_before():
     import pytest
     import torch
 
-    from phalanx import devices, optim
+    from phalanx.distributed import devices
+    from phalanx.train import optim
     from phalanx.config import FIELDS, RunConfig, from_mapping
     from phalanx.data import sources, transforms
     from phalanx.errors import PhalanxError

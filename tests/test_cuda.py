@@ -87,7 +87,7 @@ def test_dataparallel_over_two_replicas_of_gpu_0_trains_as_one_gpu_does(tmp_path
     seen_single = list(SEEN_BATCHES)
     SEEN_BATCHES.clear()
     with monkeypatch.context() as patch:  # a test-only plan: phalanx refuses an id given twice
-        from phalanx import strategies
+        from phalanx.distributed import strategies
 
         planned = strategies.plan_run
         gpu = torch.device("cuda", 0)
@@ -290,7 +290,7 @@ def test_sync_batchnorm_over_two_processes_on_one_gpu_equals_one_process_with_th
     # NCCL refuses two ranks on one GPU, so the two processes use gloo with CUDA tensors: the
     # SyncBatchNorm layers phalanx makes (--sync-bn) compute on the GPU and synchronise their
     # statistics across the processes. float64: the difference is rounding alone.
-    from phalanx.parallel import prepare_model
+    from phalanx.distributed.strategy import prepare_model
     from phalanx_testmodels import batchnorm
 
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

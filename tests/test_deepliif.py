@@ -62,7 +62,7 @@ def random_vgg(torch_home) -> torch.nn.Sequential:
     ("unet_512", "batch", "zero", 512, 1),  # the segmentation generators' default, at its size
 ])
 def test_deepliifs_files_load_into_phalanxs_networks_which_compute_the_same(tmp_path, name, norm, padding, size, ngf):
-    from phalanx.tasks.deepliif_nets import discriminator, generator
+    from phalanx.tasks.deepliif.nets import discriminator, generator
 
     networks = reference.modules().networks
     torch.manual_seed(0)
@@ -88,7 +88,7 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     workers x 2; DeepLIIF's ``optimize_parameters`` takes the same 2 steps. Every weight and the
     last step's losses agree (1e-10), DDP and one process within 1e-12; the biases that an
     InstanceNorm cancels stay as loaded in phalanx (DeepLIIF's move by Adam's noise)."""
-    from phalanx.tasks.deepliif_nets import freeze_inert_biases
+    from phalanx.tasks.deepliif.nets import freeze_inert_biases
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     random_vgg(tmp_path / "torch")
@@ -136,7 +136,7 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
 
 def _named_frozen(name, opt, freeze):
     """The parameters of DeepLIIF network ``name`` that phalanx freezes (a bias an InstanceNorm cancels)."""
-    from phalanx.tasks.deepliif_nets import discriminator, generator
+    from phalanx.tasks.deepliif.nets import discriminator, generator
 
     if name.startswith("D"):
         net = discriminator(6, opt.ndf, opt.n_layers_D, opt.norm)
@@ -153,8 +153,8 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     ``export --format deepliif`` writes files and a train_opt.txt that DeepLIIF's own option reader
     and ``DeepLIIFModel.load_networks`` take, and DeepLIIF's forward then computes phalanx's outputs."""
     from phalanx.inference.model import load_trained
-    from phalanx.pictures import pixels
-    from phalanx.tasks.deepliif_cells import count
+    from phalanx.records.pictures import pixels
+    from phalanx.tasks.deepliif.cells import count
 
     data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 8, "val": 2}, layout="plain")
     run = phalanx("train", *SMALL, "--dataroot", data, "--lambda-feat", 0, "--norm", "instance", "--epochs", 1,
@@ -195,7 +195,7 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     assert exported.code == 0 and not exported.err, exported.err
     assert not [w for w in caught if "torch" in w.filename], [str(w.message) for w in caught]
     with pytest.MonkeyPatch.context() as patch:  # refused before any network is traced (11 s of this test, once)
-        import phalanx.tasks.deepliif_inference as native
+        import phalanx.tasks.deepliif.inference as native
 
         patch.setattr(native, "traced_bytes", lambda *args: pytest.fail("traced for a refused export"))
         again = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
@@ -232,7 +232,7 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
     outputs plus cells where the input is red or blue enough, blobs that cross the regions' borders."""
     import tifffile
 
-    from phalanx.tasks.deepliif import DeepLIIFTask
+    from phalanx.tasks.deepliif.task import DeepLIIFTask
 
     generate = DeepLIIFTask.generate
 
@@ -287,7 +287,7 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
 
 
 def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phalanx, monkeypatch):
-    from phalanx.tasks.deepliif_nets import generator
+    from phalanx.tasks.deepliif.nets import generator
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no-hub"))
     data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 2, "val": 1})
@@ -315,8 +315,8 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
     """DeepLIIF before 1.2 named the segmentation generators G51 ... G55 (from the input, then each
     modality; G50 ... where the input's was numbered 0); ``deepliif serialize`` writes TorchScript
     G1.pt ... without BatchNorm's running statistics: each lands in the network it is."""
-    from phalanx.tasks.deepliif_files import load_model_dir
-    from phalanx.tasks.deepliif_nets import generator
+    from phalanx.tasks.deepliif.files import load_model_dir
+    from phalanx.tasks.deepliif.nets import generator
 
     networks = reference.modules().networks
     torch.manual_seed(0)
@@ -380,7 +380,7 @@ def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.n
 
 @pytest.mark.parametrize("seed", range(6))
 def test_cell_counts_and_outlines_equal_deepliifs_compute_final_results(seed):
-    from phalanx.tasks.deepliif_cells import count, resolution_of
+    from phalanx.tasks.deepliif.cells import count, resolution_of
 
     postprocessing = reference.postprocessing()
     seg, marker, orig = cell_images(seed)
@@ -405,8 +405,8 @@ def test_a_slide_counted_block_by_block_equals_the_whole_image(tmp_path, seed):
     thresholds come from the whole slide: the scoring and the outlines equal ``count`` on the
     whole image (itself equal to DeepLIIF's ``compute_final_results``, above) for blocks of any size."""
     from phalanx.data.slides import SlideOutputs
-    from phalanx.tasks.deepliif_cells import count
-    from phalanx.tasks.deepliif_slide_cells import SlideCells
+    from phalanx.tasks.deepliif.cells import count
+    from phalanx.tasks.deepliif.slide_cells import SlideCells
 
     seg, marker, orig = cell_images(seed, side=96)
     y, x = np.mgrid[0:96, 0:96]
@@ -443,7 +443,7 @@ def test_in_eval_mode_batchnorm_takes_each_images_statistics_as_deepliifs_infere
     run here from DeepLIIF's own source): phalanx's ``generate`` in eval mode computes what DeepLIIF's
     forward then computes, from the same files, and leaves the running statistics as they were."""
     from phalanx.config import RunConfig
-    from phalanx.tasks.deepliif import DeepLIIFTask
+    from phalanx.tasks.deepliif.task import DeepLIIFTask
 
     opt = reference.options(ngf=2, ndf=2, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, no_dropout=True,
                             checkpoints_dir=str(tmp_path), name="model", lambda_feat=0.0)

@@ -51,7 +51,7 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
 
 def weights(path):
     """The primary network's weights in a checkpoint of either format (a sharded one read whole)."""
-    from phalanx.sharded_checkpoint import load_whole
+    from phalanx.checkpoint.sharded import load_whole
 
     return load_whole(Path(path), "--checkpoint")["model"]
 

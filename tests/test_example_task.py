@@ -14,7 +14,7 @@ def digits_as_pngs(folder, count: int) -> list:
     """``count`` of the built-in digits as grey PNGs of 16x16 (not the 8x8 the network takes), in
     two subfolders, so that predict resizes them and keeps the folders apart."""
     from phalanx.data import load_digits
-    from phalanx.pictures import png
+    from phalanx.records.pictures import png
 
     images, _ = load_digits()
     paths = []

@@ -138,7 +138,7 @@ def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, p
 def test_predict_features_of_a_probe_are_the_backbones_before_the_probes_norm(phalanx, tmp_path):
     import numpy as np
 
-    from phalanx.finetune import ProbeNorm
+    from phalanx.models.weights import ProbeNorm
 
     assert phalanx("train", "--freeze-backbone", "--probe-norm", "--epochs", 1, "--checkpoints-dir", tmp_path,
                    "--no-progress").code == 0
@@ -151,7 +151,7 @@ def test_predict_features_of_a_probe_are_the_backbones_before_the_probes_norm(ph
 
 
 def test_the_probes_norm_takes_a_batch_of_one_row_and_features_of_any_leading_shape():
-    from phalanx.finetune import ProbeNorm
+    from phalanx.models.weights import ProbeNorm
 
     norm = ProbeNorm(4).train()
     generator = torch.Generator().manual_seed(0)

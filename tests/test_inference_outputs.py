@@ -98,7 +98,7 @@ def test_images_that_share_a_name_in_other_folders_each_keep_their_own_output(tr
 
 def test_translate_tiles_overlap_a_quarter_of_the_training_size_and_panels_are_named(translator, phalanx, tmp_path,
                                                                                      monkeypatch):
-    from phalanx.tasks import translate_inference as translate
+    from phalanx.tasks.translate import inference as translate
 
     overlaps = []
     real = translate.tiled

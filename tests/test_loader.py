@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from phalanx import cores
+from phalanx.distributed import cores
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, loader_workers
 from phalanx.data import manifest
@@ -267,7 +267,7 @@ def test_num_workers_auto_gives_loader_workers_the_cores_training_leaves_free(mo
 def test_a_process_given_fewer_cores_than_the_machine_sizes_threads_and_process_pools_by_them(tmp_path, monkeypatch):
     # A job given 3 cores of a 64-core node (SLURM's --cpus-per-task, taskset): the manifest's check
     # once started os.cpu_count() processes, 64 on 3 cores.
-    from phalanx.devices import cpu_threads_per_worker
+    from phalanx.distributed.devices import cpu_threads_per_worker
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -351,7 +351,7 @@ import json, torch
 from phalanx import cores
 from phalanx.config import RunConfig
 from phalanx.data import loader_workers
-from phalanx.parallel import Strategy
+from phalanx.distributed.strategy import Strategy
 Strategy(torch.device("cpu"))
 print(json.dumps([cores.cpu_quota(), cores.available_cores(), torch.get_num_threads(),
                   loader_workers(RunConfig().data.num_workers, 1, 1)]))

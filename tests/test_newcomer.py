@@ -201,7 +201,7 @@ def test_help_shows_the_named_tasks_defaults_and_only_its_options(phalanx):
     # own: under its heading, with its default and words. A newcomer's `--task moco --help` once listed
     # --queue-size alone; `--task vicreg` hid its 2048-wide projector.
     from phalanx import tasks
-    from phalanx.fields import flag
+    from phalanx.config.fields import flag
 
     for name, info in tasks.BUILTIN.items():
         page = phalanx("train", "--task", name, "--help").out
@@ -409,7 +409,7 @@ def test_deepliif_checks_its_data_before_vggs_weights_and_help_says_resnet_nbloc
     shown = phalanx("train", "--task", "deepliif", "--help").out
     assert "resnet_Nblocks, a ResNet of N residual blocks" in " ".join(shown.split())  # resnet_99blocks trains
     from phalanx.errors import PhalanxError
-    from phalanx.tasks.translate_nets import check_generator
+    from phalanx.tasks.translate.nets import check_generator
 
     check_generator("resnet_3blocks", 32, "--net-g")
     with pytest.raises(PhalanxError, match="unet_N .* or resnet_Nblocks"):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from phalanx.config_sections import OptimOptions
-from phalanx.optim import build_optimizer, keep_implementation, step
+from phalanx.config.sections import OptimOptions
+from phalanx.train.optim import build_optimizer, keep_implementation, step
 
 
 def stepped(kind: str, fused: bool, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -117,7 +117,7 @@ def test_gradients_are_clipped_unscaled_under_a_gradscaler():
     # fp16's GradScaler multiplies the loss by 2^16: --clip-grad bounds the true gradient, so the
     # scaler unscales first (a bound on the scaled gradient would clip every step to nothing).
     from phalanx.config import RunConfig
-    from phalanx.optim import clip_gradients
+    from phalanx.train.optim import clip_gradients
 
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))

@@ -15,8 +15,8 @@ import torch
 
 from conftest import (USER_MODELS, free_port, gate, paused, processes_with, release, run_phalanx, start_phalanx,
                       wait_until)
-from phalanx.remote import Uploader
-from phalanx.rundir import read_metrics
+from phalanx.records.remote import Uploader
+from phalanx.checkpoint.rundir import read_metrics
 from phalanx.visualize import LocalSource
 
 SLOW = {"PHALANX_TEST_DELAY": "0.02"}  # the test model sleeps this long per batch
@@ -347,7 +347,8 @@ def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_m
     import shutil
     import threading
 
-    from phalanx import checkpoint, outputs
+    from phalanx import checkpoint
+    from phalanx.train import outputs
 
     stepped, writers, serialisers = threading.Event(), set(), set()
     write, record, serialise = checkpoint.write, outputs.RunOutputs.record, checkpoint.serialise

@@ -20,7 +20,7 @@ import yaml
 from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx
 import reference
 from phalanx.config import from_mapping
-from phalanx.snapshots import assemble, loads
+from phalanx.records.snapshots import assemble, loads
 from phalanx.visualize.plots import status_rows
 
 TRAIN_SAMPLES = 1438  # the built-in digits after the 20% hold-out

@@ -22,7 +22,7 @@ def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records(
     a step of 64 (weak scaling): 1.6x, 80% efficient, communication 16% of a step (as recorded), 20%
     of a step beyond 1 worker's. The warm-up's
     windows (a slow first step) are left out; windows of different lengths are weighed by steps."""
-    from phalanx.scale import Point, measure, median_point, table, verdict
+    from phalanx.launch.scale import Point, measure, median_point, table, verdict
 
     one = measure(Point("weak", 1, 32), [window(5, 5, 9.0, 32, (9, 0, 0, 0, 0)),
                                          window(10, 5, 0.1, 32, (0.01, 0.08, 0, 0.01, 0)),
@@ -88,8 +88,8 @@ def test_scale_runs_the_world_sizes_it_says_and_touches_no_run(tmp_path, phalanx
     assert f"{speedup:.2f}x" in done.out and found["verdict"].startswith(f"2 workers (weak scaling): {speedup:.2f}x")
     assert snapshot_tree(existing) == before
     # the dashboard's table (what `phalanx visualize --pickle-dir` draws), from the same points
-    from phalanx.snapshots import assemble, loads
-    from phalanx.windows import drawn_windows
+    from phalanx.records.snapshots import assemble, loads
+    from phalanx.records.windows import drawn_windows
 
     history = assemble([loads(path.read_bytes()) for path in (tmp_path / "dashboard").glob("segment_*.pkl")])
     panes, table = [r for r in history.records if r["kind"] in ("panes", "table")]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, free_port, wait_until
 from phalanx.config import FIELDS
-from phalanx.fields import flag
+from phalanx.config.fields import flag
 
 # Qualified names that run code or a shell, or unpickle without restriction.
 FORBIDDEN = {"builtins.eval", "builtins.exec", "builtins.compile", "builtins.__import__", "os.system", "os.popen",

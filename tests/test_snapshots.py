@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from phalanx import snapshots
-from phalanx.snapshots import SnapshotWriter, UnsafeSnapshot, assemble, loads
+from phalanx.records import snapshots
+from phalanx.records.snapshots import SnapshotWriter, UnsafeSnapshot, assemble, loads
 from phalanx.visualize import LocalSource
 
 

@@ -48,7 +48,7 @@ def test_nt_xent_equals_lightlys_in_one_process_and_gathered_over_two_ranks(tmp_
     from lightly.loss import NTXentLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.simclr import SimCLRTask
+    from phalanx.tasks.selfsupervised.simclr import SimCLRTask
 
     task = SimCLRTask(RunConfig.flat(task="simclr", task_options={"temperature": 0.2}))
     generator = torch.Generator().manual_seed(0)
@@ -283,7 +283,7 @@ def test_byol_validates_a_last_batch_of_one_image(tmp_path, phalanx):
 
 def test_weights_of_a_phalanx_checkpoint_set_the_normalisation_the_user_left_to_auto(tmp_path):
     from phalanx.config import RunConfig
-    from phalanx.finetune import _other_inputs, learnt_normalisation
+    from phalanx.models.weights import _other_inputs, learnt_normalisation
 
     torch.save({"format": "phalanx-checkpoint", "data": {"mean": [0.25], "std": [0.75]}}, tmp_path / "ssl.pt")
     torch.save({"weight": torch.ones(1)}, tmp_path / "plain.pt")
@@ -297,7 +297,7 @@ def test_weights_of_a_phalanx_checkpoint_set_the_normalisation_the_user_left_to_
     assert _other_inputs(((0.25,), (0.75,)), ((0.25,), (0.75,))) == \
         "; inputs normalised as the checkpoint's were (mean 0.25, std 0.75)"
     # For this run's channels: one value for each, RGB's averaged on one channel (as timm does)
-    from phalanx.config_sections import DataOptions
+    from phalanx.config.sections import DataOptions
     from phalanx.data.transforms import normalisation
     from phalanx.errors import PhalanxError
 

@@ -60,8 +60,8 @@ def test_each_loss_equals_lightlys_in_one_process_with_its_gradient():
     from lightly.loss import BarlowTwinsLoss, NegativeCosineSimilarity, VICRegLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.decorrelation import BarlowTwinsTask, VICRegTask
-    from phalanx.tasks.simsiam import SimSiamTask
+    from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
+    from phalanx.tasks.selfsupervised.simsiam import SimSiamTask
 
     z1, z2 = embeddings(0)
     vicreg = VICRegTask(RunConfig.flat(task="vicreg"))
@@ -86,7 +86,7 @@ def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
     from lightly.loss import NTXentLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.moco import MoCoTask
+    from phalanx.tasks.selfsupervised.moco import MoCoTask
 
     task = MoCoTask(RunConfig.flat(task="moco", task_options={"queue_size": 10, "projection_dim": 6}))
     theirs = NTXentLoss(temperature=0.1, memory_bank_size=(10, 6))
@@ -107,10 +107,10 @@ def test_simsiams_monitor_from_all_reduced_sums_is_the_batchs_embedding_std():
     # equals the std of the batch's normalised embeddings computed directly; rows that collapsed
     # to one point give 0, not nan. A padding share counts no rows.
     from phalanx.config import RunConfig
-    from phalanx.context import StepContext
-    from phalanx.sampling import MicroBatch
-    from phalanx.strategies import make_strategy
-    from phalanx.tasks.decorrelation import embedding_std, global_embedding_std
+    from phalanx.train.context import StepContext
+    from phalanx.data.sampling import MicroBatch
+    from phalanx.distributed.strategies import make_strategy
+    from phalanx.tasks.selfsupervised.decorrelation import embedding_std, global_embedding_std
 
     ctx = StepContext(make_strategy(RunConfig.flat(task="simsiam"), None), RunConfig.flat(precision="fp64").optim, False, {}, {}, {})
     z1, z2 = embeddings(3, rows=9, dim=5)
@@ -128,9 +128,9 @@ def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
     from lightly.loss import DINOLoss
 
     from phalanx.config import RunConfig
-    from phalanx.context import RunContext
-    from phalanx.strategies import make_strategy
-    from phalanx.tasks.dino import DINOTask
+    from phalanx.train.context import RunContext
+    from phalanx.distributed.strategies import make_strategy
+    from phalanx.tasks.selfsupervised.dino import DINOTask
 
     cfg = RunConfig.flat(task="dino", task_options={"output_dim": 6})
     task, ctx = DINOTask(cfg), RunContext(make_strategy(cfg, None), "fp64", False)
@@ -156,7 +156,7 @@ def test_swav_codes_and_loss_equal_lightlys_with_local_crops():
     from lightly.loss import SwaVLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.swav import SwAVTask, sinkhorn
+    from phalanx.tasks.selfsupervised.swav import SwAVTask, sinkhorn
 
     task = SwAVTask(RunConfig.flat(task="swav", task_options={"temperature": 0.1}))
     scores = [*embeddings(40, rows=6), *embeddings(41, rows=6)]  # 2 global crops, 2 local ones
@@ -177,7 +177,7 @@ def test_swavs_queue_balances_the_codes_as_lightlys_queue_outputs_and_keeps_the_
     from lightly.loss import SwaVLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.swav import SwAVTask
+    from phalanx.tasks.selfsupervised.swav import SwAVTask
 
     task = SwAVTask(RunConfig.flat(task="swav", task_options={"temperature": 0.1, "queue_length": 5,
                                                                  "queue_start_epoch": 2}))
@@ -208,9 +208,9 @@ def test_swavs_queue_balances_the_codes_as_lightlys_queue_outputs_and_keeps_the_
 def step_context(models: dict, optimizers: dict | None = None):
     """A real training context of one process (no trainer): a micro-batch of 4 samples, epoch 1."""
     from phalanx.config import RunConfig
-    from phalanx.context import StepContext
-    from phalanx.strategies import make_strategy
-    from phalanx.sampling import MicroBatch
+    from phalanx.train.context import StepContext
+    from phalanx.distributed.strategies import make_strategy
+    from phalanx.data.sampling import MicroBatch
 
     optimizers = optimizers or {}
     scalers = {name: torch.amp.GradScaler("cpu", enabled=False) for name in optimizers}
@@ -223,7 +223,7 @@ def test_a_moco_step_scores_its_queries_against_the_queue_before_its_keys_join_i
     from lightly.loss import NTXentLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.moco import MoCoTask
+    from phalanx.tasks.selfsupervised.moco import MoCoTask
 
     task = MoCoTask(RunConfig.flat(task="moco", task_options={"queue_size": 8, "projection_dim": 6,
                                                                 "hidden_dim": 6}))
@@ -242,7 +242,7 @@ def test_a_moco_step_scores_its_queries_against_the_queue_before_its_keys_join_i
 
 def test_the_dino_teacher_sees_the_global_crops_only():
     from phalanx.config import RunConfig
-    from phalanx.tasks.dino import DINOTask
+    from phalanx.tasks.selfsupervised.dino import DINOTask
 
     task = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6, "hidden_dim": 8, "bottleneck_dim": 4}))
     torch.manual_seed(0)
@@ -258,7 +258,7 @@ def test_the_dino_teacher_sees_the_global_crops_only():
 
 
 def test_gathered_rows_are_put_back_in_the_order_one_process_holds_them():
-    from phalanx.sampling import plan_epoch, sample_order
+    from phalanx.data.sampling import plan_epoch, sample_order
 
     order = torch.randperm(23, generator=torch.Generator().manual_seed(0))
     for world in (1, 2, 3, 5):
@@ -328,7 +328,7 @@ def test_two_workers_train_what_one_process_trains_in_float64_through_a_padding_
         assert (states[0]["queue"] - states[1]["queue"]).abs().max() < 1e-12
     if task == "swav":  # the prototypes frozen in epoch 1 (renormalised only) and unit vectors
         from phalanx.config import RunConfig
-        from phalanx.run import build_networks, build_task
+        from phalanx.train.run import build_networks, build_task
 
         cfg = RunConfig.from_json((tmp_path / "single" / "config.json").read_text())
         initial = build_networks(cfg, build_task(cfg))[1]["prototypes"].weight.detach().double()

@@ -60,7 +60,7 @@ def test_drop_path_reaches_timms_and_torchvisions_stochastic_depth_and_is_refuse
                                                                                                      monkeypatch):
     # timm's --drop-path (drop_path_rate), torchvision's stochastic_depth_prob.
     from phalanx.models import build_model
-    import phalanx.tasks.classify as classify
+    import phalanx.tasks.classify.task as classify
 
     timm_model = build_model(MODEL, 10, 3, drop_path=0.2)
     rates = [m.drop_prob for m in timm_model.modules() if type(m).__name__ == "DropPath"]

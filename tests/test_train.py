@@ -13,7 +13,7 @@ import torch
 from conftest import run_phalanx, write_digit_pngs
 from phalanx.config import RunConfig
 from phalanx.models import SmallCNN
-from phalanx.rundir import read_metrics
+from phalanx.checkpoint.rundir import read_metrics
 
 
 def _weights(path):

@@ -48,7 +48,7 @@ def test_a_run_that_diverged_before_its_first_checkpoint_is_replaced_by_the_same
 
 
 def test_a_run_still_training_before_its_first_checkpoint_is_not_replaced(phalanx, tmp_path):
-    from phalanx.rundir import claimed
+    from phalanx.checkpoint.rundir import claimed
 
     run = tmp_path / "experiment"
     run.mkdir()
@@ -61,7 +61,7 @@ def test_a_run_still_training_before_its_first_checkpoint_is_not_replaced(phalan
 
 def test_deepliif_remote_true_is_accepted_and_says_what_copies_the_files(phalanx, tmp_path):
     from phalanx.config import RunConfig
-    from phalanx.run import remote_notes
+    from phalanx.train.run import remote_notes
 
     # The guide's spelling, a value after the flag: --remote True (and False).
     alone = phalanx("train", "--remote", "True", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress")
@@ -165,7 +165,7 @@ def test_every_validation_metric_gets_a_pane_and_can_pick_best_pt(phalanx, tmp_p
     # and --best-metric PSNR_1 was refused.
     from phalanx.config import from_mapping
     from phalanx.tasks import task_class
-    from phalanx.best import Best
+    from phalanx.train.best import Best
 
     task = task_class("phalanx_testtasks:PerTargetMetric")(from_mapping({"task": "phalanx_testtasks:PerTargetMetric"},
                                                                         "test"))
@@ -180,7 +180,7 @@ def float_options() -> list[tuple[str, str]]:
 
     from phalanx import tasks
     from phalanx.config import FIELDS
-    from phalanx.fields import flag
+    from phalanx.config.fields import flag
 
     found = [("classify", flag(name)) for name, f in FIELDS.items()
              if f.metadata["cli"] and f.type in ("float", "float | None")]
@@ -325,7 +325,7 @@ def test_a_single_row_refusal_names_what_can_change_under_dataparallel_and_after
 
     from phalanx.config import RunConfig
     from phalanx.errors import PhalanxError
-    from phalanx.single_rows import refuse_single_rows
+    from phalanx.train.single_rows import refuse_single_rows
 
     head = {"projector": nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))}
     cfg = RunConfig.flat(batch_size=4)
@@ -344,7 +344,7 @@ def test_a_single_row_refusal_names_what_can_change_under_dataparallel_and_after
 def test_dataparallels_smallest_piece_is_the_smallest_chunk_of_its_scatter():
     import torch
 
-    from phalanx.single_rows import smallest_chunk
+    from phalanx.train.single_rows import smallest_chunk
 
     for rows in range(1, 60):
         for replicas in range(1, 9):
@@ -355,7 +355,7 @@ def test_dataparallels_smallest_piece_is_the_smallest_chunk_of_its_scatter():
 def test_the_smallest_share_is_the_smallest_micro_batch_of_the_plan():
     import torch
 
-    from phalanx.sampling import plan_epoch, smallest_share
+    from phalanx.data.sampling import plan_epoch, smallest_share
 
     for total in range(1, 40):
         for batch in range(1, 6):

@@ -18,12 +18,12 @@ from conftest import (REPO, USER_MODELS, free_port, gate, near_ties, paused, pro
                       run_phalanx, start_phalanx, wait_until)
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
-from phalanx import rendezvous
-from phalanx.launch import _agent_failure, describe, plan_launch, run_workers
-from phalanx.rendezvous import launch_environment, store_sharing_fails_on_a_new_rank_0
+from phalanx.launch import rendezvous
+from phalanx.launch.torchrun import _agent_failure, describe, plan_launch, run_workers
+from phalanx.launch.rendezvous import launch_environment, store_sharing_fails_on_a_new_rank_0
 from phalanx.models import SmallCNN
-from phalanx.cluster import Placement
-from phalanx.devices import cpu_threads_per_worker, worker_device
+from phalanx.distributed.cluster import Placement
+from phalanx.distributed.devices import cpu_threads_per_worker, worker_device
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
     # The exact command of the issue, from a fresh directory (default ./checkpoints/experiment), while
@@ -219,7 +219,7 @@ def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
                      "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2 --max-restarts 1")
     assert result.code == 0, result.err
     lines = result.out.splitlines()
-    assert lines[0].startswith("torchrun --nproc_per_node 2 --max-restarts 1 -m phalanx.worker '{")
+    assert lines[0].startswith("torchrun --nproc_per_node 2 --max-restarts 1 -m phalanx.launch.worker '{")
     assert "world size: 2" in result.out
     assert "rendezvous: on this machine, at a free port taken at launch" in result.out
     # not "launcher: none (one process)", train's words, which a newcomer read as no workers at all
@@ -284,7 +284,7 @@ def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
 def test_config_reaches_the_workers_as_one_argv_element():
     cfg = RunConfig.flat(name="it's \"quoted\" $(touch pwned) `id`", epochs=3)
     plan = plan_launch(cfg, "--nproc-per-node=2")
-    assert plan.torchrun_argv[:3] == ["--nproc-per-node=2", "-m", "phalanx.worker"]
+    assert plan.torchrun_argv[:3] == ["--nproc-per-node=2", "-m", "phalanx.launch.worker"]
     assert RunConfig.from_json(plan.torchrun_argv[3]) == cfg
 
 
@@ -328,7 +328,7 @@ def test_train_and_trainlaunch_accept_the_same_training_options():
 
 def test_without_use_torchrun_one_worker_per_gpu_id_or_one_cpu_worker(phalanx, tmp_path):
     result = phalanx("trainlaunch", "--dry-run", "--checkpoints-dir", tmp_path)
-    assert result.code == 0 and result.out.startswith("torchrun --nproc-per-node 1 -m phalanx.worker")
+    assert result.code == 0 and result.out.startswith("torchrun --nproc-per-node 1 -m phalanx.launch.worker")
     plan = plan_launch(RunConfig.flat(gpu_ids=(0, 1, 2)), None)
     assert plan.torchrun_options == ["--nproc-per-node", "3"] and plan.nproc_per_node == 3
 
@@ -418,8 +418,8 @@ def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
     # torch's SyncBatchNorm computes on CUDA only: on GPUs phalanx uses it (test_sync_bn_on_two_gpus
     # below), on CPU workers its own GlobalBatchNorm (tested over 2 gloo ranks below).
     from phalanx.errors import PhalanxError
-    from phalanx.parallel import prepare_model
-    from phalanx.sync_norm import GlobalBatchNorm
+    from phalanx.distributed.strategy import prepare_model
+    from phalanx.distributed.sync_norm import GlobalBatchNorm
     from phalanx_testmodels import batchnorm
 
     model = batchnorm(num_classes=10, in_channels=1)
@@ -546,7 +546,7 @@ def test_a_refusal_of_one_rank_while_torchrun_stops_the_slower_one_is_still_one_
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from phalanx.launch import _worker_failures
+    from phalanx.launch.torchrun import _worker_failures
 
     refused = tmp_path / "rank0.json"
     refused.write_text(json.dumps({"message": {"message": "--dataroot: /x/nope is not a directory",
@@ -555,11 +555,11 @@ def test_a_refusal_of_one_rank_while_torchrun_stops_the_slower_one_is_still_one_
     rank0 = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(refused))
     stopped = ProcessFailure(local_rank=1, pid=2, exitcode=-15, error_file=str(tmp_path / "none.json"))
     for failures in ({0: rank0, 1: stopped}, {0: rank0}):
-        error = _worker_failures(ChildFailedError("phalanx.worker", failures))
+        error = _worker_failures(ChildFailedError("phalanx.launch.worker", failures))
         assert (error.exit_code, str(error)) == (2, "--dataroot: /x/nope is not a directory")
         assert capsys.readouterr().err == ""
     other = tmp_path / "rank1.json"
     other.write_text(refused.read_text().replace("--dataroot: /x/nope is not a directory", "--model: no such model"))
     differs = ProcessFailure(local_rank=1, pid=2, exitcode=2, error_file=str(other))
-    error = _worker_failures(ChildFailedError("phalanx.worker", {0: rank0, 1: differs}))
+    error = _worker_failures(ChildFailedError("phalanx.launch.worker", {0: rank0, 1: differs}))
     assert error.exit_code == 2 and "rank" in str(error) and capsys.readouterr().err.startswith("phalanx: rank ")

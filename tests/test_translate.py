@@ -35,8 +35,8 @@ def pngs(folder: Path) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_float64_ddp_and_fsdp_equal_one_process_and_a_hand_written_pix2pix_loop(tmp_path, phalanx):
-    from phalanx.sharded_checkpoint import load_whole
-    from phalanx.tasks.translate_nets import build_discriminator, build_generator
+    from phalanx.checkpoint.sharded import load_whole
+    from phalanx.tasks.translate.nets import build_discriminator, build_generator
 
     data = translation_pairs(tmp_path / "data", size=16, per_split={"train": 40, "val": 8})
     common = [*TINY, "--dataroot", data, "--norm", "instance", "--no-dropout", "--augment", "none", "--epochs", 2,
@@ -111,7 +111,7 @@ def test_the_plain_layout_trains_and_predict_translates_an_image_three_times_lar
 
 
 def test_a_tiled_translation_equals_the_untiled_one(tmp_path):
-    from phalanx.tasks.tiling import tiled
+    from phalanx.tasks.translate.tiling import tiled
 
     # A generator that maps each pixel on its own (no context): tiling must not change its output.
     generator = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.Tanh()).double()
@@ -125,7 +125,7 @@ def test_a_tiled_translation_equals_the_untiled_one(tmp_path):
 
 
 def test_ssim_and_psnr_equal_a_direct_implementation(tmp_path):
-    from phalanx.tasks.image_metrics import psnr, ssim
+    from phalanx.tasks.translate.image_metrics import psnr, ssim
 
     rng = np.random.default_rng(3)
     x = rng.random((2, 1, 24, 20))
@@ -205,8 +205,8 @@ def test_bad_pairs_are_named_in_one_line_with_nothing_written_or_skipped_and_cou
 
 
 def test_the_discriminator_check_refuses_exactly_the_sizes_torch_cannot_run():
-    from phalanx.tasks.deepliif_nets import discriminator
-    from phalanx.tasks.translate_nets import check_discriminator, patch_discriminator
+    from phalanx.tasks.deepliif.nets import discriminator
+    from phalanx.tasks.translate.nets import check_discriminator, patch_discriminator
 
     for layers in range(1, 5):
         for size in range(4, 56):

@@ -12,9 +12,9 @@ from PIL import ImageFilter
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from phalanx.sampling import derive_seed
-from phalanx.tasks import view_batch as vb
-from phalanx.tasks.views import ValidationViews, two_views, multi_crop
+from phalanx.data.sampling import derive_seed
+from phalanx.tasks.selfsupervised import view_batch as vb
+from phalanx.tasks.selfsupervised.views import ValidationViews, two_views, multi_crop
 
 
 def torchvisions_view(image: torch.Tensor, row: torch.Tensor, recipe: vb.ViewRecipe) -> torch.Tensor:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import USER_MODELS, gate, paused, release, run_phalanx, wait_until
-from phalanx.snapshots import SEGMENT_NAME
+from phalanx.records.snapshots import SEGMENT_NAME
 from phalanx.visualize import LocalSource, window_points
 
 
@@ -347,7 +347,7 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
 
 def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_path, monkeypatch):
     from conftest import free_port
-    from phalanx import visdom_assets
+    from phalanx.visualize import assets as visdom_assets
     from phalanx.errors import PhalanxError
     from phalanx.visualize.server import start_server_if_needed
 
@@ -355,18 +355,18 @@ def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_
     with pytest.raises(PhalanxError) as refused:
         start_server_if_needed("http://localhost", free_port(), once=False, listen_all=False, visdom_log=None)
     assert str(refused.value).startswith("visdom's page assets: are missing (2 files")
-    assert f"{sys.executable} -m phalanx.visdom_assets" in str(refused.value)  # the interpreter that has phalanx
+    assert f"{sys.executable} -m phalanx.visualize.assets" in str(refused.value)  # the interpreter that has phalanx
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
 def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registry(tmp_path, monkeypatch):
     from conftest import free_port
-    from phalanx import visdom_assets
+    from phalanx.visualize import assets as visdom_assets
 
-    done = subprocess.run([sys.executable, "-m", "phalanx.visdom_assets", "--help"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "phalanx.visualize.assets", "--help"], capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m phalanx.visdom_assets")
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m phalanx.visualize.assets")
     root = tmp_path / "visdom"
     (root / "static").mkdir(parents=True)
     (root / "VERSION").write_text("0.2.4")

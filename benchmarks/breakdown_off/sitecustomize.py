@@ -4,7 +4,8 @@ gradient hooks replaced by nothing, to measure what they cost. Never on phalanx'
 
 import contextlib
 
-from phalanx import comm_clock, step_times
+from phalanx.distributed import comm_clock
+from phalanx.train import step_times
 
 step_times.StepTimes.lap = lambda self, part, waited=0.0: None
 comm_clock.CommClock.watch = lambda self, model: None

@@ -25,7 +25,7 @@ from torch import nn
 from phalanx.data import SeededView, load_digits
 from phalanx.data.inputs import InputImages, output_names
 from phalanx.data.sources import holdout_indices
-from phalanx.fields import option
+from phalanx.config.fields import option
 from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
-from ..cores import available_cores
-from ..sampling import derive_seed
+from ..distributed.cores import available_cores
+from .sampling import derive_seed
 from . import transforms
 from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
 from .transforms import Pipeline
@@ -196,7 +196,7 @@ def run_loaders(train: Dataset, val: Dataset, collate: Callable | None, batches:
                 workers: int, pin: bool, rank: int, world_size: int) -> tuple[DataLoader, DataLoader]:
     """The training loader (the planned batches of ``batches``, as ``(epoch, index)`` keys) and the
     validation loader (this rank's shard: every sample counted once over the ranks)."""
-    from ..sampling import ShardSampler
+    from .sampling import ShardSampler
 
     common = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0, "collate_fn": collate}
     return (DataLoader(by_epoch(train), batch_sampler=batches, **common),

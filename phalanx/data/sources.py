@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ..config_sections import DataOptions
+from ..config.sections import DataOptions
 from ..errors import PhalanxError
 from . import manifest
 from .images import ImageFiles, PathTable

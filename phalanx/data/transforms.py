@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..config_sections import DataOptions
+from ..config.sections import DataOptions
 
 SMALL = 64  # up to this size, "basic" pads and crops (CIFAR's recipe); above, a random resized crop
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -14,15 +14,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..atomic import atomic_write_text
-from ..context import RunContext
+from ..train.context import RunContext
 from ..data import loader_workers
 from ..errors import PhalanxError
-from ..devices import placement
-from ..progress import ProgressBar
-from ..strategies import strategy_for
-from ..sampling import ShardSampler, every_batch
+from ..distributed.devices import placement
+from ..train.progress import ProgressBar
+from ..distributed.strategies import strategy_for
+from ..data.sampling import ShardSampler, every_batch
 from .model import load_trained
-from .options import EvaluateOptions
+from ..config.inference import EvaluateOptions
 from .outputs import check_file, evaluate_results
 
 

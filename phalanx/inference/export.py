@@ -20,7 +20,7 @@ from .. import tasks
 from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
 from .model import load_trained
-from .options import ExportOptions
+from ..config.inference import ExportOptions
 from .outputs import check_export_files, check_place
 
 SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}

@@ -10,11 +10,11 @@ from typing import Any, Mapping
 import torch
 
 from ..checkpoint import in_run_directory
-from ..sharded_checkpoint import load_whole
-from ..run_state import NetworkMismatch, load_for_inference
+from ..checkpoint.sharded import load_whole
+from ..train.state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
-from ..fields import flag
+from ..config.fields import flag
 from ..tasks import task_class
 from ..tasks.base import TaskData
 from ..tasks.inference import Trained

@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader
 from ..data import loader_workers
 from ..data.inputs import collate_inputs, image_paths
 from ..errors import EXIT_FAILED, PhalanxError
-from ..progress import ProgressBar
+from ..train.progress import ProgressBar
 from ..tasks.features import FeaturesPredictor, check_features_output
 from ..tasks.inference import STDOUT, Inference, Predictor
-from ..devices import inference_device
+from ..distributed.devices import inference_device
 from .model import load_trained
-from .options import PredictOptions
+from ..config.inference import PredictOptions
 from .outputs import check_apart, check_predict_files, check_predict_place
 
 

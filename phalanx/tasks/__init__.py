@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PhalanxError
-from ..fields import check_fields, flag, parse_text, suggest
+from ..config.fields import check_fields, flag, parse_text, suggest
 from .default_lr import classifier_lr, optimizer_lr
 from .options import (BarlowTwinsOptions, BYOLOptions, ClassifyOptions, DeepLIIFOptions, DetectOptions, DINOOptions,
-                      MoCoOptions, SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions, VICRegOptions)
+                      MoCoOptions, SegmentOptions, SimCLROptions, SimSiamOptions, SwAVOptions, TranslateOptions,
+                      VICRegOptions)
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -52,11 +53,11 @@ class TaskInfo:
 
 BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
     TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify:ClassifyTask", adapt=classifier_lr,
+             ClassifyOptions, "phalanx.tasks.classify.task:ClassifyTask", adapt=classifier_lr,
              predicts=".csv, .jsonl or - (JSON lines on stdout)"),
     TaskInfo("translate", "Translation (--task translate)",
              "paired image-to-image translation with GANs (pix2pix, DeepLIIF)", TranslateOptions,
-             "phalanx.tasks.translate:TranslateTask",
+             "phalanx.tasks.translate.task:TranslateTask",
              # pix2pix's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 256 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 256, "model": "pix2pix"},
@@ -65,7 +66,7 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              aka="pix2pix", predicts="a folder"),
     TaskInfo("deepliif", "DeepLIIF (--task deepliif)",
              "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
-             DeepLIIFOptions, "phalanx.tasks.deepliif:DeepLIIFTask",
+             DeepLIIFOptions, "phalanx.tasks.deepliif.task:DeepLIIFTask",
              # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
              {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
               "batch_size": 1, "image_size": 512, "model": "deepliif"},
@@ -74,44 +75,44 @@ BUILTIN: dict[str, TaskInfo] = {info.name: info for info in [
              predicts="a folder", exports="deepliif"),
     TaskInfo("simclr", "Self-supervised: SimCLR (--task simclr)",
              "contrastive pretraining, negatives from the global batch (Lightly's job)", SimCLROptions,
-             "phalanx.tasks.simclr:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.simclr:SimCLRTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
     TaskInfo("byol", "Self-supervised: BYOL (--task byol)",
              "pretraining with a momentum teacher, no negatives", BYOLOptions,
-             "phalanx.tasks.byol:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.byol:BYOLTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
     TaskInfo("moco", "Self-supervised: MoCo (--task moco)",
              "contrastive pretraining against a queue of a momentum encoder's keys (MoCo v2)", MoCoOptions,
-             "phalanx.tasks.moco:MoCoTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.moco:MoCoTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
     TaskInfo("dino", "Self-supervised: DINO (--task dino)",
              "self-distillation with a momentum teacher, a centre and multi-crop views", DINOOptions,
-             "phalanx.tasks.dino:DINOTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.dino:DINOTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              unused={"crop_scale": "DINO's crops take --global-scale and --local-scale"}, predicts=".npy"),
     TaskInfo("swav", "Self-supervised: SwAV (--task swav)",
              "online clustering: swapped predictions of Sinkhorn-Knopp codes over the global batch", SwAVOptions,
-             "phalanx.tasks.swav:SwAVTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.swav:SwAVTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              unused={"crop_scale": "SwAV's crops take --global-scale and --local-scale"}, predicts=".npy"),
     TaskInfo("simsiam", "Self-supervised: SimSiam (--task simsiam)",
              "pretraining with a predictor and a stop-gradient, no negatives, no teacher", SimSiamOptions,
-             "phalanx.tasks.simsiam:SimSiamTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
+             "phalanx.tasks.selfsupervised.simsiam:SimSiamTask", {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4},
              predicts=".npy"),
     TaskInfo("barlowtwins", "Self-supervised: Barlow Twins (--task barlowtwins)",
              "pretraining by decorrelating the global batch's embeddings", BarlowTwinsOptions,
-             "phalanx.tasks.decorrelation:BarlowTwinsTask",
+             "phalanx.tasks.selfsupervised.decorrelation:BarlowTwinsTask",
              {"optimizer": "sgd", "lr": 0.06, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
     TaskInfo("vicreg", "Self-supervised: VICReg (--task vicreg)",
              "pretraining with invariance, variance and covariance terms over the global batch", VICRegOptions,
-             "phalanx.tasks.decorrelation:VICRegTask",  # 0.06 diverged on the digits (seed 1); 0.03 trained
+             "phalanx.tasks.selfsupervised.decorrelation:VICRegTask",  # 0.06 diverged on the digits (seed 1); 0.03 trained
              {"optimizer": "sgd", "lr": 0.03, "momentum": 0.9, "weight_decay": 5e-4}, predicts=".npy"),
     TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
-             DetectOptions, "phalanx.tasks.detect:DetectTask",
+             DetectOptions, "phalanx.tasks.detect.task:DetectTask",
              # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
              {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
               "batch_size": 4, "warmup_epochs": 1.0}, predicts=".json",
              unused={"drop_path": "torchvision's detectors have no stochastic depth"}),
     TaskInfo("segment", "Segmentation (--task segment)", "semantic segmentation on image + mask pairs",
-             SegmentOptions, "phalanx.tasks.segment:SegmentTask",
+             SegmentOptions, "phalanx.tasks.segment.task:SegmentTask",
              # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
              {"model": "lraspp_mobilenet_v3_large", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
               "batch_size": 8, "image_size": 256}, predicts="a folder",
@@ -275,7 +276,7 @@ def task_class(name: str) -> type:
 def __getattr__(name: str) -> Any:
     """``from phalanx.tasks import Task, TaskData, Inference, pane, window, images_item, png, strip,
     denormalize``: the API, imported (with torch) on first use. ``window`` is a pane of another kind
-    than lines (``phalanx.windows.KINDS``); the last four make a ``visuals`` record's pictures."""
+    than lines (``phalanx.records.windows.KINDS``); the last four make a ``visuals`` record's pictures."""
     if name in ("Task", "TaskData", "Evaluation", "Declaration", "pane"):
         from . import base
 
@@ -285,7 +286,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(inference, name)
     if name in ("png", "strip", "denormalize"):
-        from .. import pictures
+        from ..records import pictures
 
         return getattr(pictures, name)
     if name == "images_item":
@@ -293,7 +294,7 @@ def __getattr__(name: str) -> Any:
 
         return images_item
     if name == "window":
-        from ..windows import window
+        from ..records.windows import window
 
         return window
     raise AttributeError(name)

@@ -36,7 +36,7 @@ from .inference import Inference
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..context import RunContext, StepContext
+    from ..train.context import RunContext, StepContext
 
 
 def full_precision(tensor: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,7 @@ class Task:
 
     Declarations (class attributes):
     - ``Options``: a frozen dataclass of the task's own options (fields made with
-      ``phalanx.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
+      ``phalanx.config.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
       ``--config``; the instance gets them as ``self.options``;
     - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
     - ``reads``: the general data and model options (``tasks.DATA_OPTIONS``: ``dataroot``,

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from ..errors import PhalanxError, RunFailed
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..train.context import RunContext
 
 # What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
 Batch = Union[torch.Tensor, tuple, list, dict]

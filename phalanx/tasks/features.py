@@ -18,7 +18,7 @@ from .base import full_precision
 from .inference import Predictor
 
 if TYPE_CHECKING:
-    from ..inference.options import PredictOptions
+    from ..config.inference import PredictOptions
 
 
 def check_features_output(output: str) -> None:

@@ -18,7 +18,7 @@ from ..errors import PhalanxError
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..inference.options import PredictOptions
+    from ..config.inference import PredictOptions
     from .base import Task
     from .contract import Evaluation, Plain
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import PhalanxError
-from ..fields import check_fields, flag, option
+from ..config.fields import check_fields, flag, option
 
 
 def _bad(name: str, message: str) -> PhalanxError:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from ..snapshots import History
+from ..records.snapshots import History
 from .plots import ComparePlots, RunPlots, env_name
 from .runs import Runs
 from .server import ServerLost, answers_as_visdom

@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 from .. import records as record_kinds
-from ..snapshots import History
-from ..step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
-from ..windows import HEIGHT, KINDS, WIDTH, drawn_windows
+from ..records.snapshots import History
+from ..train.step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
+from ..records.windows import HEIGHT, KINDS, WIDTH, drawn_windows
 
 #: The windows every run's page may have besides its task's panes (``records.panes_of``).
 FIXED_WINDOWS = ("status", "lr", "throughput", "step_time", "memory")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PhalanxError
-from ..snapshots import History
+from ..records.snapshots import History
 from .sources import LocalSource, SnapshotSource, open_source, run_dirs
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PhalanxError
-from ..lifeline import die_with_parent
+from ..distributed.lifeline import die_with_parent
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -53,7 +53,7 @@ class OwnedServer:
     its working folder (the log too, unless --visdom-log put it elsewhere) removed."""
 
     def __init__(self, port: int, listen_all: bool, visdom_log: str | None):
-        from ..visdom_assets import fix_command, missing_assets
+        from .assets import fix_command, missing_assets
 
         missing = missing_assets()
         if missing:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import snapshots
+from ..records import snapshots
 from ..errors import PhalanxError
-from ..snapshots import History
+from ..records.snapshots import History
 
 MAX_SEGMENT_BYTES = 64 * 1024 * 1024  # a full segment of 5,000 records with images is a few MB
 
@@ -126,7 +126,7 @@ class LocalSource(SnapshotSource):
 class S3Source(SnapshotSource):
     def __init__(self, url: str, endpoint_url: str | None):
         super().__init__()
-        from ..remote import parse_s3_url, s3_client
+        from ..records.remote import parse_s3_url, s3_client
 
         self.bucket, prefix = parse_s3_url(url, "--pickle-dir")
         self.prefix = f"{prefix}/" if prefix else ""

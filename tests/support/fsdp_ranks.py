@@ -18,9 +18,9 @@ import torchvision
 from torch.distributed.tensor import DTensor
 
 from phalanx.config import RunConfig
-from phalanx.devices import placement
-from phalanx.strategies import make_strategy
-from phalanx.tasks.translate_nets import patch_discriminator, unet
+from phalanx.distributed.devices import placement
+from phalanx.distributed.strategies import make_strategy
+from phalanx.tasks.translate.nets import patch_discriminator, unet
 
 
 def networks():

@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from lightly.loss import NTXentLoss
 from phalanx.config import RunConfig
-from phalanx.devices import placement
-from phalanx.strategies import make_strategy
-from phalanx.tasks.simclr import SimCLRTask
+from phalanx.distributed.devices import placement
+from phalanx.distributed.strategies import make_strategy
+from phalanx.tasks.selfsupervised.simclr import SimCLRTask
 
 strategy = make_strategy(RunConfig.flat(task="simclr"), placement())
 rank = dist.get_rank()

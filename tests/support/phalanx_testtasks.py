@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from phalanx.data import SeededView
-from phalanx.fields import option
+from phalanx.config.fields import option
 from phalanx.tasks import Task, TaskData
-from phalanx.tasks.classify import ClassifyTask
+from phalanx.tasks.classify.task import ClassifyTask
 
 try:  # the worked example, from examples/tasks (on PYTHONPATH in the tests that use it)
     from adversarial_autoencoder import AdversarialAutoencoder
@@ -187,21 +187,21 @@ class RaisesInStep(GatherTask):
         return super().training_step(points, ctx)
 
 
-from phalanx.tasks.byol import BYOLTask  # noqa: E402
+from phalanx.tasks.selfsupervised.byol import BYOLTask  # noqa: E402
 
 
 class StoppingBYOL(StopAtStep, BYOLTask):
     """BYOL, stopped by a SIGTERM at a chosen step."""
 
 
-from phalanx.tasks.moco import MoCoTask  # noqa: E402
+from phalanx.tasks.selfsupervised.moco import MoCoTask  # noqa: E402
 
 
 class StoppingMoCo(StopAtStep, MoCoTask):
     """MoCo, stopped by a SIGTERM at a chosen step."""
 
 
-from phalanx.tasks.dino import DINOTask  # noqa: E402
+from phalanx.tasks.selfsupervised.dino import DINOTask  # noqa: E402
 
 
 class StoppingDINO(StopAtStep, DINOTask):

@@ -11,12 +11,12 @@ import torch.distributed as dist
 
 from lightly.loss import BarlowTwinsLoss, DINOLoss, SwaVLoss, VICRegLoss
 from phalanx.config import RunConfig
-from phalanx.devices import placement
-from phalanx.strategies import make_strategy
-from phalanx.context import RunContext
-from phalanx.tasks.decorrelation import BarlowTwinsTask, VICRegTask
-from phalanx.tasks.dino import DINOTask
-from phalanx.tasks.swav import SwAVTask, sinkhorn
+from phalanx.distributed.devices import placement
+from phalanx.distributed.strategies import make_strategy
+from phalanx.train.context import RunContext
+from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
+from phalanx.tasks.selfsupervised.dino import DINOTask
+from phalanx.tasks.selfsupervised.swav import SwAVTask, sinkhorn
 
 strategy = make_strategy(RunConfig.flat(task="vicreg"), placement())
 rank, world = dist.get_rank(), dist.get_world_size()

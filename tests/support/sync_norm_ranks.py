@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from phalanx.sync_norm import GlobalBatchNorm, convert, padding_rows
+from phalanx.distributed.sync_norm import GlobalBatchNorm, convert, padding_rows
 
 out = sys.argv[1]
 dist.init_process_group("gloo")
@@ -87,9 +87,9 @@ def bf16_inputs() -> dict:
 
 def rank0_buffers() -> dict:
     """Without --sync-bn phalanx's DDP gives every rank rank 0's buffers after each step
-    (phalanx.rank_buffers): a BatchNorm's statistics that each rank moved by its own rows, a bool
+    (phalanx.distributed.rank_buffers): a BatchNorm's statistics that each rank moved by its own rows, a bool
     mask, an empty buffer; the end-of-run comparison sees them differ before and agree after."""
-    from phalanx.rank_buffers import broadcast_from_rank0, max_difference_from_rank0
+    from phalanx.distributed.rank_buffers import broadcast_from_rank0, max_difference_from_rank0
 
     torch.manual_seed(10 + rank)
     net = torch.nn.Sequential(torch.nn.BatchNorm1d(3))

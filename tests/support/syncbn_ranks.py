@@ -8,7 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from phalanx.parallel import prepare_model
+from phalanx.distributed.strategy import prepare_model
 from phalanx_testmodels import batchnorm
 
 dist.init_process_group("gloo")

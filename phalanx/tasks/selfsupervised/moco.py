@@ -1,0 +1,90 @@
+"""``--task moco`` (MoCo v2, as Lightly's benchmark trains it): a query (the student's embedding of
+one view) is told apart from a queue of keys (a momentum encoder's embeddings of earlier batches)
+by its own key (the momentum encoder's embedding of the other view): InfoNCE, per sample.
+
+The queue is task state, checkpointed and resumed exactly. Every rank's keys enter it after each
+micro-batch, gathered in the batch's sample order (``ctx.all_gather_in_order``), so every rank
+holds the same queue and 2 workers x B fill it as one process x 2B does; Lightly's memory bank with
+``gather_distributed=True`` enqueues in rank order, which differs from one process's as soon as the
+queue wraps within a batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..base import Batch, Plain, TaskData
+from .byol import MomentumTeacherTask
+from .decorrelation import embedding_std
+from ..options import MoCoOptions
+from .base import mlp
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
+    from ...train.context import StepContext
+
+
+class MoCoTask(MomentumTeacherTask):
+    name = "moco"
+    Options = MoCoOptions
+    loss_label = "InfoNCE loss against the queue"
+    loss_names = ("loss", "embedding_std")
+    metric_labels = {**MomentumTeacherTask.metric_labels, "embedding_std": "key embedding std (collapse: 0)"}
+    options: MoCoOptions  # type: ignore[assignment]
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        # Lightly's memory bank starts as random unit vectors; seeded, so every rank's is the same.
+        generator = torch.Generator().manual_seed(cfg.seed)
+        queue = torch.randn(self.options.queue_size, self.options.projection_dim, generator=generator, dtype=torch.float64)
+        self.queue = nn.functional.normalize(queue, dim=1)
+        self.queue_at = 0  # where the next key goes
+
+    def build_models(self, data: TaskData) -> dict[str, nn.Module]:
+        backbone, size = self.backbone(data.info)
+        o = self.options
+        projector = mlp(size, o.hidden_dim or size, o.projection_dim, o.head_norm)
+        return {"backbone": backbone, "projector": projector, "teacher": self.teacher_of(backbone, projector)}
+
+    def info_nce(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Per sample: cross-entropy of its key among the queue's (unit vectors, cosine / T)."""
+        query, key = nn.functional.normalize(query, dim=1), nn.functional.normalize(key, dim=1)
+        negatives = self.queue.to(query).clone()  # the queue changes in place after this step
+        logits = torch.cat([(query * key).sum(1, keepdim=True), query @ negatives.T], dim=1) / self.options.temperature
+        return nn.functional.cross_entropy(logits, torch.zeros(len(query), dtype=torch.long, device=query.device),
+                                           reduction="none")
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor) -> None:
+        """The keys replace the oldest; at the queue's end the rest of a batch is dropped and the next
+        batch starts over at the front (Lightly's memory bank does the same)."""
+        keys = nn.functional.normalize(keys, dim=1)
+        self.queue = self.queue.to(keys)
+        size, at = len(self.queue), self.queue_at
+        if at + len(keys) >= size:
+            self.queue[at:] = keys[:size - at]
+            self.queue_at = 0
+        else:
+            self.queue[at:at + len(keys)] = keys
+            self.queue_at = at + len(keys)
+
+    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+        v1, v2 = batch
+        query = self.embed(ctx.models, v1)
+        with torch.no_grad():
+            key = ctx.models["teacher"](v2)
+        loss = self.info_nce(query, key)
+        keys = ctx.all_gather_in_order(key)  # the batch's keys, as one process would hold them
+        self.enqueue(keys)
+        self.track(ctx)
+        return {"loss": loss, "embedding_std": embedding_std(keys)}
+
+    def state_dict(self) -> dict[str, Plain]:
+        return {"queue": self.queue.detach().cpu().clone(), "queue_at": self.queue_at}
+
+    def load_state_dict(self, state: dict[str, Plain]) -> None:
+        if "queue" in state:
+            self.queue, self.queue_at = state["queue"], int(state["queue_at"])
