@@ -200,7 +200,7 @@ def test_help_shows_the_named_tasks_defaults_and_only_its_options(phalanx):
     # An option a task shares with another (SimCLR declared --temperature first) is the named task's
     # own: under its heading, with its default and words. A newcomer's `--task moco --help` once listed
     # --queue-size alone; `--task vicreg` hid its 2048-wide projector.
-    from phalanx import tasks
+    from phalanx.config import registry as tasks
     from phalanx.config.fields import flag
 
     for name, info in tasks.BUILTIN.items():

@@ -128,7 +128,7 @@ def test_a_plain_training_split_trains_as_the_same_split_in_a_seeded_view(phalan
 def test_metric_labels_label_a_tasks_axes_too():
     # They once labelled the status pane only; the axes needed an override of panes().
     from phalanx.config import from_mapping
-    from phalanx.tasks import task_class
+    from phalanx.config.registry import task_class
 
     cls = task_class("adversarial_autoencoder:AdversarialAutoencoder")
     labelled = type("Labelled", (cls,), {"metric_labels": {"L1": "L1 error", "G_GAN": "generator GAN loss"}})
@@ -164,7 +164,7 @@ def test_every_validation_metric_gets_a_pane_and_can_pick_best_pt(phalanx, tmp_p
     # The metrics with panes once defaulted to the best metric alone: PSNR_1 was logged with no pane,
     # and --best-metric PSNR_1 was refused.
     from phalanx.config import from_mapping
-    from phalanx.tasks import task_class
+    from phalanx.config.registry import task_class
     from phalanx.train.best import Best
 
     task = task_class("phalanx_testtasks:PerTargetMetric")(from_mapping({"task": "phalanx_testtasks:PerTargetMetric"},
@@ -178,7 +178,7 @@ def float_options() -> list[tuple[str, str]]:
     """(task, flag) for every float option: the general ones once, each built-in task's own."""
     import dataclasses
 
-    from phalanx import tasks
+    from phalanx.config import registry as tasks
     from phalanx.config import FIELDS
     from phalanx.config.fields import flag
 

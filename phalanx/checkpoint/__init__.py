@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
-from ..tasks import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
+from ..config.registry import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
 from ..tasks.contract import check_loadable
 from ..errors import PhalanxError
 

@@ -13,7 +13,7 @@ import click
 from click.core import ParameterSource
 
 from .. import config as config_mod
-from .. import tasks
+from ..config import registry
 from ..config import FIELDS, RunConfig, section_of
 from ..config.file import load_config_file
 from ..errors import PhalanxError
@@ -38,14 +38,14 @@ class Option(click.Option):
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         task = ctx.meta.get(HELP_TASK)
-        own = tasks.own_options(task) if task else {}
-        if task is None or (self.name not in tasks.BUILTIN[task].defaults and self.name not in own):
+        own = registry.own_options(task) if task else {}
+        if task is None or (self.name not in registry.BUILTIN[task].defaults and self.name not in own):
             return super().get_help_record(ctx)
         saved = self.default, self.help
         if self.name in own:  # the named task's own default and words, not those of the task declaring it first
             self.default, self.help = own[self.name]
         else:
-            self.default = tasks.BUILTIN[task].defaults[self.name]
+            self.default = registry.BUILTIN[task].defaults[self.name]
         try:
             return super().get_help_record(ctx)
         finally:
@@ -55,7 +55,7 @@ class Option(click.Option):
 def user_task_help(name: str, formatter: click.HelpFormatter) -> None:
     """Your own task's options (imported by name, as a run would), each as --task-option KEY=VALUE."""
     try:
-        options = tasks.task_class(name).Options
+        options = registry.task_class(name).Options
     except PhalanxError as exc:
         formatter.write_paragraph()
         formatter.write_text(f"(--task {name}: {exc.message})")
@@ -96,10 +96,10 @@ class Command(click.Command):
             normalised.append(arg)
         named = task_named(normalised)
         if named is not None and any(a in ("-h", "--help") for a in normalised):
-            tasks.check_name(named)  # `--task bogus --help` is refused as a run would be, not the general page
-        if named in tasks.BUILTIN:
+            registry.check_name(named)  # `--task bogus --help` is refused as a run would be, not the general page
+        if named in registry.BUILTIN:
             ctx.meta[HELP_TASK] = named
-        elif named and tasks.is_user_task(named) and any(a in ("-h", "--help") for a in normalised):
+        elif named and registry.is_user_task(named) and any(a in ("-h", "--help") for a in normalised):
             ctx.meta[HELP_USER_TASK] = named
         return super().parse_args(ctx, normalised)
 
@@ -108,12 +108,12 @@ class Command(click.Command):
         task = ctx.meta.get(HELP_TASK)
         # With --task named, the other built-in tasks' options are left out: they would be refused.
         user_task = ctx.meta.get(HELP_USER_TASK)
-        hidden = {info.heading for info in tasks.BUILTIN.values() if (task or user_task) and info.name != task}
-        own = tasks.own_options(task) if task else {}
+        hidden = {info.heading for info in registry.BUILTIN.values() if (task or user_task) and info.name != task}
+        own = registry.own_options(task) if task else {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             # An option the named task shares with another sits under the named task's heading.
-            section = tasks.BUILTIN[task].heading if param.name in own else getattr(param, "section", GENERAL)
+            section = registry.BUILTIN[task].heading if param.name in own else getattr(param, "section", GENERAL)
             if record is not None and section not in hidden:
                 groups.setdefault(section, []).append(record)
         if task:
@@ -173,8 +173,8 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
         func = click.option("--task-option", "task_option", multiple=True, metavar="KEY=VALUE", cls=Option,
                             section="Run", help="An option of your own task (--task package.module:Class), checked "
                             "against the options it declares; repeat for several.")(func)
-        owners = tasks.option_owners()
-        for name, (f, default_value, heading) in reversed(list(tasks.option_fields().items())):
+        owners = registry.option_owners()
+        for name, (f, default_value, heading) in reversed(list(registry.option_fields().items())):
             assert name not in FIELDS, f"task option {name} shadows a general option"
             others = owners[name][1:]  # it sits under the first task's heading; say who else takes it
             also = f" Also --task {', '.join(others)} (each with its own default)." if others else ""
@@ -217,10 +217,10 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     if file_values is not None:
         merged.update(file_values)
     typed = set()
-    for name in [*(n for n, f in FIELDS.items() if f.metadata["cli"]), *tasks.option_fields()]:
+    for name in [*(n for n, f in FIELDS.items() if f.metadata["cli"]), *registry.option_fields()]:
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             value = values[name]
-            field = FIELDS[name] if name in FIELDS else tasks.option_fields()[name][0]
+            field = FIELDS[name] if name in FIELDS else registry.option_fields()[name][0]
             is_list = field.type.startswith("tuple[")
             merged[name] = tuple(v for values in value for v in values) if is_list else value
             if name == "task" and isinstance((file_values or {}).get("task"), dict):  # the file's task: section stays
@@ -236,14 +236,14 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     if given:  # last: what the command line gives beats a key of the file (later keys win)
         merged["task_options"] = {**(merged.pop("task_options", None) or {}), **given}
     taken = _take_from_resumed_run(merged)
-    task = merged.get("task", tasks.DEFAULT)
+    task = merged.get("task", registry.DEFAULT)
     if isinstance(task, str):
-        tasks.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
-        flagged = [n for n in tasks.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
-        if tasks.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
-            raise tasks.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
+        registry.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
+        flagged = [n for n in registry.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+        if registry.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
+            raise registry.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
                                          f"{flagged[0]}=VALUE")
-    twice = [k for k in given if k in tasks.option_fields() and ctx.get_parameter_source(k) not in
+    twice = [k for k in given if k in registry.option_fields() and ctx.get_parameter_source(k) not in
              (ParameterSource.DEFAULT, None)]
     if twice:  # which would win is no choice of the user's: refused
         raise PhalanxError(f"{twice[0]} is given twice, here and as {flag(twice[0])}; give one", "--task-option")
@@ -285,8 +285,8 @@ def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
     taken = saved_options(merged)
     if "task" in taken:
         merged["task"] = {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
-    task = merged.get("task", tasks.DEFAULT)
-    merged["resumed_with"] = tuple(described(taken, task.get("name", tasks.DEFAULT) if isinstance(task, dict) else task))
+    task = merged.get("task", registry.DEFAULT)
+    merged["resumed_with"] = tuple(described(taken, task.get("name", registry.DEFAULT) if isinstance(task, dict) else task))
     return taken
 
 

@@ -5,7 +5,7 @@ every DDP worker: the run's own options (task, name, where, seed) and one frozen
 (``config_sections``). Option names are unique across sections, so flags, ``--config``, the JSON and
 ``to_dict`` stay flat. ``cli.py`` generates the click options of ``train`` and ``trainlaunch`` from
 ``FIELDS``, so both commands accept exactly the same training options. The task's own options
-(``tasks/options.py``) travel inside it, as ``task_options``. Standard library only: this module is
+(each task folder's ``options.py``) travel inside it, as ``task_options``. Standard library only: this module is
 imported by ``phalanx --help``, which must not pay for torch.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from . import habits
-from .. import tasks
+from . import registry
 from ..errors import PhalanxError
 from .checks import check_config
 from .sections import (SECTIONS, DataOptions, DeviceOptions, ModelOptions, OptimOptions, OutputOptions, RemoteOptions,
@@ -33,7 +33,7 @@ class RunConfig:
     """The run (its task, name, place and seed) and one section per concern."""
 
     heading: ClassVar[str] = "Run"
-    task: str = option(tasks.DEFAULT, f"What to train: {tasks.names_help()}, or your own task as "
+    task: str = option(registry.DEFAULT, f"What to train: {registry.names_help()}, or your own task as "
                        "package.module:Class (see the README's \"Your own task\"). Recorded in checkpoints: "
                        "evaluate, predict, export and --resume need no --task.", metavar="NAME")
     task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "
@@ -126,7 +126,7 @@ def split_keys(values: dict[str, Any], source: str) -> tuple[dict[str, Any], dic
     mapping with the task's ``name``. Unknown keys name ``source``."""
     general: dict[str, Any] = {}
     task_values: dict[str, Any] = {}
-    owners = tasks.option_owners()
+    owners = registry.option_owners()
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name == "task" and isinstance(value, dict):  # task: {name: translate, ngf: 32}
@@ -150,11 +150,11 @@ def split_keys(values: dict[str, Any], source: str) -> tuple[dict[str, Any], dic
 
 def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
     """Build a config from plain data, naming ``source`` in errors about unknown keys. Options not
-    given take the task's defaults (``tasks.defaults_of``), then ``RunConfig``'s."""
+    given take the task's defaults (``registry.defaults_of``), then ``RunConfig``'s."""
     general, task_values = split_keys(values, source)
-    task = general.get("task", tasks.DEFAULT)
+    task = general.get("task", registry.DEFAULT)
     if not isinstance(task, str):
         raise PhalanxError(f"expected a task name, got {task!r}", "--task")
-    tasks.check_name(task)
-    defaults = {k: v for k, v in tasks.defaults_of(task, general).items() if k not in general}
+    registry.check_name(task)
+    defaults = {k: v for k, v in registry.defaults_of(task, general).items() if k not in general}
     return RunConfig.flat(**{**defaults, **general, "task_options": task_values})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from .. import tasks
+from . import registry
 from ..errors import PhalanxError
 from .fields import check_fields, flag
 
@@ -22,8 +22,8 @@ def check_config(cfg: RunConfig) -> None:
     # Types, choices, finite numbers, and lists from JSON and YAML ("0,1", a lone 0) as tuples: the
     # one check every options dataclass goes through.
     check_fields(cfg)
-    tasks.check_name(cfg.task)
-    object.__setattr__(cfg, "task_options", tasks.resolve_options(cfg.task, cfg.task_options))
+    registry.check_name(cfg.task)
+    object.__setattr__(cfg, "task_options", registry.resolve_options(cfg.task, cfg.task_options))
     _check_required(cfg)
     if not (cfg.data.val_crop_pct == 0 or 0.5 <= cfg.data.val_crop_pct <= 1.25):
         raise bad("val_crop_pct", f"must be in [0.5, 1.25], or 0 for auto (got {cfg.data.val_crop_pct})")
@@ -66,9 +66,9 @@ def check_config(cfg: RunConfig) -> None:
 
 def _check_required(cfg: RunConfig) -> None:
     """Your own task's ``requires``: each general option it cannot run without, given."""
-    if not tasks.is_user_task(cfg.task):
+    if not registry.is_user_task(cfg.task):
         return  # (a built-in task refuses a missing --dataroot itself, saying what it reads)
-    cls = tasks.task_class(cfg.task)
+    cls = registry.task_class(cfg.task)
     values = cfg.to_dict()
     for name in getattr(cls, "requires", ()):
         if name not in values:

@@ -1,6 +1,6 @@
 """Options declared once: dataclass fields that are also command-line options.
 
-``RunConfig`` (config.py), each task's options (tasks/options.py) and the inference commands'
+``RunConfig`` (config.py), each task's options (its folder's options.py) and the inference commands'
 options (inference/options.py) declare their fields with ``option``; ``cliopts`` turns each field
 into a click option, and the checks here apply to values from flags, config files and JSON alike.
 Standard library only: ``phalanx --help`` reads these without importing torch.
@@ -44,6 +44,11 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
 def flag(name: str) -> str:
     """The command-line spelling of a field: ``batch_size`` -> ``--batch-size``."""
     return "--" + name.replace("_", "-")
+
+
+def bad_value(name: str, message: str) -> PhalanxError:
+    """A value a field's own rule refuses, naming its flag (raised where the options are built)."""
+    return PhalanxError(message, flag(name))
 
 
 def suggest(name: str, known: list[str]) -> str:

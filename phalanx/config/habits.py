@@ -76,10 +76,10 @@ def option_hint(option: str, known: list[str], command: str, args: list[str]) ->
     if not instead or spelt in known:
         return None
     if target.startswith("--"):
-        from .. import tasks
+        from . import registry
 
-        owners = tasks.option_owners().get(target[2:].replace("-", "_"))
-        task = next((b for a, b in zip(args, args[1:]) if a == "--task"), tasks.DEFAULT)
+        owners = registry.option_owners().get(target[2:].replace("-", "_"))
+        task = next((b for a, b in zip(args, args[1:]) if a == "--task"), registry.DEFAULT)
         if target not in known or owners is not None and task not in owners:
             return None
     elif instead.startswith(f"phalanx {command} "):
@@ -109,22 +109,22 @@ def launch_hint(option: str, command: str) -> str | None:
 
 def task_of(args: list[str]) -> str:
     """The run's task as typed (``--task NAME`` or ``--task=NAME``), else the default."""
-    from .. import tasks
+    from . import registry
 
     for before, arg in zip(["", *args], args):
         if arg.startswith("--task="):
             return arg.split("=", 1)[1]
         if before == "--task":
             return arg
-    return tasks.DEFAULT
+    return registry.DEFAULT
 
 
 def for_the_task(possibilities: list[str], args: list[str]) -> list[str]:
     """click's spelling suggestions less the options of other tasks than the run's (``--gan-mode``
     is no answer to a classifier's, or ``phalanx scale``'s, typo)."""
-    from .. import tasks
+    from . import registry
 
-    owners, task = tasks.option_owners(), task_of(args)
+    owners, task = registry.option_owners(), task_of(args)
     return [p for p in possibilities if task in owners.get(p.lstrip("-").replace("-", "_"), [task])]
 
 

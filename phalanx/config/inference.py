@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import tasks
+from . import registry
 from .sections import DATASETS
 from ..errors import PhalanxError
 from .fields import option
@@ -50,7 +50,7 @@ class PredictOptions:
     TASK_SPECIFIC = ("top_k", "score_threshold", "tile_overlap", "region_size")
 
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    output: str = option(None, f"Where to write the predictions: {tasks.predict_outputs_help()}; .npy with "
+    output: str = option(None, f"Where to write the predictions: {registry.predict_outputs_help()}; .npy with "
                          "--features.", metavar="PATH")
     features: bool = option(False, "Write each image's features instead (OUTPUT.npy, one row per image, the image "
                             "list in OUTPUT.txt): a classifier without its last Linear layer, a self-supervised "
@@ -99,8 +99,8 @@ class ExportOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
     format: str = option("torchscript", "torchscript: loads with torch.jit.load; exported-program: loads with "
                          "torch.export.load; " + "; ".join(f"{name} (--task {name}): its own model directory, --output DIR"
-                                                          for name in tasks.native_formats()) + ".",
-                         choices=("torchscript", "exported-program", *tasks.native_formats()))
+                                                          for name in registry.native_formats()) + ".",
+                         choices=("torchscript", "exported-program", *registry.native_formats()))
     output: str = option(None, "The file to write; class names and preprocessing go beside it, in FILE.json.",
                          metavar="FILE")
     ema: bool = option(False, "Export the moving average of the weights (a run with --ema-decay).")

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import tasks
+from . import registry
 from . import FIELDS, from_mapping, split_keys
 from ..errors import PhalanxError
 from .fields import flag
@@ -54,7 +54,7 @@ def saved_options(given: dict[str, Any]) -> dict[str, Any]:
         taken = {name: value for name, value in saved.items() if _takes(name, general) and value != alone[name]}
         # A default that follows another option (Adam's rate follows --optimizer, a torchvision
         # model's rate its batch) follows it as the run had it: an Adam run's typed 0.1 is not Adam's 0.001.
-        followed = tasks.defaults_of(task, {**general, **taken})
+        followed = registry.defaults_of(task, {**general, **taken})
         taken.update({name: saved[name] for name, value in followed.items()
                       if name in saved and _takes(name, general) and _plain(saved[name]) != _plain(value)})
     except (PhalanxError, TypeError, AttributeError, ValueError):  # not a configuration: take nothing
@@ -81,7 +81,7 @@ def described(taken: dict[str, Any], task: str) -> list[str]:
         defaults = from_mapping({"task": task}, source="defaults").to_dict()["task_options"]
     except PhalanxError:  # a task option with no default: every taken one is said
         defaults = {}
-    named = [f"--task {task}"] if "task" in taken and task != tasks.DEFAULT else []
+    named = [f"--task {task}"] if "task" in taken and task != registry.DEFAULT else []
     named += [_as_flag(name, value) for name, value in taken.items() if name not in ("task", "task_options")]
     return named + [_as_flag(key, value) for key, value in taken.get("task_options", {}).items()
                     if key not in defaults or value != defaults[key]]

@@ -3,7 +3,7 @@ classifier, a translation's generators, a self-supervised backbone, ...: the tas
 
 ``torchscript`` is traced (``torch.jit.load`` opens it); ``exported-program`` is ``torch.export``'s
 format (``torch.export.load``), with a dynamic batch size. How to prepare inputs and what the
-outputs mean go beside each file in ``FILE.json``. A task's own format (``tasks.native_formats``)
+outputs mean go beside each file in ``FILE.json``. A task's own format (``registry.native_formats``)
 writes another tool's model directory (its networks' files, which that tool loads).
 """
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .. import tasks
+from ..config import registry
 from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
 from .model import load_trained
@@ -28,7 +28,7 @@ SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "expo
 
 def check_output(output: Path, fmt: str) -> None:
     """An extension the format does not write is refused, not ignored (``m.onnx`` is not TorchScript)."""
-    if fmt in tasks.native_formats():
+    if fmt in registry.native_formats():
         if output.suffix:
             raise PhalanxError(f"--format {fmt} writes a model directory, not a file ({output.name})", "--output")
         return
@@ -47,7 +47,7 @@ def export(opts: ExportOptions) -> list[Path]:
     check_place(output)
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
-    if opts.format in tasks.native_formats():
+    if opts.format in registry.native_formats():
         return model_directory(output, inference.native_files(opts.format), opts, trained.config.task)
     scripted = inference.script_export
     if scripted and opts.format != "torchscript":

@@ -15,7 +15,7 @@ from ..train.state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
 from ..config.fields import flag
-from ..tasks import task_class
+from ..config.registry import task_class
 from ..tasks.base import TaskData
 from ..tasks.inference import Trained
 

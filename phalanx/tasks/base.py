@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import torch
 from torch import nn
 
+from ..config import registry
 from ..errors import PhalanxError
 from .contract import Batch, Declaration, Evaluation, Plain, TaskData, Visuals, check_loadable, pane
 
@@ -60,7 +61,7 @@ class Task:
       ``phalanx.config.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
       ``--config``; the instance gets them as ``self.options``;
     - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
-    - ``reads``: the general data and model options (``tasks.DATA_OPTIONS``: ``dataroot``,
+    - ``reads``: the general data and model options (``registry.DATA_OPTIONS``: ``dataroot``,
       ``image_size``, ``augment``, ``model``, ...) that the task reads from ``self.cfg.data`` and
       ``self.cfg.network``; any other of them given on the command line is refused, never silently
       ignored;
@@ -104,9 +105,7 @@ class Task:
         there, once for ``--help`` and the class alike; a subclass (your own task built on it)
         inherits them."""
         super().__init_subclass__(**kwargs)
-        from . import BUILTIN
-
-        info = BUILTIN.get(cls.__dict__.get("name", ""))
+        info = registry.builtin().get(cls.__dict__.get("name", ""))
         if info is not None:
             cls.defaults, cls.reads = info.defaults, info.reads
 
@@ -117,9 +116,7 @@ class Task:
     @classmethod
     def parse_options(cls, given: Mapping[str, Plain]) -> object:
         """The task's options from plain data (a config's ``task_options``), typed and checked."""
-        from . import parse_options
-
-        return parse_options(cls.Options, given, cls.__name__, cls.__name__)
+        return registry.parse_options(cls.Options, given, cls.__name__, cls.__name__)
 
     # --- data, models, optimizers ------------------------------------------------------------
     def build_data(self) -> TaskData:

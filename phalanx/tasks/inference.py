@@ -133,7 +133,7 @@ class Inference:
         raise PhalanxError(f"--task {self.cfg.task} has nothing to export", "--checkpoint")
 
     def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
-        """``export --format FMT`` (``tasks.native_formats``): the files of another tool's model
+        """``export --format FMT`` (``registry.native_formats``): the files of another tool's model
         directory, each name with what makes its bytes (called once the directory is checked: a
         refused export does no work); None where this task does not write that format."""
         return None

@@ -11,7 +11,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .. import checkpoint, tasks
+from .. import checkpoint
+from ..config import registry
 from ..checkpoint import rundir
 from ..distributed.cluster import launcher_name
 from ..config import RunConfig
@@ -72,7 +73,7 @@ def restart_config(cfg: RunConfig, restart: int) -> RunConfig:
 
 def build_task(cfg: RunConfig, mode: str = "") -> Task:
     """The run's task (a built-in or the user's class, by name), checked against the plan's ``mode``."""
-    task = tasks.task_class(cfg.task)(cfg)
+    task = registry.task_class(cfg.task)(cfg)
     refuse_data_parallel(mode, task)
     return task
 
@@ -236,7 +237,7 @@ def _fit(cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, 
          models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, resume: rundir.Resume | None, say: Callable[[str], None]) -> dict[str, Any]:
     with StopRequest() as stop:  # SIGTERM / Ctrl-C: checkpoint at the next step boundary, then stop
         trainer = Trainer(cfg, strategy, task, declared, data, models, outputs, run_id, say, stop)
-        task_part = f"task {cfg.task}; " if cfg.task != tasks.DEFAULT else ""
+        task_part = f"task {cfg.task}; " if cfg.task != registry.DEFAULT else ""
         workers = f"{trainer.num_workers} loader worker{'s' if trainer.num_workers != 1 else ''}"
         networks = cfg.network.model if list(models) == ["model"] else ", ".join(models)  # one whole model: --model's name
         say(f"phalanx: {task_part}{data.description}; model {networks}; "

@@ -21,7 +21,7 @@ from ...models import build_model, check_input_size, required_channels, timm_pre
 from ...records.pictures import denormalize, png
 from ..base import Declaration, Evaluation, Task, TaskData, full_precision
 from .inference import ClassifyInference
-from ..options import ClassifyOptions
+from .options import ClassifyOptions
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
 SAMPLE = 16  # validation images shown each epoch

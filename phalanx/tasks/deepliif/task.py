@@ -34,7 +34,7 @@ from .cells import count, deepliif_pixels, resolution_of
 from .files import load_model_dir
 from .inference import DeepLIIFInference
 from .nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
-from ..options import DeepLIIFOptions
+from .options import DeepLIIFOptions
 from ..translate.task import TranslateTask, gan_loss
 from ..translate.nets import check_discriminator, check_generator, unet_size
 

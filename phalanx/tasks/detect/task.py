@@ -27,7 +27,7 @@ from ...errors import PhalanxError
 from ...records.pictures import png
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
 from .inference import DetectInference
-from ..options import DetectOptions
+from .options import DetectOptions
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
              "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",

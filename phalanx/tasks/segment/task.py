@@ -23,7 +23,7 @@ from ...errors import PhalanxError
 from ...records.pictures import denormalize, png, strip
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .inference import SegmentInference, overlay
-from ..options import SegmentOptions
+from .options import SegmentOptions
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101",
               "fcn_resnet50", "fcn_resnet101")

@@ -28,7 +28,7 @@ from ...models.weights import backbone_of
 from ...models import build_model, required_channels
 from ...data.sampling import ShardSampler
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from ..options import MultiCropOptions
+from .options import MultiCropOptions
 from .inference import SelfSupervisedInference
 from .view_batch import ViewRecipe
 from .views import Indexed, ValidationViews, ViewSample, ViewSet, multi_crop, two_views

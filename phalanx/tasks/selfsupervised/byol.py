@@ -15,7 +15,7 @@ from torch import nn
 from ...models.recipe import ema_update
 from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
-from ..options import BYOLOptions
+from .options import BYOLOptions
 from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..base import Batch, TaskData
-from ..options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
+from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
 from .base import SelfSupervisedTask, gather_views, mlp
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..base import Batch, Plain, TaskData
 from .byol import MomentumTeacherTask
-from ..options import DINOOptions
+from .options import DINOOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig

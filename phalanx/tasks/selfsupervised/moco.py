@@ -19,7 +19,7 @@ from torch import nn
 from ..base import Batch, Plain, TaskData
 from .byol import MomentumTeacherTask
 from .decorrelation import embedding_std
-from ..options import MoCoOptions
+from .options import MoCoOptions
 from .base import mlp
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..base import TaskData
 from .decorrelation import global_embedding_std
-from ..options import SimCLROptions
+from .options import SimCLROptions
 from .base import SelfSupervisedTask, gather_views, mlp
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
-from ..options import SimSiamOptions
+from .options import SimSiamOptions
 from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:

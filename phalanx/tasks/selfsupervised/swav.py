@@ -22,7 +22,7 @@ from torch import nn
 
 from ..base import Batch, Plain, TaskData
 from .decorrelation import global_embedding_std
-from ..options import SwAVOptions
+from .options import SwAVOptions
 from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from ...data.transforms import one_size
 from ...errors import PhalanxError
 from ...records.pictures import png, strip
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from ..options import TranslateOptions
+from .options import TranslateOptions
 from .inference import TranslateInference
 from .image_metrics import psnr, ssim
 from .nets import build_discriminator, build_generator, check_discriminator, check_generator

@@ -1,117 +1,16 @@
-"""The options of each built-in task, declared once (standard library only: ``phalanx --help``
-reads them without importing torch).
-
-Each is a frozen dataclass whose fields are command-line options (``fields.option``), shown in
-``--help`` under the task's heading, carried in the run configuration (``task_options``) to every
-worker and into every checkpoint. Checks that need no data are made here, where a value is built.
-"""
+"""The self-supervised methods' own options: the views and kNN monitor they share, and each
+method's heads, temperatures and weights (standard library only)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..errors import PhalanxError
-from ..config.fields import check_fields, flag, option
-
-
-def _bad(name: str, message: str) -> PhalanxError:
-    return PhalanxError(message, flag(name))
-
-
-@dataclass(frozen=True)
-class ClassifyOptions:
-    num_classes: int = option(0, "Classifier outputs (0: the number of classes in the data; --task segment: "
-                              "the masks' classes, background included, 0: the largest mask value + 1).",
-                              metavar="N", at_least=0)
-    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", metavar="E", at_least=0, below=1)
-    mixup_alpha: float = option(0.0, "MixUp of training batches with Beta(A, A) weights (0: off).", metavar="A", at_least=0)
-    cutmix_alpha: float = option(0.0, "CutMix of training batches with Beta(A, A) areas (0: off; with "
-                                 "--mixup-alpha, one of the two per batch).", metavar="A", at_least=0)
-    random_erasing: float = option(0.0, "Probability of erasing a random rectangle of a training image.",
-                                   metavar="P", at_least=0, at_most=1)
-    freeze_backbone: bool = option(False, "Train the classifier head only (the last Linear layer); frozen "
-                                   "BatchNorm statistics stay as loaded.")
-    probe_norm: bool = option(False, "With --freeze-backbone: the frozen features standardised before the head "
-                              "(BatchNorm without affine, as MAE's linear probe), for a backbone whose features "
-                              "share a large offset (DINO's on the built-in digits).")
-    head_lr_mult: float = option(1.0, "Learning-rate multiplier of the classifier head.", metavar="M", at_least=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.freeze_backbone and self.head_lr_mult == 0:
-            raise _bad("head_lr_mult", "0 with --freeze-backbone leaves nothing to train")
-        if self.probe_norm and not self.freeze_backbone:
-            raise _bad("probe_norm", "needs --freeze-backbone (it standardises a linear probe's frozen features)")
-
-
-@dataclass(frozen=True)
-class GANOptions:
-    """What pix2pix's and DeepLIIF's GANs share."""
-
-    ngf: int = option(64, "Filters in the generator's first layer.", metavar="N", above=0)
-    ndf: int = option(64, "Filters in the discriminator's first layer.", metavar="N", above=0)
-    d_layers: int = option(3, "Layers of the PatchGAN discriminator (3: 70x70 patches).", metavar="N", above=0)
-    norm: str = option("batch", "Normalisation in both networks (pix2pix's default: batch; instance or none make 2 DDP "
-                       "workers x B train exactly what one process x 2B does).", choices=("batch", "instance", "none"))
-    dropout: bool = option(True, "Dropout in the generator, as pix2pix (--no-dropout: deterministic networks).")
-    lambda_l1: float = option(100.0, "Weight of the L1 loss of each generator against its GAN loss.", metavar="L", at_least=0)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class TranslateOptions(GANOptions):
-    generator: str = option("unet_256", "Generator: unet_N, a U-Net for images whose sides are multiples of N "
-                            "(pix2pix's unet_64, unet_128, unet_256; unet_32 at --image-size 32), or resnet_Nblocks, "
-                            "a ResNet of N residual blocks (pix2pix's resnet_6blocks, resnet_9blocks).", metavar="NAME")
-    gan_loss: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan (least squares).",
-                           choices=("vanilla", "lsgan"))
-    targets: int = option(0, "Target images per input; a generator and a discriminator each (0: what the data holds).",
-                          metavar="N", at_least=0)
-
-
-@dataclass(frozen=True)
-class DeepLIIFOptions(GANOptions):
-    """DeepLIIF's model (``deepliif train``'s defaults; its L1 is SmoothL1)."""
-
-    d_layers: int = option(4, "Layers of the PatchGAN discriminator (DeepLIIF's --n-layers-d: 4).", metavar="N", above=0)
-    modalities: int = option(0, "Translated modalities per input, a generator and a discriminator each (DeepLIIF's 4: "
-                             "hematoxylin, mpIF DAPI, Lap2, Ki67; 0: the data's panels less the input and the "
-                             "segmentation).", metavar="N", at_least=0)
-    seg: bool = option(True, "Also the segmentation: a generator from the input and one from each generated modality, "
-                       "weighted by --seg-weights (--no-seg: the modalities alone).")
-    net_g: str = option("resnet_9blocks", "The modalities' generators: resnet_Nblocks, a ResNet of N residual blocks "
-                        "(DeepLIIF's resnet_9blocks, resnet_6blocks), or unet_N (N: 32, 64, ... for N-pixel images).",
-                        metavar="NAME")
-    net_gs: str = option("unet_512", "The segmentation generators (unet_512: 512-pixel images; unet_N or "
-                         "resnet_Nblocks).", metavar="NAME")
-    seg_weights: tuple[float, ...] = option((), "Weights of the segmentation generators' outputs, the input's first "
-                                            "(default: 0.25,0.15,0.25,0.1,0.25 with 4 modalities, else equal).",
-                                            metavar="W[,W...]")
-    loss_g_weights: tuple[float, ...] = option((), "Weights of each modality's generator loss, the segmentation's last "
-                                               "(default: equal).", metavar="W[,W...]")
-    loss_d_weights: tuple[float, ...] = option((), "Weights of each modality's discriminator loss, the "
-                                               "segmentation's last (default: equal).", metavar="W[,W...]")
-    lambda_feat: float = option(100.0, "Weight of the VGG19 perceptual loss of each modality (0: off; above 0 it needs "
-                                "VGG19's ImageNet weights in torch's hub cache).", metavar="L", at_least=0)
-    gan_mode: str = option("vanilla", "GAN objective of the modalities: vanilla (cross-entropy) or lsgan.",
-                           choices=("vanilla", "lsgan"))
-    gan_mode_s: str = option("lsgan", "GAN objective of the segmentation.", choices=("vanilla", "lsgan"))
-    padding: str = option("zero", "Padding of the ResNet generators (DeepLIIF's train default: zero; reflect).",
-                          choices=("zero", "reflect"))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("seg_weights", "loss_g_weights", "loss_d_weights"):
-            if any(w < 0 for w in getattr(self, name)):
-                raise _bad(name, f"weights must not be negative (got {','.join(map(str, getattr(self, name)))})")
+from ...config.fields import bad_value, check_fields, option
 
 
 def _check_blur(blur: float) -> None:
     if blur != -1.0 and not 0 <= blur <= 1:
-        raise _bad("blur", f"must be in [0, 1], or -1 (got {blur})")
+        raise bad_value("blur", f"must be in [0, 1], or -1 (got {blur})")
 
 
 @dataclass(frozen=True)
@@ -184,7 +83,7 @@ class MultiCropOptions(ViewOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.local_scale > self.global_scale:
-            raise _bad("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
+            raise bad_value("local_scale", f"must be at most --global-scale ({self.global_scale}); got {self.local_scale}")
 
 
 @dataclass(frozen=True)
@@ -267,30 +166,3 @@ class SimSiamOptions(ViewOptions):
     predictor_dim: int = option(512, "Hidden size of the predictor (SimSiam's bottleneck).", metavar="N", above=0)
     head_norm: str = option("batch", "Normalisation in the projection and prediction heads.",
                             choices=("batch", "none"))
-
-
-@dataclass(frozen=True)
-class DetectOptions:
-    annotations: str | None = option(None, "The training split's COCO JSON, when it is not DIR/train/annotations.json.",
-                                     metavar="FILE")
-    val_annotations: str | None = option(None, "The validation split's COCO JSON, when it is not "
-                                         "DIR/val/annotations.json.", metavar="FILE")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        for name in ("annotations", "val_annotations"):  # absolute: evaluate and workers run elsewhere
-            if getattr(self, name):
-                object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
-
-
-@dataclass(frozen=True)
-class SegmentOptions:
-    num_classes: int = option(0, "Classes of the masks, background (0) included (0: the largest value found in the "
-                              "masks, plus one).", metavar="N", at_least=0)
-    ignore_index: int = option(255, "Mask value of pixels that neither train nor count in the metrics.", metavar="V", at_least=0)
-    aux_loss: bool = option(False, "torchvision's auxiliary classifier (fcn, deeplabv3), its loss weighted 0.5.")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.num_classes == 1:
-            raise _bad("num_classes", "1 class is the background alone; give 2 or more (or 0 to count them)")
