@@ -63,14 +63,14 @@ def test_the_check_sees_a_task_name_in_a_string_and_in_a_name_but_not_in_prose(t
 
 def test_each_task_names_its_inference_and_no_task_module_holds_a_predict_loop():
     from phalanx.config.registry import BUILTIN, task_class
-    from phalanx.tasks.inference import Inference
+    from phalanx.tasks.inference import Inference, inference_class
 
     for name in BUILTIN:
-        cls = task_class(name)
-        assert issubclass(cls.Inference, Inference) and cls.Inference is not Inference, name
+        named = inference_class(task_class(name))
+        assert issubclass(named, Inference) and named is not Inference, name
     # The loop over the inputs is inference.predict's alone: a task module that batches input
     # files or shows a progress bar has copied it.
-    for path in sorted((PACKAGE / "tasks").glob("*.py")):
+    for path in sorted((PACKAGE / "tasks").rglob("*.py")):
         text = path.read_text()
         assert "ProgressBar(" not in text and "collate_inputs" not in text, path.name
 

@@ -181,7 +181,7 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_trains_the_same():
     bitwise, while the tensors kept for backward outside the recomputed blocks are a fraction."""
     from torch import nn
 
-    from phalanx.models.blocks import checkpoint_activations
+    from phalanx.distributed.blocks import checkpoint_activations
 
     def network():
         torch.manual_seed(0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from phalanx.distributed import cores
+from phalanx import cores
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, loader_workers
 from phalanx.data import manifest

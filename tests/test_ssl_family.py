@@ -107,12 +107,12 @@ def test_simsiams_monitor_from_all_reduced_sums_is_the_batchs_embedding_std():
     # equals the std of the batch's normalised embeddings computed directly; rows that collapsed
     # to one point give 0, not nan. A padding share counts no rows.
     from phalanx.config import RunConfig
-    from phalanx.train.context import StepContext
+    from phalanx.train.context import TrainingStepContext
     from phalanx.data.sampling import MicroBatch
     from phalanx.distributed.strategies import make_strategy
     from phalanx.tasks.selfsupervised.decorrelation import embedding_std, global_embedding_std
 
-    ctx = StepContext(make_strategy(RunConfig.flat(task="simsiam"), None), RunConfig.flat(precision="fp64").optim, False, {}, {}, {})
+    ctx = TrainingStepContext(make_strategy(RunConfig.flat(task="simsiam"), None), RunConfig.flat(precision="fp64").optim, False, {}, {}, {})
     z1, z2 = embeddings(3, rows=9, dim=5)
     ctx.begin(MicroBatch(list(range(9)), 9, 0, 9, 9, True), 1, 0.5, 1)
     monitor = global_embedding_std(ctx, z1, z2)
@@ -128,12 +128,12 @@ def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
     from lightly.loss import DINOLoss
 
     from phalanx.config import RunConfig
-    from phalanx.train.context import RunContext
+    from phalanx.train.context import DeviceContext
     from phalanx.distributed.strategies import make_strategy
     from phalanx.tasks.selfsupervised.dino import DINOTask
 
     cfg = RunConfig.flat(task="dino", task_options={"output_dim": 6})
-    task, ctx = DINOTask(cfg), RunContext(make_strategy(cfg, None), "fp64", False)
+    task, ctx = DINOTask(cfg), DeviceContext(make_strategy(cfg, None), "fp64", False)
     theirs = DINOLoss(output_dim=6, warmup_teacher_temp=0.04, teacher_temp=0.04, student_temp=0.1, center_momentum=0.9)
     theirs.center = theirs.center.double()
     for seed in range(3):  # the centre moves between the calls: the later losses use it
@@ -208,13 +208,13 @@ def test_swavs_queue_balances_the_codes_as_lightlys_queue_outputs_and_keeps_the_
 def step_context(models: dict, optimizers: dict | None = None):
     """A real training context of one process (no trainer): a micro-batch of 4 samples, epoch 1."""
     from phalanx.config import RunConfig
-    from phalanx.train.context import StepContext
+    from phalanx.train.context import TrainingStepContext
     from phalanx.distributed.strategies import make_strategy
     from phalanx.data.sampling import MicroBatch
 
     optimizers = optimizers or {}
     scalers = {name: torch.amp.GradScaler("cpu", enabled=False) for name in optimizers}
-    ctx = StepContext(make_strategy(RunConfig.flat(), None), RunConfig.flat(precision="fp64").optim, False, models, optimizers, scalers)
+    ctx = TrainingStepContext(make_strategy(RunConfig.flat(), None), RunConfig.flat(precision="fp64").optim, False, models, optimizers, scalers)
     ctx.begin(MicroBatch([0, 1, 2, 3], 4, 0, 4, 4, True), 1, 0.5, 2)
     return ctx
 

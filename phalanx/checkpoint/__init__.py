@@ -30,8 +30,7 @@ import torch
 
 from ..atomic import atomic_write
 from ..config.registry import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
-from ..tasks.contract import check_loadable
-from ..errors import PhalanxError
+from ..errors import PhalanxError, RunFailed
 
 FORMAT = "phalanx-checkpoint"
 VERSION = 4  # the newest this phalanx reads
@@ -41,6 +40,31 @@ LATEST, BEST = "latest.pt", "best.pt"
 
 def epoch_name(epoch: int) -> str:
     return f"epoch_{epoch:04d}.pt"
+
+
+# What torch.load(weights_only=True) reads back besides tensors and containers: anything else in a
+# checkpoint (a numpy scalar, a Path) would make every checkpoint of the run unloadable.
+PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def check_loadable(value: Any, where: str = "checkpoint", error: type[PhalanxError] = RunFailed) -> None:
+    """Refuse a value that phalanx could not load back from a checkpoint, naming its key and type
+    (``error``: bad input before the run starts, a failure at a save)."""
+    if isinstance(value, torch.Tensor) or type(value) in PLAIN:  # exact types: numpy.float64 is a float
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_loadable(key, f"{where}, a key,", error)
+            check_loadable(item, f"{where}[{key!r}]", error)
+        return
+    if type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]", error)
+        return
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    raise error(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
+                "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
+                "back: convert it (float(x), str(path), x.tolist())")
 
 
 SOURCES = {"data": "TaskData.info", "task_state": "the task's state_dict()"}  # where a user's values come from

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..errors import PhalanxError
 from .fields import check_fields, option
 
 def means_cpu(gpu_ids: tuple[int, ...] | list[int]) -> bool:
@@ -178,6 +179,10 @@ class ScheduleOptions:
     def __post_init__(self) -> None:
         check_fields(self)
 
+    def effective_lr(self, lr: float, num_devices: int) -> float:
+        """``--scale-lr linear``: the LR grows with the devices that share a step (Goyal et al., 2017)."""
+        return lr * num_devices if self.scale_lr == "linear" else lr
+
 
 @dataclass(frozen=True)
 class DeviceOptions:
@@ -242,6 +247,14 @@ class OutputOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+def parse_s3_url(url: str, option: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> (bucket, prefix without surrounding slashes)."""
+    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
+        raise PhalanxError(f"expected s3://bucket/prefix, got {url!r}", option)
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
 
 
 @dataclass(frozen=True)

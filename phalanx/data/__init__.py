@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
-from ..distributed.cores import available_cores
+from ..cores import available_cores
 from .sampling import derive_seed
 from . import transforms
 from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)

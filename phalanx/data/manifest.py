@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..atomic import atomic_write_text
-from ..distributed.cores import available_cores
+from ..cores import available_cores
 from ..errors import PhalanxError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}

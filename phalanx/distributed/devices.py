@@ -7,18 +7,16 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .cluster import Placement, placement_from
 from ..config import RunConfig
 from ..config.sections import DeviceOptions, means_cpu
-from .cores import available_cores
+from ..cores import available_cores
 from ..errors import PhalanxError
 
-if TYPE_CHECKING:
-    from .strategy import Strategy
 
 
 def placement() -> Placement | None:
@@ -134,8 +132,6 @@ class RunPlan:
 
 def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     """The plan of this process: a DDP worker of ``env``, DataParallel over several ids, or one device."""
-    from ..train.optim import effective_lr
-
     if env is None and cfg.devices.strategy == "fsdp":
         raise PhalanxError("shards the networks over DDP workers: launch with trainlaunch (or under torchrun, "
                            "SLURM or MPI)", "--strategy")
@@ -150,8 +146,7 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
         devices = tuple(torch.device("cuda", i) for i in cfg.devices.gpu_ids)
         mode, device, world, sharing, backend = "dataparallel", devices[0], 1, len(devices), None
     return RunPlan(mode, device, devices, backend, world, sharing, cfg.optim.batch_size * cfg.optim.grad_accum * world,
-                   effective_lr(cfg.optim.lr, cfg.schedule, sharing))
-
+                   cfg.schedule.effective_lr(cfg.optim.lr, sharing))
 
 
 def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> list[str]:
@@ -182,12 +177,3 @@ def option_warnings(cfg: RunConfig, device_type: str, world_size: int) -> list[s
         said.append("--sync-bn normalises over the rows of several processes (trainlaunch's workers, a "
                     "scheduler's tasks); in one process it changes nothing")
     return said
-
-
-def peak_memory(strategy: Strategy) -> dict[str, Any]:
-    """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
-    if strategy.device.type != "cuda":
-        return {}
-    peaks = torch.zeros(strategy.world_size, device=strategy.device, dtype=torch.float64)
-    peaks[strategy.rank] = torch.cuda.max_memory_allocated(strategy.device) / 2**30
-    return {"memory_gib": strategy.all_reduce_sum(peaks).tolist()}

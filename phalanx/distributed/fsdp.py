@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..models.blocks import blocks
+from .blocks import blocks
 from ..errors import PhalanxError
 from .strategy import DDPStrategy, prepare_model
 from .rank_buffers import broadcast_from_rank0

@@ -19,7 +19,7 @@ from torch import nn
 from .cluster import Placement
 from .comm_clock import CommClock
 from ..config import RunConfig
-from .cores import available_cores, cpu_quota
+from ..cores import available_cores, cpu_quota
 from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
 from .gather_rows import GatherRows
 from .rank_buffers import broadcast_from_rank0, ddp_without_buffer_broadcasts, max_difference_from_rank0
@@ -90,6 +90,14 @@ class Strategy:
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module to evaluate with: DataParallel still splits the batch over its GPUs."""
         return model
+
+    def peak_memory(self) -> dict[str, Any]:
+        """On CUDA: each rank's peak allocated memory (GiB), gathered with one small all-reduce."""
+        if self.device.type != "cuda":
+            return {}
+        peaks = torch.zeros(self.world_size, device=self.device, dtype=torch.float64)
+        peaks[self.rank] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return {"memory_gib": self.all_reduce_sum(peaks).tolist()}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor

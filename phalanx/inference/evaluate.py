@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..atomic import atomic_write_text
-from ..train.context import RunContext
+from ..train.context import DeviceContext
 from ..data import loader_workers
 from ..errors import PhalanxError
 from ..distributed.devices import placement
@@ -67,7 +67,7 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
         loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
                             sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
-        ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
+        ctx = DeviceContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         bar = ProgressBar(len(loader), "evaluate", opts.progress and strategy.is_main)
         batches = shown(every_batch(loader, "evaluation"), bar, len(loader.sampler), cfg.optim.batch_size)
         evaluation = task.evaluate(models, batches, ctx)

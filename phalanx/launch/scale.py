@@ -32,7 +32,7 @@ from ..distributed.devices import cpu_threads_per_worker
 from ..errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from ..checkpoint.rundir import read_metrics
 from ..records.snapshots import holds_snapshots
-from ..train.step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
+from ..records import STEP_PARTS, STEP_TIME_KEYS as STEP_KEYS
 
 SCALINGS = ("weak", "strong")
 

@@ -11,7 +11,7 @@ import copy
 import torch
 from torch import nn
 
-from .blocks import checkpoint_activations
+from ..distributed.blocks import checkpoint_activations
 
 
 class ModelEma:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..train.step_times import KEYS as STEP_TIME_KEYS
 from .windows import RECORDS
 
 SCHEMA = 3
 READABLE_SCHEMAS = (1, 2, 3)
 NUMBER = (int, float)
+#: Where a training step's time goes (``phalanx.train.step_times``), and the keys of a ``train``
+#: record that hold each part's seconds per step.
+STEP_PARTS = ("data", "compute", "communication", "optimizer", "logging")
+STEP_TIME_KEYS = tuple(f"step_{part}_s" for part in STEP_PARTS)
 
 #: What a reader may rely on in each kind of record (others are passed through unread).
 FIELDS: dict[str, dict[str, Any]] = {

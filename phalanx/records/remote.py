@@ -17,18 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..config.sections import parse_s3_url
 from ..errors import PhalanxError
 from ..plugins import import_user_module
 
 Send = Callable[[Path, str], None]  # (local path, key relative to the run) -> None, raises on failure
-
-
-def parse_s3_url(url: str, option: str) -> tuple[str, str]:
-    """``s3://bucket/prefix`` -> (bucket, prefix without surrounding slashes)."""
-    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise PhalanxError(f"expected s3://bucket/prefix, got {url!r}", option)
-    bucket, _, prefix = url[5:].partition("/")
-    return bucket, prefix.strip("/")
 
 
 def s3_client(endpoint_url: str | None):

@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
     """``from phalanx.tasks import Task, TaskData, Inference, pane, window, images_item, png, strip,
     denormalize``: the API, imported (with torch) on first use. ``window`` is a pane of another kind
     than lines (``phalanx.records.windows.KINDS``); the last four make a ``visuals`` record's pictures."""
-    if name in ("Task", "TaskData", "Evaluation", "Declaration", "pane"):
+    if name in ("Task", "TaskData", "Evaluation", "Declaration", "pane", "RunContext", "StepContext", "Pending"):
         from . import base
 
         return getattr(base, name)

@@ -29,15 +29,15 @@ from torch import nn
 
 from ..config import registry
 from ..errors import PhalanxError
-from .contract import Batch, Declaration, Evaluation, Plain, TaskData, Visuals, check_loadable, pane
+from ..checkpoint import check_loadable
+from .contract import (Batch, Declaration, Evaluation, Pending, Plain, RunContext, StepContext, TaskData, Visuals,
+                       pane)
 
-__all__ = ["Batch", "Declaration", "Evaluation", "Plain", "Task", "TaskData", "Visuals", "check_step_losses",
-           "fixed_sample", "full_precision", "pane"]
-from .inference import Inference
+__all__ = ["Batch", "Declaration", "Evaluation", "Pending", "Plain", "RunContext", "StepContext", "Task", "TaskData",
+           "Visuals", "check_step_losses", "fixed_sample", "full_precision", "pane"]
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..train.context import RunContext, StepContext
 
 
 def full_precision(tensor: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,8 @@ class Task:
     - ``data_parallel_refused``: why the task cannot train under DataParallel (several --gpu-ids in
       one process), if it cannot; trainlaunch's DDP, one GPU a worker, is unaffected;
     - ``ema_models``: the networks ``--ema-decay`` averages (default: the primary one);
-    - ``Inference``: what ``evaluate``, ``predict`` and ``export`` do with the trained task
+    - ``Inference``: what ``evaluate``, ``predict`` and ``export`` do with the trained task, a class
+      or its name (``"module:Class"``, ``".inference:Class"`` beside the declaring class's module)
       (``tasks.inference.Inference``: the base evaluates on the validation split and has no
       predict or export).
     The framework reads these through ``declare()`` once; a task whose names depend on its data
@@ -97,7 +98,7 @@ class Task:
     data_parallel_refused = ""
     ema_models: tuple[str, ...] | None = None
     metrics: tuple[str, ...] | None = None
-    Inference: type[Inference] = Inference
+    Inference: type | str = ".inference:Inference"
     metric_labels: dict[str, str] = {}
 
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -1,50 +1,23 @@
 """The plain types the task contract exchanges: what a task's data is, what a validation pass
-found, what a task declares about itself, and a dashboard pane. Kept apart from ``base.Task`` so
+found, what a task declares about itself, a dashboard pane, and what the trainer lends a task
+(``RunContext``, ``StepContext``: protocols the trainer implements, so tasks import nothing of it). Kept apart from ``base.Task`` so
 the contract reads in one screen; ``phalanx.tasks.base`` re-exports them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Union
+import contextlib
+from typing import Any, Callable, Mapping, Protocol, Union
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..errors import PhalanxError, RunFailed
-
-if TYPE_CHECKING:
-    from ..train.context import RunContext
 
 # What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
 Batch = Union[torch.Tensor, tuple, list, dict]
 # Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
 Plain = Union[None, bool, int, float, str, list, tuple, dict, torch.Tensor]
-
-
-# What torch.load(weights_only=True) reads back besides tensors and containers: anything else in a
-# checkpoint (a numpy scalar, a Path) would make every checkpoint of the run unloadable.
-PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
-
-
-def check_loadable(value: Any, where: str = "checkpoint", error: type[PhalanxError] = RunFailed) -> None:
-    """Refuse a value that phalanx could not load back from a checkpoint, naming its key and type
-    (``error``: bad input before the run starts, a failure at a save)."""
-    if isinstance(value, torch.Tensor) or type(value) in PLAIN:  # exact types: numpy.float64 is a float
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_loadable(key, f"{where}, a key,", error)
-            check_loadable(item, f"{where}[{key!r}]", error)
-        return
-    if type(value) in (list, tuple, set):
-        for index, item in enumerate(value):
-            check_loadable(item, f"{where}[{index}]", error)
-        return
-    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
-    raise error(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
-                "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
-                "back: convert it (float(x), str(path), x.tolist())")
 
 
 @dataclass
@@ -107,3 +80,71 @@ class Visuals(Protocol):
     """What a task's ``visuals`` returns: each epoch, an ``images`` record of the networks' outputs."""
 
     def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Plain]: ...
+
+
+class Pending(Protocol):
+    """Sums on their way through an all-reduce (``RunContext.all_reduce_sums_later``)."""
+
+    def result(self) -> Any:
+        """The sums (or what ``finish`` made of them), waiting for the all-reduce if it is still running."""
+
+
+class RunContext(Protocol):
+    """What a task gets for validation and pictures: its process's device, precision and collectives."""
+
+    device: torch.device
+    rank: int
+    world_size: int
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's mixed precision (``--precision bf16`` or ``fp16``), or nothing."""
+
+    def to_device(self, batch: Any) -> Any:
+        """A batch (tensors in tuples, lists and dicts) on this process's device, as the run's
+        precision and memory format want it."""
+
+    def all_reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each tensor summed over the ranks (float64), in one collective."""
+
+    def all_reduce_sums_later(self, sums: dict[str, torch.Tensor],
+                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> Pending:
+        """``all_reduce_sums`` started now, finished at ``result()`` (beside a step's backward)."""
+
+    def all_gather(self, tensor: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, int]:
+        """Every rank's rows in rank order, with gradients back to each rank's own, and where this
+        rank's begin."""
+
+    def all_gather_objects(self, items: list[Any]) -> list[Any]:
+        """Every rank's plain-data items, in rank order."""
+
+
+class StepContext(RunContext, Protocol):
+    """What a training step gets: the networks, their optimizers, the step's place in training and,
+    for a task with ``manual_optimization``, backward and the optimizer steps."""
+
+    models: Mapping[str, nn.Module]
+    optimizers: Mapping[str, torch.optim.Optimizer]
+    scalers: Mapping[str, torch.amp.GradScaler]
+    epoch: int  # the epoch being trained (1-based)
+    progress: float  # epochs of training done at the end of this micro-batch
+    epochs: int  # the run's length in epochs
+
+    @property
+    def samples(self) -> int:
+        """Samples of this micro-batch that count on this rank (0: a padding sample)."""
+
+    @property
+    def ends_step(self) -> bool:
+        """Whether this micro-batch ends an optimizer step (with ``--grad-accum``, the last one does)."""
+
+    def backward(self, loss: torch.Tensor, optimizer: str | None = None) -> None:
+        """Backpropagate a per-sample (1-D) or mean (0-dim) loss, scaled for DDP's average."""
+
+    def step(self, optimizer: str | None = None) -> None:
+        """Step an optimizer where this micro-batch ends a step, and clear its gradients."""
+
+    def frozen(self, name: str) -> contextlib.AbstractContextManager[nn.Module]:
+        """A network for a forward pass whose gradients must not reach its weights."""
+
+    def all_gather_in_order(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of this micro-batch in the order one process holding it has them."""

@@ -5,6 +5,8 @@ every task; an ``Inference`` says what is task-specific."""
 
 from __future__ import annotations
 
+import importlib
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -34,7 +36,20 @@ class Trained:
     info: dict[str, Plain]  # what the data resolved to (classes, image size, normalisation)
 
     def inference(self) -> Inference:
-        return self.task.Inference(self)
+        return inference_class(type(self.task))(self)
+
+
+def inference_class(task_class: type) -> type[Inference]:
+    """A task's ``Inference``: its class, or its name, ``"module:Class"`` (``".inference:Class"``:
+    beside the module of the class that declares it). A built-in task names its inference, which
+    imports the task's module for its types, instead of importing it."""
+    owner = next(cls for cls in task_class.__mro__ if "Inference" in cls.__dict__)
+    named = owner.__dict__["Inference"]
+    if isinstance(named, str):
+        module, _, name = named.partition(":")
+        package = owner.__module__.rpartition(".")[0] if module.startswith(".") else None
+        named = getattr(importlib.import_module(module, package), name)
+    return named
 
 
 class Predictor:

@@ -1,5 +1,6 @@
-"""What the trainer lends a task: devices, precision and collectives (``RunContext``), and for a
-training step the networks, backward and optimizer steps (``StepContext``).
+"""What the trainer lends a task: devices, precision and collectives (``DeviceContext``), and for a
+training step the networks, backward and optimizer steps (``TrainingStepContext``): the trainer's
+side of the task contract's ``RunContext`` and ``StepContext`` (``phalanx.tasks.contract``).
 
 A task calls these and never the strategy, the GradScaler or torch.distributed itself, so the same
 task runs in one process, under DataParallel and as a DDP worker.
@@ -23,7 +24,7 @@ from ..data.sampling import MicroBatch, sample_order
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class RunContext:
+class DeviceContext:
     def __init__(self, strategy: Strategy, precision: str, channels_last: bool):
         self.strategy = strategy
         self.device = strategy.device
@@ -61,14 +62,14 @@ class RunContext:
         return self.all_reduce_sums_later(sums).result()
 
     def all_reduce_sums_later(self, sums: dict[str, torch.Tensor],
-                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> Pending:
+                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> PendingSums:
         """``all_reduce_sums`` started now and finished at ``result()``: in a training step, the
         collective runs beside the backward pass instead of stopping every rank mid-step (a
         monitor of the global batch, a centre for the next step). A step may return the
-        ``Pending`` as a named loss: the trainer takes its ``result()`` after the backward."""
+        ``PendingSums`` as a named loss: the trainer takes its ``result()`` after the backward."""
         keys = list(sums)
         flat = torch.cat([sums[k].detach().reshape(-1).to(self.device, torch.float64) for k in keys])
-        return Pending(self.strategy.start_all_reduce_sum(flat), flat, {k: sums[k].shape for k in keys}, finish,
+        return PendingSums(self.strategy.start_all_reduce_sum(flat), flat, {k: sums[k].shape for k in keys}, finish,
                        self.strategy.clock)
 
     def all_gather(self, tensor: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, int]:
@@ -83,7 +84,7 @@ class RunContext:
         return self.strategy.all_gather_objects(items)
 
 
-class Pending:
+class PendingSums:
     """Sums on their way through an all-reduce: ``result()`` waits for them (then ``finish``)."""
 
     def __init__(self, work: Any, flat: torch.Tensor, shapes: dict[str, torch.Size],
@@ -108,7 +109,7 @@ class Pending:
         return self.value
 
 
-class StepContext(RunContext):
+class TrainingStepContext(DeviceContext):
     """One micro-batch of training: set by the trainer before each ``training_step``."""
 
     def __init__(self, strategy: Strategy, optim: OptimOptions, channels_last: bool, models: Mapping[str, nn.Module],

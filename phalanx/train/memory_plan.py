@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import RunConfig
 from ..errors import PhalanxError
-from ..models.blocks import blocks
+from ..distributed.blocks import blocks
 
 GIB = 2 ** 30
 

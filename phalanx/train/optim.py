@@ -17,11 +17,6 @@ import torch
 from ..config.sections import OptimOptions, ScheduleOptions
 
 
-def effective_lr(lr: float, schedule: ScheduleOptions, num_devices: int) -> float:
-    """``--scale-lr linear``: the LR grows with the devices that share a step (Goyal et al., 2017)."""
-    return lr * num_devices if schedule.scale_lr == "linear" else lr
-
-
 FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 
-PARTS = ("data", "compute", "communication", "optimizer", "logging")
-#: The keys a ``train`` record holds them under.
-KEYS = tuple(f"step_{part}_s" for part in PARTS)
+from ..records import STEP_PARTS as PARTS
+from ..records import STEP_TIME_KEYS as KEYS
 
 
 class StepTimes:

@@ -21,14 +21,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .. import checkpoint
-from .checkpointing import Checkpointing
+from .checkpointing import Checkpointer, Progress
 from .best import Best
 from ..checkpoint.writer import CheckpointWriter
 from ..config import RunConfig
-from .context import Pending, RunContext, StepContext
+from .context import PendingSums, DeviceContext, TrainingStepContext
 from ..data import loader_workers, run_loaders
-from ..distributed.devices import peak_memory
 from .divergence import diverged, first_non_finite, non_finite_at_start, rank_divergence
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
 from .outputs import RunOutputs
@@ -41,14 +39,14 @@ from .step_times import StepTimes
 from ..data.sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
 from ..tasks.base import Declaration, Task, TaskData, check_step_losses
 from .losses import TrainLosses
-from .validation import Validation
+from .validation import Validator
 
 
 class StepLimit(Exception):
     """--max-steps reached mid-epoch."""
 
 
-class Trainer(Checkpointing, Validation):
+class Trainer:
     def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
                  models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
                  stop: StopRequest | None = None):
@@ -70,7 +68,7 @@ class Trainer(Checkpointing, Validation):
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
         self.num_workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
-        self.num_train, self.data_info, self.batches = len(data.train), data.info, EpochBatches()
+        self.num_train, self.batches = len(data.train), EpochBatches()
         self.train_loader, self.val_loader = run_loaders(data.train, data.val, data.collate, self.batches,
                                                          cfg.optim.batch_size, self.num_workers, pin, self.rank,
                                                          self.world_size)
@@ -78,10 +76,9 @@ class Trainer(Checkpointing, Validation):
         self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
         self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
                         for name in self.optimizers}
-        self.ctx = StepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers,
+        self.ctx = TrainingStepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers,
                                declared.manual_optimization, type(task).__name__)
-        self.eval_ctx = RunContext(strategy, cfg.optim.precision, cfg.network.channels_last)
-        self.data = data  # (the task's pictures of each epoch are drawn from it: Validation.visuals)
+        self.eval_ctx = DeviceContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         self.loss_names = declared.loss_names
         self.best = Best(declared, cfg.output.best_metric)
         self.epoch = 0  # completed epochs
@@ -90,11 +87,28 @@ class Trainer(Checkpointing, Validation):
         self.losses, self.times = TrainLosses(self.loss_names, self.device), StepTimes()
         self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses,
                               strategy)
-        self.val_samples, self.first_step_pending = 0, True  # the first step's checks and latency
-        self.writer = CheckpointWriter(outputs.files_written)
+        self.first_step_pending = True  # the first step's checks and latency
+        self.checkpointer = Checkpointer(cfg, strategy, self.parts, self.best, CheckpointWriter(outputs.files_written),
+                                         declared.primary_model, run_id, data.info)
+        self.validator = Validator(task, strategy, self.val_loader, self.eval_ctx, outputs, data)
 
     def bare_models(self) -> dict[str, nn.Module]:
         return {name: self.strategy.unwrap(model) for name, model in self.models.items()}
+
+    def progress(self) -> Progress:
+        return Progress(self.epoch, self.position, self.step)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """A checkpoint's parts and position (a resume)."""
+        progress = self.checkpointer.restore(state)
+        self.epoch, self.position, self.step = progress.epoch, progress.position, progress.step
+
+    def _validate(self, epoch: int) -> dict[str, float]:
+        def stop(what: str) -> Exception:
+            return diverged(f"{what} after step {self.step}", epoch, self.epoch, self.base_lr, self.cfg.optim.precision)
+
+        averaged = {name: ema.module for name, ema in self.ema.items()}
+        return self.validator.validate(epoch, self.models, averaged, self.bare_models, stop)
 
     # --- the loop
     def fit(self) -> dict[str, Any]:
@@ -102,13 +116,13 @@ class Trainer(Checkpointing, Validation):
         try:
             summary = self._fit()
         except Preempted:
-            self.writer.wait()  # a checkpoint that could not be written is the stop's news
+            self.checkpointer.writer.wait()  # a checkpoint that could not be written is the stop's news
             raise
         except BaseException:
-            self.writer.wait(quiet=True)  # the failure's own error is the news; the previous file is whole
+            self.checkpointer.writer.wait(quiet=True)  # the failure's own error is the news; the previous file is whole
             raise
-        self.writer.wait()
-        self._collect_shards()
+        self.checkpointer.writer.wait()
+        self.checkpointer.collect_shards()
         return summary
 
     def _fit(self) -> dict[str, Any]:
@@ -122,7 +136,7 @@ class Trainer(Checkpointing, Validation):
                 train_losses, rate = self._train_epoch(epoch)
             except StepLimit:  # mid-epoch: saved as a preempted run saves, without validation
                 self._stop_if_diverged(epoch)
-                self._write_checkpoint([self.cfg.run_dir / checkpoint.LATEST])
+                self.checkpointer.save_latest(self.progress())
                 break
             self._stop_if_diverged(epoch)  # before the weights are evaluated or saved
             train = {f"train_{name}": value for name, value in train_losses.items()}
@@ -134,10 +148,10 @@ class Trainer(Checkpointing, Validation):
             self.epoch = epoch
             if metrics is not None:
                 self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, **metrics,
-                                     "samples": self.val_samples, "world_size": self.world_size, **train,
-                                     **peak_memory(self.strategy)}, flush=True)
+                                     "samples": self.validator.samples, "world_size": self.world_size, **train,
+                                     **self.strategy.peak_memory()}, flush=True)
                 summary["metrics"] = metrics
-            self._save(metrics)
+            self.checkpointer.save_epoch(self.progress(), metrics)
             shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
             speed = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
             checked = self.task.summary(metrics) if metrics is not None else "(not validated: --val-every)"
@@ -247,7 +261,7 @@ class Trainer(Checkpointing, Validation):
             if not manual:
                 self.ctx.backward_loss(losses["loss"])
         # Sums the step all-reduced beside its backward (monitors of the global batch), done now.
-        return {name: value.result() if isinstance(value, Pending) else value for name, value in losses.items()}
+        return {name: value.result() if isinstance(value, PendingSums) else value for name, value in losses.items()}
 
     def _optimizer_step(self, epoch: int, micro: MicroBatch, manual: bool) -> None:
         """Step the optimizers this micro-batch ends a step for, then count the step."""
@@ -268,9 +282,9 @@ class Trainer(Checkpointing, Validation):
     def _preempt(self, epoch: int) -> None:
         """Save a mid-epoch checkpoint (the step just finished) and stop with the signal's code."""
         self._stop_if_diverged(epoch)
-        self._write_checkpoint([self.cfg.run_dir / checkpoint.LATEST])
-        self.writer.wait()  # on disk before the process stops
-        self._collect_shards()
+        self.checkpointer.save_latest(self.progress())
+        self.checkpointer.writer.wait()  # on disk before the process stops
+        self.checkpointer.collect_shards()
         raise Preempted(self.stop.signum or signal.SIGTERM,
                         f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")
 

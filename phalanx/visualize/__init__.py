@@ -11,30 +11,17 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
 from .follow import Follower
 from .plots import env_name, windows
+from .options import VisualizeOptions
 from .runs import Runs
 from .server import LOCAL_HOSTS, ServerLost, start_server_if_needed, visdom_client
 from .sources import LocalSource, S3Source
 
 __all__ = ["LocalSource", "S3Source", "VisualizeOptions", "env_name", "visualize", "window_points", "windows"]
-
-
-@dataclass(frozen=True)
-class VisualizeOptions:
-    pickle_dir: tuple[str, ...]
-    server: str = "http://localhost"
-    port: int = 8097
-    interval: float = 2.0
-    once: bool = False
-    env: str | None = None
-    s3_endpoint_url: str | None = None
-    listen_all: bool = False
-    visdom_log: str | None = None
 
 
 class _Signalled(BaseException):

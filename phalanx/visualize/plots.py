@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import records as record_kinds
 from ..records.snapshots import History
-from ..train.step_times import KEYS as STEP_KEYS, PARTS as STEP_PARTS
+from ..records import STEP_PARTS, STEP_TIME_KEYS as STEP_KEYS
 from ..records.windows import HEIGHT, KINDS, WIDTH, drawn_windows
 
 #: The windows every run's page may have besides its task's panes (``records.panes_of``).

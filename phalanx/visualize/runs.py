@@ -15,7 +15,7 @@ from ..records.snapshots import History
 from .sources import LocalSource, SnapshotSource, open_source, run_dirs
 
 if TYPE_CHECKING:
-    from . import VisualizeOptions
+    from .options import VisualizeOptions
 
 
 def checked_folder(given: str, once: bool) -> Path:

@@ -126,7 +126,8 @@ class LocalSource(SnapshotSource):
 class S3Source(SnapshotSource):
     def __init__(self, url: str, endpoint_url: str | None):
         super().__init__()
-        from ..records.remote import parse_s3_url, s3_client
+        from ..config.sections import parse_s3_url
+        from ..records.remote import s3_client
 
         self.bucket, prefix = parse_s3_url(url, "--pickle-dir")
         self.prefix = f"{prefix}/" if prefix else ""

@@ -13,7 +13,7 @@ from lightly.loss import BarlowTwinsLoss, DINOLoss, SwaVLoss, VICRegLoss
 from phalanx.config import RunConfig
 from phalanx.distributed.devices import placement
 from phalanx.distributed.strategies import make_strategy
-from phalanx.train.context import RunContext
+from phalanx.train.context import DeviceContext
 from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
 from phalanx.tasks.selfsupervised.dino import DINOTask
 from phalanx.tasks.selfsupervised.swav import SwAVTask, sinkhorn
@@ -61,7 +61,7 @@ found["barlow_one_process"] = one_process.item()
 found["barlow_one_process_grads"] = (all1.grad[rows].clone(), all2.grad[rows].clone())
 found["barlow_lightly_gathered"] = BarlowTwinsLoss(gather_distributed=True)(z1.detach(), z2.detach()).item()
 # DINO: per-sample losses (their mean over ranks is the global mean), the centre from the global batch.
-task, ctx = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6})), RunContext(strategy, "fp64", False)
+task, ctx = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6})), DeviceContext(strategy, "fp64", False)
 teacher = [embeddings().detach() for _ in range(2)]
 student = [embeddings() for _ in range(3)]
 loss, _ = task.dino_loss(teacher, student, 0.0625)

@@ -20,7 +20,6 @@ from ...models.weights import Backbone, insert_probe_norm, load_weights, param_g
 from ...models import build_model, check_input_size, required_channels, timm_preferences
 from ...records.pictures import denormalize, png
 from ..base import Declaration, Evaluation, Task, TaskData, full_precision
-from .inference import ClassifyInference
 from .options import ClassifyOptions
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
@@ -29,7 +28,7 @@ SAMPLE = 16  # validation images shown each epoch
 
 class ClassifyTask(Task):
     name = "classify"
-    Inference = ClassifyInference
+    Inference = ".inference:ClassifyInference"  # (by name: the inference imports this module for its types)
     Options = ClassifyOptions
     loss_names = ("loss",)
     primary_model = "model"

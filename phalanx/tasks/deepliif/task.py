@@ -32,7 +32,6 @@ from ...errors import PhalanxError
 from ..base import Declaration, Evaluation, Task, TaskData, pane
 from .cells import count, deepliif_pixels, resolution_of
 from .files import load_model_dir
-from .inference import DeepLIIFInference
 from .nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import DeepLIIFOptions
 from ..translate.task import TranslateTask, gan_loss
@@ -45,7 +44,7 @@ SEG_WEIGHTS_4 = (0.25, 0.15, 0.25, 0.1, 0.25)  # DeepLIIF's segmentation weights
 class DeepLIIFTask(TranslateTask):
     name = "deepliif"
     Options = DeepLIIFOptions
-    Inference = DeepLIIFInference
+    Inference = ".inference:DeepLIIFInference"  # (by name: the inference imports this module for its types)
     options: DeepLIIFOptions  # type: ignore[assignment]
     primary_model = "G1"
     last_target_folder = "seg"

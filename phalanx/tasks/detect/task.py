@@ -26,7 +26,6 @@ from ...data.layout import train_dir, validation_dir
 from ...errors import PhalanxError
 from ...records.pictures import png
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
-from .inference import DetectInference
 from .options import DetectOptions
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
@@ -61,7 +60,7 @@ def loss_names_of(model: nn.Module) -> tuple[str, ...]:
 
 class DetectTask(Task):
     name = "detect"
-    Inference = DetectInference
+    Inference = ".inference:DetectInference"  # (by name: the inference imports this module for its types)
     Options = DetectOptions
     primary_model = "detector"
     best_metric = ("mAP", "max")

@@ -17,6 +17,7 @@ from ...errors import PhalanxError
 from ...records.pictures import png
 from ..base import Evaluation, full_precision
 from ..inference import Inference, Predictor
+from .pictures import overlay
 
 if TYPE_CHECKING:
     from ...config.inference import PredictOptions
@@ -74,23 +75,6 @@ class SegmentInference(Inference):
         return {"input": "RGB", "mean": info["mean"], "std": info["std"], "classes": info["classes"],
                 "scale": "pixels / 255, then (x - mean) / std",
                 "outputs": "logits (N, classes, H, W); argmax over classes for the mask"}
-
-
-def palette(classes: int) -> torch.Tensor:
-    """A colour per class (0, the background, black), well apart for the first dozen."""
-    colours = [(0, 0, 0)]
-    for c in range(1, classes):
-        hue = (c * 0.618034) % 1.0
-        r, g, b = (max(0.0, min(1.0, abs((hue * 6 + k) % 6 - 3) - 1)) for k in (0, 4, 2))
-        colours.append((r, g, b))
-    return torch.tensor(colours)
-
-
-def overlay(image: torch.Tensor, mask: torch.Tensor, classes: int) -> torch.Tensor:
-    """An image in [0, 1] (3, H, W) with its mask's classes painted over at half strength."""
-    colours = palette(max(classes, 2))[mask.clamp(0, max(classes, 2) - 1)].permute(2, 0, 1)
-    painted = mask > 0
-    return torch.where(painted[None], 0.5 * image + 0.5 * colours, image)
 
 
 class Logits(nn.Module):

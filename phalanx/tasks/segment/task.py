@@ -22,7 +22,7 @@ from ...data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation, one_s
 from ...errors import PhalanxError
 from ...records.pictures import denormalize, png, strip
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from .inference import SegmentInference, overlay
+from .pictures import overlay
 from .options import SegmentOptions
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101",
@@ -32,7 +32,7 @@ SHOWN = 4
 
 class SegmentTask(Task):
     name = "segment"
-    Inference = SegmentInference
+    Inference = ".inference:SegmentInference"  # (by name: the inference imports this module for its types)
     Options = SegmentOptions
     primary_model = "segmenter"
     best_metric = ("mIoU", "max")

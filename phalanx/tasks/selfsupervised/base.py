@@ -29,7 +29,6 @@ from ...models import build_model, required_channels
 from ...data.sampling import ShardSampler
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import MultiCropOptions
-from .inference import SelfSupervisedInference
 from .view_batch import ViewRecipe
 from .views import Indexed, ValidationViews, ViewSample, ViewSet, multi_crop, two_views
 
@@ -78,7 +77,7 @@ COLLAPSED_STD = 0.2
 
 class SelfSupervisedTask(Task):
     primary_model = "backbone"
-    Inference = SelfSupervisedInference
+    Inference = ".inference:SelfSupervisedInference"  # (by name: the inference imports this module)
     best_metric = ("knn_acc", "max")
     metrics = ("knn_acc", "view_loss")
     metric_labels = {"knn_acc": "kNN accuracy", "view_loss": "loss on validation views"}

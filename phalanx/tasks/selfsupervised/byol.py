@@ -20,7 +20,7 @@ from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ...train.context import StepContext
+    from ..contract import StepContext
 
 
 class MomentumTeacherTask(SelfSupervisedTask):

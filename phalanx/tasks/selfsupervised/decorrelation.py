@@ -23,7 +23,7 @@ from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
 from .base import SelfSupervisedTask, gather_views, mlp
 
 if TYPE_CHECKING:
-    from ...train.context import Pending, StepContext
+    from ..contract import Pending, StepContext
 
 
 def embedding_std(z: torch.Tensor) -> torch.Tensor:

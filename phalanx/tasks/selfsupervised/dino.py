@@ -25,7 +25,7 @@ from .options import DINOOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ...train.context import Pending, RunContext, StepContext
+    from ..contract import Pending, RunContext, StepContext
 
 # A teacher's mean entropy above this share of the uniform distribution's warns of a collapse: at the
 # first epoch 0.40-0.73 of it here (heads of 64 to 4,096 outputs); collapsed runs reached 0.99.

@@ -24,7 +24,7 @@ from .base import mlp
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ...train.context import StepContext
+    from ..contract import StepContext
 
 
 class MoCoTask(MomentumTeacherTask):

@@ -15,7 +15,7 @@ from .options import SimSiamOptions
 from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:
-    from ...train.context import StepContext
+    from ..contract import StepContext
 
 
 class SimSiamTask(SelfSupervisedTask):

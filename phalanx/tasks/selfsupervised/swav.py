@@ -27,7 +27,7 @@ from .base import SelfSupervisedTask, mlp
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ...train.context import StepContext
+    from ..contract import StepContext
 
 
 @torch.no_grad()

@@ -28,7 +28,6 @@ from ...errors import PhalanxError
 from ...records.pictures import png, strip
 from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
 from .options import TranslateOptions
-from .inference import TranslateInference
 from .image_metrics import psnr, ssim
 from .nets import build_discriminator, build_generator, check_discriminator, check_generator
 
@@ -37,7 +36,7 @@ SHOWN = 4  # validation samples drawn each epoch
 
 class TranslateTask(Task):
     name = "translate"
-    Inference = TranslateInference
+    Inference = ".inference:TranslateInference"  # (by name: the inference imports this module for its types)
     Options = TranslateOptions
     manual_optimization = True
     primary_model = "generator"  # one target's name; several: generator1, ... (declare)
