@@ -59,22 +59,19 @@ def gradients_of(loss_fn, z1, z2):
 def test_each_loss_equals_lightlys_in_one_process_with_its_gradient():
     from lightly.loss import BarlowTwinsLoss, NegativeCosineSimilarity, VICRegLoss
 
-    from phalanx.config import RunConfig
-    from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
-    from phalanx.tasks.selfsupervised.simsiam import SimSiamTask
+    from phalanx.tasks.selfsupervised import losses
 
-    z1, z2 = embeddings(0)
-    vicreg = VICRegTask(RunConfig.flat(task="vicreg"))
-    barlow = BarlowTwinsTask(RunConfig.flat(task="barlowtwins", task_options={"redundancy_weight": 0.01}))
-    for ours, theirs in (((lambda a, b: vicreg.batch_loss(a, b)["loss"]), VICRegLoss()),
-                         ((lambda a, b: barlow.batch_loss(a, b)["loss"]), BarlowTwinsLoss(lambda_param=0.01))):
+    z1, z2 = embeddings(0)  # the losses are modules of their own: no run configuration
+    vicreg, barlow = losses.VICRegLoss(), losses.BarlowTwinsLoss(redundancy_weight=0.01)
+    for ours, theirs in (((lambda a, b: vicreg(a, b)["loss"]), VICRegLoss()),
+                         ((lambda a, b: barlow(a, b)["loss"]), BarlowTwinsLoss(lambda_param=0.01))):
         mine, expected = gradients_of(ours, z1, z2), gradients_of(theirs, z1, z2)
         assert mine[0] == pytest.approx(expected[0], rel=1e-12)
         assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(mine[1:], expected[1:]))
     p1, p2 = embeddings(1)
     negative_cosine = NegativeCosineSimilarity()
     theirs = 0.5 * (negative_cosine(p1, z2.detach()) + negative_cosine(p2, z1.detach()))
-    ours = SimSiamTask.simsiam(p1, p2, z1, z2).mean()
+    ours = losses.NegativeCosineLoss()(p1, p2, z1, z2).mean()
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-12)
     # The stop-gradient: the targets get no gradient, the predictions Lightly's.
     grads = torch.autograd.grad(ours, (p1, p2, z1, z2), allow_unused=True)
@@ -94,7 +91,7 @@ def test_moco_loss_and_queue_equal_lightlys_memory_bank_through_a_wrap():
     for seed in range(4):  # 4 keys a batch: 4, 8, then 2 fit and 2 are dropped, then 4 from the front
         query, key = embeddings(seed, rows=4)
         key = key.detach()
-        mine = gradients_of(lambda q, k: task.info_nce(q, k).mean(), query, key)
+        mine = gradients_of(lambda q, k: task.criterion(q, k, task.queue.clone()).mean(), query, key)
         task.enqueue(key)
         expected = gradients_of(theirs, query, key)
         assert mine[0] == pytest.approx(expected[0], rel=1e-12) and torch.allclose(mine[1], expected[1], atol=1e-12)
@@ -140,7 +137,7 @@ def test_dino_loss_and_centre_equal_lightlys_with_local_crops():
         teacher = [t.detach() for t in embeddings(10 + seed, rows=5)]
         student = [*embeddings(20 + seed, rows=5), *embeddings(30 + seed, rows=5)]  # 2 global + 2 local crops
         # 1/16: exact in float32, as Lightly holds the temperature (torch.tensor(0.05) is not 0.05)
-        loss, _ = task.dino_loss(teacher, student, 0.0625)
+        loss, _ = task.criterion(teacher, student, task.center, 0.0625)
         mine = torch.autograd.grad(loss.mean(), student)
         task.update_center(torch.stack(teacher), ctx).result()
         expected = theirs(teacher, student, teacher_temp=0.0625)
@@ -156,13 +153,12 @@ def test_swav_codes_and_loss_equal_lightlys_with_local_crops():
     from lightly.loss import SwaVLoss
 
     from phalanx.config import RunConfig
-    from phalanx.tasks.selfsupervised.swav import SwAVTask, sinkhorn
+    from phalanx.tasks.selfsupervised.losses import SwAVLoss as OurSwAVLoss, sinkhorn
 
-    task = SwAVTask(RunConfig.flat(task="swav", task_options={"temperature": 0.1}))
     scores = [*embeddings(40, rows=6), *embeddings(41, rows=6)]  # 2 global crops, 2 local ones
     codes = [sinkhorn(s.detach(), 3, 0.05) for s in scores[:2]]
     assert torch.allclose(codes[0].sum(1), torch.ones(6, dtype=torch.float64), atol=1e-12)  # each sample's codes
-    loss = task.swav_loss(scores, codes).mean()
+    loss = OurSwAVLoss(temperature=0.1)(scores, codes).mean()
     mine = torch.autograd.grad(loss, scores)
     expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:])
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
@@ -184,7 +180,7 @@ def test_swavs_queue_balances_the_codes_as_lightlys_queue_outputs_and_keeps_the_
     scores = [*embeddings(50, rows=6), *embeddings(51, rows=6)]
     queued = embeddings(52, rows=5)
     codes = [task.codes(s.detach(), q.detach()) for s, q in zip(scores[:2], queued)]
-    loss = task.swav_loss(scores, codes).mean()
+    loss = task.criterion(scores, codes).mean()
     expected = SwaVLoss(temperature=0.1)(scores[:2], scores[2:], queue_outputs=[q.detach() for q in queued])
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(torch.autograd.grad(loss, scores),

@@ -1,4 +1,8 @@
-"""Checkpoint files: full training state, written atomically, loadable with plain ``torch.load``.
+"""The checkpoint package: the files (this module: the format, saving, loading), the background
+writer (``writer``), sharded checkpoints (``sharded``) and run directories (``rundir``). May import
+distributed, data, records, the configuration and the base modules.
+
+Checkpoint files: full training state, written atomically, loadable with plain ``torch.load``.
 
 A checkpoint is a dict of tensors and plain Python data (no pickled classes), so
 ``torch.load(path)`` with its default ``weights_only=True`` opens it outside phalanx too.
@@ -13,7 +17,7 @@ scaler by name, the moving averages by network, the task's own state (``task_sta
 validation metric so far (``best``); ``model`` is the task's primary network, as before. Formats 1
 and 2 (classification only) load as format 3.
 
-Format 4 adds sharded checkpoints (``sharded_checkpoint``): the networks and optimizer states in a
+Format 4 adds sharded checkpoints (``sharded``): the networks and optimizer states in a
 directory of shards the file names under ``sharded`` (relative to the file's folder), the primary
 network's name under ``primary``. A whole checkpoint is format 3's.
 """

@@ -1,4 +1,8 @@
-"""The ``phalanx`` command line (with ``cliopts``, the only modules that import click).
+"""The command line package: the commands (this module), their options generated from the
+configuration's fields (``options``) and the commands beside training (``tools``). The only
+package that imports click; it may import everything below it.
+
+The ``phalanx`` command line.
 
 Each command is thin: it turns flags into a ``RunConfig`` (or a command's options dataclass) and
 calls a plain function. ``main`` is the one place where exceptions become exit codes and one-line

@@ -279,7 +279,7 @@ def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[
 
 
 def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
-    """--resume: what the command line leaves out is the run's own (``resume_options``), named in
+    """--resume: what the command line leaves out is the run's own (``phalanx.config.resume``), named in
     ``resumed_with`` (the run says it once its checks pass). The run's task is set in ``merged`` as
     if given, so the checks that follow are its task's."""
     taken = saved_options(merged)

@@ -1,8 +1,14 @@
-"""The run configuration: every training option, declared once.
+"""The configuration package: ``RunConfig`` and its checks (this module), its sections
+(``sections``), field declarations (``fields``), config files (``file``), the task registry
+(``registry``), the inference commands' options (``inference``), what a resume takes from its run
+(``resume``) and other tools' option names (``habits``). Standard library only; it imports nothing
+of phalanx above the base modules.
+
+The run configuration: every training option, declared once.
 
 ``RunConfig`` is the one object that travels from the command line to the trainer and, as JSON, to
 every DDP worker: the run's own options (task, name, where, seed) and one frozen section per concern
-(``config_sections``). Option names are unique across sections, so flags, ``--config``, the JSON and
+(``sections``). Option names are unique across sections, so flags, ``--config``, the JSON and
 ``to_dict`` stay flat. ``cli.py`` generates the click options of ``train`` and ``trainlaunch`` from
 ``FIELDS``, so both commands accept exactly the same training options. The task's own options
 (each task folder's ``options.py``) travel inside it, as ``task_options``. Standard library only: this module is

@@ -4,7 +4,7 @@ A helper takes the section it reads (``cfg.data``, ``cfg.optim``, ...), not the 
 names are unique across sections, so the command line, ``--config``, ``--print-config`` and the
 JSON in checkpoints stay flat (``config.RunConfig.flat``). Each section checks its own fields when
 it is made (types, choices, bounds, finite numbers); rules across sections are in
-``config_checks``. Standard library only (``phalanx --help`` must not pay for torch).
+the checks of ``phalanx.config``. Standard library only (``phalanx --help`` must not pay for torch).
 """
 
 from __future__ import annotations

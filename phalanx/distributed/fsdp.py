@@ -4,7 +4,7 @@ replicating them, for networks that do not fit one device.
 
 What DDP guarantees holds unchanged: FSDP2's reduce-scatter averages the gradients over the ranks
 as DDP's all-reduce does, so a step is the same step; accumulation skips the gradient sync until
-the last micro-batch. Each rank writes its own shard of a checkpoint (``sharded_checkpoint``), or
+the last micro-batch. Each rank writes its own shard of a checkpoint (``phalanx.checkpoint.sharded``), or
 with ``--fsdp-checkpoints whole`` every rank helps gather the networks and optimizer states whole
 for rank 0 to write (``full_state``); either resumes at any world size under either strategy.
 Under ``--precision bf16`` each block is gathered in bfloat16 and its gradients averaged in

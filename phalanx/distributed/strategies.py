@@ -1,5 +1,5 @@
 """The strategy of a training or evaluating process, made from the run's plan: one place that knows
-every parallel mode (``parallel``: one device, DataParallel, DDP; ``sharded``: FSDP)."""
+every parallel mode (``strategy``: one device, DataParallel, DDP; ``sharded``: FSDP)."""
 
 from __future__ import annotations
 

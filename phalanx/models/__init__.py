@@ -1,4 +1,8 @@
-"""Models by name: the built-in small CNN, torchvision classifiers, or a user's factory function."""
+"""The models package: networks by name (this module), weights to start from (``weights``) and
+what the trainer does to every network (``recipe``: memory format, compilation, moving averages).
+May import the checkpoint format, distributed, data, records, the configuration and the base.
+
+Models by name: the built-in small CNN, torchvision classifiers, or a user's factory function."""
 
 from __future__ import annotations
 

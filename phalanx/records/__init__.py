@@ -1,4 +1,8 @@
-"""The kinds of record a run writes, defined once: for the trainer that writes them (metrics.jsonl
+"""The records package: the kinds of record (this module), the dashboard's windows (``windows``),
+the snapshots (``snapshots``), their pictures (``pictures``) and copies to remote storage
+(``remote``). May import the configuration and the base modules; importing it imports no torch.
+
+The kinds of record a run writes, defined once: for the trainer that writes them (metrics.jsonl
 and the snapshots), the snapshot loader that checks them, and ``visualize`` that plots them.
 
 Records are flat plain-data dicts with a ``kind``. ``train`` records carry the task's named

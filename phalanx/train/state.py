@@ -69,7 +69,7 @@ class RunState:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint file holds: the networks and optimizer states whole (``Strategy.full_state``:
         under FSDP every rank takes part, and rank 0 alone gets the tensors), or none of them where
-        each rank writes its shard of them apart (``sharded_checkpoint``)."""
+        each rank writes its shard of them apart (``phalanx.checkpoint.sharded``)."""
         rest = {"scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
                 "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
                 "task_state": self.task.state_dict(), "best": self.best.state(), "epoch_sums": self.losses.state()}

@@ -2,11 +2,11 @@
 printing of its own: what to print goes through ``say``, what to record (metrics, snapshots,
 uploads) through ``RunOutputs``.
 
-The trainer owns progress, accumulation, precision, checkpoints and resume (``checkpointing``); the task (``tasks/``)
-owns its networks, losses, metrics and pictures; the strategy (``parallel``) owns devices,
+The trainer owns progress, accumulation, precision, checkpoints and resume (its ``Checkpointer``); the task (``tasks/``)
+owns its networks, losses, metrics and pictures; the strategy (``phalanx.distributed``) owns devices,
 wrapping and collectives. The trainer never asks which task it runs.
 
-Progress is a position in the epoch's global sample order (``sampling``): the learning rate, the
+Progress is a position in the epoch's global sample order (``phalanx.data.sampling``): the learning rate, the
 random streams and a checkpoint's resume point are functions of it, never of a step count, so a
 run resumed at another world size continues the same training.
 """

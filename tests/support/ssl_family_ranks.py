@@ -16,7 +16,8 @@ from phalanx.distributed.strategies import make_strategy
 from phalanx.train.context import DeviceContext
 from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
 from phalanx.tasks.selfsupervised.dino import DINOTask
-from phalanx.tasks.selfsupervised.swav import SwAVTask, sinkhorn
+from phalanx.tasks.selfsupervised.losses import sinkhorn
+from phalanx.tasks.selfsupervised.swav import SwAVTask
 
 strategy = make_strategy(RunConfig.flat(task="vicreg"), placement())
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -31,7 +32,7 @@ def embeddings():
 def ours(task, z1, z2):
     all1, _ = strategy.all_gather_rows(z1, len(z1))
     all2, _ = strategy.all_gather_rows(z2, len(z2))
-    loss = task.batch_loss(all1, all2)["loss"]
+    loss = task.criterion(all1, all2)["loss"]
     loss.backward()
     return loss.item(), (z1.grad.clone(), z2.grad.clone())
 
@@ -64,7 +65,7 @@ found["barlow_lightly_gathered"] = BarlowTwinsLoss(gather_distributed=True)(z1.d
 task, ctx = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6})), DeviceContext(strategy, "fp64", False)
 teacher = [embeddings().detach() for _ in range(2)]
 student = [embeddings() for _ in range(3)]
-loss, _ = task.dino_loss(teacher, student, 0.0625)
+loss, _ = task.criterion(teacher, student, task.center, 0.0625)
 found["dino_ours"] = loss.mean().item()
 found["dino_our_grads"] = torch.autograd.grad(loss.mean(), student)
 task.update_center(torch.stack(teacher), ctx).result()
@@ -81,7 +82,7 @@ codes = []
 for score in scores[:2]:
     everyone, start = strategy.all_gather_rows(score.detach(), len(score))
     codes.append(sinkhorn(everyone, 3, 0.05)[start:start + len(score)])
-loss = swav.swav_loss(scores, codes).mean()
+loss = swav.criterion(scores, codes).mean()
 found["swav_ours"], found["swav_our_grads"] = loss.item(), torch.autograd.grad(loss, scores)
 value = SwaVLoss(sinkhorn_gather_distributed=True)(scores[:2], scores[2:])
 found["swav_theirs"], found["swav_their_grads"] = value.item(), torch.autograd.grad(value, scores)

@@ -73,7 +73,7 @@ class DeepLIIFPictures(TranslationPredictor):
 
 class CellCounter(DeepLIIFPictures):
     """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
-    (``deepliif_cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
+    (``cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
     modalities, the resolution DeepLIIF assumes for the tile size): OUTPUT/cells.csv and cells.json,
     and DeepLIIF's SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images.
     A slide's cells are counted block by block as in the whole image (``deepliif_slide_cells``)."""

@@ -3,7 +3,7 @@ networks.py``), so that a DeepLIIF model directory's ``latest_net_*.pth`` loads 
 exported one loads back into DeepLIIF: the ResNet and U-Net generators (pix2pix's, with DeepLIIF's
 zero or reflection padding), the PatchGAN discriminator, and the VGG19 perceptual loss.
 
-They differ from ``translate_nets`` (pix2pix's as phalanx trains them) where DeepLIIF's files do:
+They differ from ``phalanx.tasks.translate.nets`` (pix2pix's as phalanx trains them) where DeepLIIF's files do:
 a placeholder module where there is no normalisation, and a bias before every InstanceNorm. Such a
 bias changes no output (the norm subtracts it) and gets a gradient of rounding noise, which Adam
 turns into random steps; ``freeze_inert_biases`` keeps it as loaded instead.

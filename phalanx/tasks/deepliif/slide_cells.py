@@ -1,4 +1,4 @@
-"""DeepLIIF's cell quantification of a whole slide, block by block, equal to ``deepliif_cells`` on
+"""DeepLIIF's cell quantification of a whole slide, block by block, equal to ``cells`` on
 the whole image: each block's connected components are labelled alone and the labels that touch
 across a block border are joined (scipy's ``connected_components``), so a cell cut by a border is
 one cell, counted once, and a background that reaches the slide's edge through other blocks is

@@ -17,6 +17,7 @@ from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
 from .options import BYOLOptions
 from .base import SelfSupervisedTask, mlp
+from .losses import BYOLLoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -57,6 +58,7 @@ class BYOLTask(MomentumTeacherTask):
     view_loss_meaning = "BYOL's loss between an image's two views"
     loss_names = ("loss", "embedding_std")  # the online projections' spread: a collapse warns
     metric_labels = {**MomentumTeacherTask.metric_labels, "embedding_std": "embedding std (collapse: 0)"}
+    criterion = BYOLLoss()
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
@@ -67,10 +69,6 @@ class BYOLTask(MomentumTeacherTask):
         return {"backbone": backbone, "projector": projector, "predictor": predictor,
                 "teacher": self.teacher_of(backbone, projector)}
 
-    @staticmethod
-    def byol(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return 2 - 2 * nn.functional.cosine_similarity(prediction, target.detach(), dim=1)
-
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
@@ -78,10 +76,10 @@ class BYOLTask(MomentumTeacherTask):
         with torch.no_grad():
             t1, t2 = ctx.models["teacher"](v1), ctx.models["teacher"](v2)
         self.track(ctx)
-        loss = 0.5 * (self.byol(p1, t2) + self.byol(p2, t1))
+        loss = self.criterion(p1, p2, t1, t2)
         return {"loss": loss, "embedding_std": global_embedding_std(ctx, z1, z2)}
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         teacher = models["teacher"]
         p1, p2 = models["predictor"](self.embed(models, v1)), models["predictor"](self.embed(models, v2))
-        return 0.5 * (self.byol(p1, teacher(v2)) + self.byol(p2, teacher(v1)))
+        return self.criterion(p1, p2, teacher(v1), teacher(v2))

@@ -21,8 +21,10 @@ from torch import nn
 from ..base import Batch, TaskData
 from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
 from .base import SelfSupervisedTask, gather_views, mlp
+from .losses import BarlowTwinsLoss, VICRegLoss
 
 if TYPE_CHECKING:
+    from ...config import RunConfig
     from ..contract import Pending, StepContext
 
 
@@ -64,10 +66,6 @@ class GlobalBatchTask(SelfSupervisedTask):
         o = self.options
         return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm, 2)}
 
-    def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The loss (``"loss"``) and its terms, 0-dim, of the embeddings of a whole batch."""
-        raise NotImplementedError
-
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
@@ -78,11 +76,7 @@ class GlobalBatchTask(SelfSupervisedTask):
             return {name: zero for name in self.loss_names}
         # Every rank returns the same global loss, 0-dim: the trainer weighs it by this rank's
         # samples and the gather's backward sums every rank's share, so DDP's mean is its gradient.
-        return {**self.batch_loss(z1, z2), "embedding_std": 0.5 * (embedding_std(z1) + embedding_std(z2))}
-
-
-def _off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
-    return matrix[~torch.eye(len(matrix), dtype=torch.bool, device=matrix.device)]
+        return {**self.criterion(z1, z2), "embedding_std": 0.5 * (embedding_std(z1) + embedding_std(z2))}
 
 
 class BarlowTwinsTask(GlobalBatchTask):
@@ -94,17 +88,9 @@ class BarlowTwinsTask(GlobalBatchTask):
                      "off_diagonal": "redundancy: sum of C_ij^2, i != j", "embedding_std": "embedding std"}
     options: BarlowTwinsOptions
 
-    def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Zbontar et al. 2021: each dimension standardised over the batch (biased variance, as
-        ``F.batch_norm``), their cross-correlation C pulled towards the identity."""
-        def standardised(z: torch.Tensor) -> torch.Tensor:
-            return nn.functional.batch_norm(z, None, None, training=True)
-
-        correlation = standardised(z1).T @ standardised(z2) / len(z1)
-        on = (torch.diagonal(correlation) - 1).pow(2).sum()
-        off = _off_diagonal(correlation).pow(2).sum()
-        return {"loss": on + self.options.redundancy_weight * off, "on_diagonal": on.detach(),
-                "off_diagonal": off.detach()}
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.criterion = BarlowTwinsLoss(self.options.redundancy_weight)
 
 
 class VICRegTask(GlobalBatchTask):
@@ -117,20 +103,7 @@ class VICRegTask(GlobalBatchTask):
                      "embedding_std": "embedding std"}
     options: VICRegOptions
 
-    def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Bardes et al. 2022, as Lightly's ``VICRegLoss`` computes each term."""
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
         o = self.options
-
-        def variance(z: torch.Tensor) -> torch.Tensor:
-            return nn.functional.relu(1.0 - torch.sqrt(z.var(dim=0) + o.variance_eps)).mean()
-
-        def covariance(z: torch.Tensor) -> torch.Tensor:
-            centred = z - z.mean(dim=0)
-            return _off_diagonal(centred.T @ centred / (len(z) - 1)).pow(2).sum() / z.shape[1]
-
-        invariance = nn.functional.mse_loss(z1, z2)
-        spread = 0.5 * (variance(z1) + variance(z2))
-        covariances = covariance(z1) + covariance(z2)
-        loss = o.invariance_weight * invariance + o.variance_weight * spread + o.covariance_weight * covariances
-        return {"loss": loss, "invariance": invariance.detach(), "variance": spread.detach(),
-                "covariance": covariances.detach()}
+        self.criterion = VICRegLoss(o.invariance_weight, o.variance_weight, o.covariance_weight, o.variance_eps)

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..base import Batch, Plain, TaskData
 from .byol import MomentumTeacherTask
+from .losses import DINOLoss
 from .options import DINOOptions
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class DINOTask(MomentumTeacherTask):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.center = torch.zeros(self.options.output_dim, dtype=torch.float64)
+        self.criterion = DINOLoss(self.options.student_temp)
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
@@ -88,19 +90,6 @@ class DINOTask(MomentumTeacherTask):
             return o.teacher_temp
         steps = torch.linspace(o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs, dtype=torch.float64)
         return float(steps[epoch - 1])
-
-    def dino_loss(self, teacher: list[torch.Tensor], student: list[torch.Tensor],
-                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per sample: the mean over (teacher view, student view) pairs of different views of the
-        cross-entropy from the centred, sharpened teacher to the student; and the teacher's entropy."""
-        center = self.center.to(teacher[0])
-        probabilities = nn.functional.softmax((torch.stack(teacher) - center) / temperature, dim=-1)
-        log_student = nn.functional.log_softmax(torch.stack(student) / self.options.student_temp, dim=-1)
-        cross = -torch.einsum("tbd,sbd->tsb", probabilities, log_student)
-        same = torch.eye(len(teacher), len(student), dtype=torch.bool, device=cross.device)
-        loss = cross[~same].sum(0) / int((~same).sum())
-        entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(-1).mean(0)
-        return loss, entropy.detach()
 
     @torch.no_grad()
     def update_center(self, teacher: torch.Tensor, ctx: RunContext, counted: bool = True) -> Pending:
@@ -137,7 +126,7 @@ class DINOTask(MomentumTeacherTask):
         with torch.no_grad():
             teacher = self.teacher(ctx.models, views)
         student = self.student(ctx.models, views)
-        loss, entropy = self.dino_loss(teacher, student, self.teacher_temperature(ctx.epoch))
+        loss, entropy = self.criterion(teacher, student, self.center, self.teacher_temperature(ctx.epoch))
         center_norm = self.update_center(torch.stack(teacher), ctx, bool(ctx.samples))  # moved after the backward
         ctx.backward(loss, "student")
         if ctx.epoch <= self.options.freeze_last_layer:
@@ -162,7 +151,7 @@ class DINOTask(MomentumTeacherTask):
     def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says
         nothing here: the head's outputs of any two views are nearly parallel)."""
-        return self.dino_loss(self.teacher(models, [v1, v2]), self.student(models, [v1, v2]),
+        return self.criterion(self.teacher(models, [v1, v2]), self.student(models, [v1, v2]), self.center,
                               self.options.teacher_temp)[0]
 
     def state_dict(self) -> dict[str, Plain]:

@@ -21,6 +21,7 @@ from .byol import MomentumTeacherTask
 from .decorrelation import embedding_std
 from .options import MoCoOptions
 from .base import mlp
+from .losses import InfoNCELoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -42,20 +43,13 @@ class MoCoTask(MomentumTeacherTask):
         queue = torch.randn(self.options.queue_size, self.options.projection_dim, generator=generator, dtype=torch.float64)
         self.queue = nn.functional.normalize(queue, dim=1)
         self.queue_at = 0  # where the next key goes
+        self.criterion = InfoNCELoss(self.options.temperature)
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
         o = self.options
         projector = mlp(size, o.hidden_dim or size, o.projection_dim, o.head_norm)
         return {"backbone": backbone, "projector": projector, "teacher": self.teacher_of(backbone, projector)}
-
-    def info_nce(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """Per sample: cross-entropy of its key among the queue's (unit vectors, cosine / T)."""
-        query, key = nn.functional.normalize(query, dim=1), nn.functional.normalize(key, dim=1)
-        negatives = self.queue.to(query).clone()  # the queue changes in place after this step
-        logits = torch.cat([(query * key).sum(1, keepdim=True), query @ negatives.T], dim=1) / self.options.temperature
-        return nn.functional.cross_entropy(logits, torch.zeros(len(query), dtype=torch.long, device=query.device),
-                                           reduction="none")
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor) -> None:
@@ -76,7 +70,7 @@ class MoCoTask(MomentumTeacherTask):
         query = self.embed(ctx.models, v1)
         with torch.no_grad():
             key = ctx.models["teacher"](v2)
-        loss = self.info_nce(query, key)
+        loss = self.criterion(query, key, self.queue.clone())  # (the queue changes in place after this step)
         keys = ctx.all_gather_in_order(key)  # the batch's keys, as one process would hold them
         self.enqueue(keys)
         self.track(ctx)

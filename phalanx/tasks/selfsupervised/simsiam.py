@@ -13,6 +13,7 @@ from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
 from .options import SimSiamOptions
 from .base import SelfSupervisedTask, mlp
+from .losses import NegativeCosineLoss
 
 if TYPE_CHECKING:
     from ..contract import StepContext
@@ -26,18 +27,13 @@ class SimSiamTask(SelfSupervisedTask):
     loss_names = ("loss", "embedding_std")
     metric_labels = {**SelfSupervisedTask.metric_labels, "embedding_std": "embedding std (collapse: 0)"}
     options: SimSiamOptions
+    criterion = NegativeCosineLoss()
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
         o = self.options
         return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm, 2),
                 "predictor": mlp(o.projection_dim, o.predictor_dim, o.projection_dim, o.head_norm)}
-
-    @staticmethod
-    def simsiam(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        """Per sample: the symmetrised negative cosine, each target's gradient stopped."""
-        cosine = nn.functional.cosine_similarity
-        return -0.5 * (cosine(p1, z2.detach(), dim=1) + cosine(p2, z1.detach(), dim=1))
 
     def predict_pair(self, models: Mapping[str, nn.Module], v1: torch.Tensor,
                      v2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,7 +43,7 @@ class SimSiamTask(SelfSupervisedTask):
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         p1, p2, z1, z2 = self.predict_pair(ctx.models, *batch)
         # The collapse monitor of the global batch: the same at any world size.
-        return {"loss": self.simsiam(p1, p2, z1, z2), "embedding_std": global_embedding_std(ctx, z1, z2)}
+        return {"loss": self.criterion(p1, p2, z1, z2), "embedding_std": global_embedding_std(ctx, z1, z2)}
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
-        return self.simsiam(*self.predict_pair(models, v1, v2))
+        return self.criterion(*self.predict_pair(models, v1, v2))

@@ -24,24 +24,11 @@ from ..base import Batch, Plain, TaskData
 from .decorrelation import global_embedding_std
 from .options import SwAVOptions
 from .base import SelfSupervisedTask, mlp
+from .losses import SwAVLoss, sinkhorn
 
 if TYPE_CHECKING:
     from ...config import RunConfig
     from ..contract import StepContext
-
-
-@torch.no_grad()
-def sinkhorn(scores: torch.Tensor, iterations: int, epsilon: float) -> torch.Tensor:
-    """Codes (batch x prototypes) whose prototypes are used equally over the batch, each sample's
-    summing to 1: Lightly's (and SwAV's) iterations, on one process's whole batch."""
-    codes = torch.exp(scores / epsilon).t()
-    codes /= codes.sum()
-    batch = codes.shape[1]
-    for _ in range(iterations):
-        codes /= codes.sum(dim=1, keepdim=True)
-        codes /= codes.sum(dim=0, keepdim=True)
-        codes /= batch
-    return (codes * batch).t()
 
 
 class SwAVTask(SelfSupervisedTask):
@@ -74,6 +61,7 @@ class SwAVTask(SelfSupervisedTask):
         super().__init__(cfg)
         self.queue: torch.Tensor | None = None  # (2, --queue-length, projection) features, newest first
         self.queued = 0
+        self.criterion = SwAVLoss(self.options.temperature)
 
     @torch.no_grad()
     def codes(self, everyone: torch.Tensor, queued: torch.Tensor | None) -> torch.Tensor:
@@ -107,17 +95,6 @@ class SwAVTask(SelfSupervisedTask):
             length = self.options.queue_length
             self.queue, self.queued = state["queue"][:, :length], min(int(state["queued"]), length)
 
-    def swav_loss(self, scores: list[torch.Tensor], codes: list[torch.Tensor]) -> torch.Tensor:
-        """Per sample: for each global crop's codes, the cross-entropy of every other crop's
-        prediction, averaged as Lightly's ``SwaVLoss`` averages it."""
-        loss = scores[0].new_zeros(len(scores[0]))
-        for i, code in enumerate(codes):
-            for v, score in enumerate(scores):
-                if v != i:
-                    log_p = nn.functional.log_softmax(score / self.options.temperature, dim=1)
-                    loss = loss - (code * log_p).sum(1) / (len(scores) - 1)
-        return loss / len(codes)
-
     def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
         views = list(batch)
         features = [nn.functional.normalize(self.embed(ctx.models, v), dim=1) for v in views]
@@ -133,7 +110,7 @@ class SwAVTask(SelfSupervisedTask):
             codes.append(code[start:start + len(score)] if ctx.samples else torch.zeros_like(score))
         if self.options.queue_length:  # this global batch's features, in the samples' order, on every rank
             self.enqueue([ctx.all_gather_in_order(f.detach()) for f in features[:2]])
-        loss = self.swav_loss(scores, codes)
+        loss = self.criterion(scores, codes)
         ctx.backward(loss, "model")
         if ctx.epoch <= self.options.freeze_prototypes:
             for param in ctx.models["prototypes"].parameters():
