@@ -9,8 +9,9 @@ from typing import BinaryIO, Callable
 from .errors import RunFailed
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write through ``write(fh)`` into a temporary file beside ``path``, then rename it over.
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write through ``write(fh)`` (what it returns, a count of bytes, is not used) into a temporary
+    file beside ``path``, then rename it over.
 
     ``os.replace`` is atomic on POSIX within one filesystem, so ``path`` holds either the old
     complete file or the new complete file. On failure (disk full, a kill) the old file stays
@@ -35,6 +36,10 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode()))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def _fsync_dir(directory: Path) -> None:

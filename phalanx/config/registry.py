@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import PhalanxError
 from .fields import check_fields, flag, parse_text, suggest
@@ -109,7 +109,7 @@ def option_owners() -> dict[str, list[str]]:
 
 def own_options(name: str) -> dict[str, tuple[Any, str]]:
     """A built-in task's own options -> (default, help): ``--task moco --help`` shows MoCo's temperature."""
-    return {f.name: (f.default_factory() if callable(f.default_factory) else f.default,  # type: ignore[misc]
+    return {f.name: (f.default_factory() if callable(f.default_factory) else f.default,
                      f.metadata["help"]) for f in dataclasses.fields(builtin()[name].options)}
 
 
@@ -119,7 +119,7 @@ def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
     for info in builtin().values():
         for f in dataclasses.fields(info.options):
             if f.name not in found:
-                default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+                default = f.default_factory() if callable(f.default_factory) else f.default
                 found[f.name] = (f, default, info.heading)
     return found
 
@@ -135,11 +135,13 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
     task's by its class (imported, as for its ``defaults``), so ``config.json`` records 32, not "32"."""
     if is_user_task(task):
         options = task_class(task).parse_options(given)
-        return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(given)
+        # (is_dataclass is True of a dataclass's class too, which asdict refuses: typeshed's narrowing keeps both)
+        return dataclasses.asdict(options) if dataclasses.is_dataclass(options) and not isinstance(options, type) \
+            else dict(given)
     return dataclasses.asdict(parse_options(builtin()[task].options, given, f"--task {task}", task))
 
 
-def parse_options(options_class: type | None, given: dict[str, Any], owner: str, task: str) -> Any:
+def parse_options(options_class: type | None, given: Mapping[str, Any], owner: str, task: str) -> Any:
     """A task's options from plain data (``--task-option`` text, a config's ``task:`` section): the
     one parser of built-in and user tasks' options, which are then checked as every option is
     (types, finite numbers, bounds), whether or not their dataclass checks itself."""
@@ -152,7 +154,8 @@ def parse_options(options_class: type | None, given: dict[str, Any], owner: str,
                 PhalanxError(f"{owner} has no option '{key}'{suggest(name, sorted(known))}", "--task-option")
         if isinstance(value, str) and known[name].type not in ("str", "str | None") \
                 and not known[name].type.startswith("tuple["):  # --task-option ngf=32
-            value = parse_text(value, known[name].type, flag(name) if task in builtin() else f"--task-option {name}")
+            value = parse_text(value, str(known[name].type),  # (the annotation's text)
+                               flag(name) if task in builtin() else f"--task-option {name}")
         values[name] = value
     if options_class is None:
         return None
@@ -194,8 +197,10 @@ def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any
     return {**defaults, **optimizer_lr(defaults, given)}
 
 
-def task_class(name: str) -> type:
-    """The task's class: a built-in by name, or ``package.module:Class`` (imports torch)."""
+def task_class(name: str) -> Any:
+    """The task's class: a built-in by name, or ``package.module:Class`` (imports torch). (Typed Any:
+    a subclass of ``phalanx.tasks.base.Task``, which this layer below the tasks cannot name; the
+    trainer and inference, above them, name it where they take it.)"""
     check_name(name)
     if name in builtin():
         module_name, _, class_name = builtin()[name].target.partition(":")

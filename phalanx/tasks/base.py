@@ -30,11 +30,12 @@ from torch import nn
 from ..config import registry
 from ..errors import PhalanxError
 from ..checkpoint import check_loadable
-from .contract import (Batch, Declaration, Evaluation, Pending, Plain, RunContext, StepContext, TaskData, Visuals,
-                       pane)
+from .contract import (Batch, Declaration, Evaluation, Pending, Plain, PlainRecord, RunContext, StepContext, StepLosses,
+                       TaskData, Visuals, dataset_size, pane)
 
-__all__ = ["Batch", "Declaration", "Evaluation", "Pending", "Plain", "RunContext", "StepContext", "Task", "TaskData",
-           "Visuals", "check_step_losses", "fixed_sample", "full_precision", "pane"]
+__all__ = ["Batch", "Declaration", "Evaluation", "Pending", "Plain", "PlainRecord", "RunContext", "StepContext",
+           "StepLosses", "Task", "TaskData", "Visuals", "check_step_losses", "dataset_size", "fixed_sample",
+           "full_precision", "pane"]
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -133,7 +134,7 @@ class Task:
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         """The task's declarations, once its data and networks exist (default: the class's)."""
         return Declaration(loss_names=tuple(self.loss_names), metrics=tuple(self.metrics or metrics_of(self)),
-                           primary_model=self.primary_model, best_metric=tuple(self.best_metric),
+                           primary_model=self.primary_model, best_metric=(*self.best_metric,),  # a list: a tuple
                            ema_models=tuple(self.ema_models or (self.primary_model,)),
                            metric_labels=MappingProxyType(dict(self.metric_labels)),
                            manual_optimization=self.manual_optimization,
@@ -165,9 +166,10 @@ class Task:
             model.train()
 
     # --- training ------------------------------------------------------------------------------
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
-        """One micro-batch: the named losses (per-sample, or 0-dim means). Without manual
-        optimization the trainer backpropagates ``"loss"``."""
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
+        """One micro-batch: the named losses (per-sample, or 0-dim means), and any monitors it
+        all-reduces beside the backward pass. Without manual optimization the trainer
+        backpropagates ``"loss"``."""
         raise NotImplementedError
 
     def after_step(self, models: Mapping[str, nn.Module]) -> None:
@@ -177,7 +179,7 @@ class Task:
         """Task state beyond the networks and optimizers that an exact resume needs."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Plain]) -> None:
+    def load_state_dict(self, state: PlainRecord) -> None:
         pass
 
     # --- validation ----------------------------------------------------------------------------
@@ -247,7 +249,7 @@ class Task:
         return None
 
     # --- using a checkpoint --------------------------------------------------------------------
-    def restore_info(self, info: dict[str, Plain]) -> None:
+    def restore_info(self, info: PlainRecord) -> None:
         """What a checkpoint says the data resolved to, before ``build_models`` (inference builds
         no training data: ``build_models`` reads ``data.info`` only)."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import contextlib
-from typing import Any, Callable, Mapping, Protocol, Union
+from typing import Any, Callable, Mapping, Protocol, Sized, Union, cast
 
 import torch
 from torch import nn
@@ -15,9 +15,13 @@ from torch.utils.data import Dataset
 
 
 # What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
-Batch = Union[torch.Tensor, tuple, list, dict]
+# The containers hold what the task's collate made of its samples: the task knows their shape.
+Batch = Union[torch.Tensor, tuple[Any, ...], list[Any], dict[Any, Any]]
 # Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
-Plain = Union[None, bool, int, float, str, list, tuple, dict, torch.Tensor]
+Plain = Union[None, bool, int, float, str, list[Any], tuple[Any, ...], dict[Any, Any], torch.Tensor]
+# Plain data read back (a checkpoint's data info, a task's state): a dict of ``Plain`` by name whose
+# values only the task that wrote them knows the types of (a class list, an image size, ...).
+PlainRecord = dict[str, Any]
 
 
 @dataclass
@@ -29,12 +33,18 @@ class TaskData:
     what inference needs (classes, image size, normalisation, ...): saved in every checkpoint.
     """
 
-    train: Dataset
-    val: Dataset
+    train: Dataset[Any]
+    val: Dataset[Any]
     description: str
-    info: dict[str, Plain]
-    collate: Callable | None = None
+    info: PlainRecord
+    collate: Callable[[list[Any]], Batch] | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+
+
+def dataset_size(dataset: Dataset[Any]) -> int:
+    """``len(dataset)`` of a map-style dataset (every one a task's data holds). Cast: torch's
+    ``Dataset`` declares no ``__len__``, though DataLoader and its samplers need one."""
+    return len(cast(Sized, dataset))
 
 
 @dataclass
@@ -43,7 +53,7 @@ class Evaluation:
     of it (a confusion matrix) for its own records."""
 
     metrics: dict[str, float]
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the task's own: it reads back what it put
 
 
 def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
@@ -89,6 +99,13 @@ class Pending(Protocol):
         """The sums (or what ``finish`` made of them), waiting for the all-reduce if it is still running."""
 
 
+# What a training step returns, a dict: its named losses (per-sample, or 0-dim means), and monitors it
+# sums over the ranks beside its backward pass (``RunContext.all_reduce_sums_later``: the trainer
+# takes their ``result()`` after the backward). (A Mapping, read-only, so that a step's
+# ``dict[str, Tensor]`` is one; the trainer refuses another kind of mapping.)
+StepLosses = Mapping[str, torch.Tensor | Pending]
+
+
 class RunContext(Protocol):
     """What a task gets for validation and pictures: its process's device, precision and collectives."""
 
@@ -96,7 +113,7 @@ class RunContext(Protocol):
     rank: int
     world_size: int
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """The run's mixed precision (``--precision bf16`` or ``fp16``), or nothing."""
 
     def to_device(self, batch: Any) -> Any:

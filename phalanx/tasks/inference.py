@@ -9,7 +9,7 @@ import importlib
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..config import RunConfig
     from ..config.inference import PredictOptions
     from .base import Task
-    from .contract import Evaluation, Plain
+    from .contract import Batch, Evaluation, Plain, PlainRecord
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Trained:
     config: RunConfig
     task: Task
     models: dict[str, nn.Module]  # bare networks, in eval mode, on the CPU
-    info: dict[str, Plain]  # what the data resolved to (classes, image size, normalisation)
+    info: PlainRecord  # what the data resolved to (classes, image size, normalisation)
 
     def inference(self) -> Inference:
         return inference_class(type(self.task))(self)
@@ -44,11 +44,12 @@ def inference_class(task_class: type) -> type[Inference]:
     beside the module of the class that declares it). A built-in task names its inference, which
     imports the task's module for its types, instead of importing it."""
     owner = next(cls for cls in task_class.__mro__ if "Inference" in cls.__dict__)
-    named = owner.__dict__["Inference"]
+    named: type[Inference] | str = owner.__dict__["Inference"]
     if isinstance(named, str):
         module, _, name = named.partition(":")
         package = owner.__module__.rpartition(".")[0] if module.startswith(".") else None
-        named = getattr(importlib.import_module(module, package), name)
+        imported: type[Inference] = getattr(importlib.import_module(module, package), name)
+        return imported
     return named
 
 
@@ -64,13 +65,14 @@ class Predictor:
     batch_size = 1
     dtype = torch.float32  # what floating images become before ``predict`` (the networks' own: set by the loop)
 
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device):
+    def __init__(self, inputs: Dataset[Any], paths: list[Path], device: torch.device):
         self.inputs, self.paths, self.device = inputs, paths, device
         self.unreadable: list[tuple[Path, str]] = []  # (image, why) found unreadable only by ``predict``
 
-    def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
-        """``images[i]`` is ``paths[indices[i]]`` prepared; ``raws[i]`` its decoded pixels where the
-        inputs keep them (``keep_raw``), else None."""
+    def predict(self, indices: list[int], images: list[Any], raws: list[Any]) -> None:
+        """``images[i]`` is ``paths[indices[i]]`` prepared (a tensor, or what the task's inputs make of
+        an image they do not decode: a whole slide); ``raws[i]`` its decoded pixels where the inputs
+        keep them (``keep_raw``), else None."""
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -90,7 +92,7 @@ class Inference:
     """
 
     script_export = False
-    eval_collate: Callable | None = None
+    eval_collate: Callable[[list[Any]], Batch] | None = None
     # The task-specific ``predict`` options its predictor reads (of PredictOptions.TASK_SPECIFIC):
     # another is refused when typed, as ``train`` refuses another task's option.
     predict_options: tuple[str, ...] = ()
@@ -102,7 +104,7 @@ class Inference:
         self.models, self.info = trained.models, trained.info
 
     # --- evaluate ------------------------------------------------------------------------------
-    def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset, str]:
+    def evaluation_data(self, dataroot: str | None, dataset: str | None) -> tuple[Dataset[Any], str]:
         """``evaluate``'s data: the run's validation split; with ``--dataroot DIR``, ``DIR/val/`` (or
         validation/, valid/; else
         DIR) as ``evaluation_split`` reads it, or the validation split of the task's data read from DIR."""
@@ -115,7 +117,7 @@ class Inference:
         return data.val, f"the run's validation split ({data.description})" if not dataroot else \
             f"the validation split of {data.description}"
 
-    def evaluation_split(self, split: Path) -> tuple[Dataset, str] | None:
+    def evaluation_split(self, split: Path) -> tuple[Dataset[Any], str] | None:
         """``evaluate --dataroot``: one folder read as a split of this task's data (no train/ needed),
         and what it is; None: read DIR as ``build_data`` does and take its validation split."""
         return None
@@ -124,7 +126,7 @@ class Inference:
         """``evaluate``'s results beyond the metrics (JSON-able)."""
         return {"samples": evaluation.extra.get("samples")}
 
-    def results_table(self, results: dict[str, Plain]) -> str:
+    def results_table(self, results: PlainRecord) -> str:
         """``evaluate``'s table, below its header line (the checkpoint and the data)."""
         return "  ".join(f"{k} {v:.4g}" for k, v in results.get("metrics", {}).items())
 
@@ -137,7 +139,7 @@ class Inference:
         loop over them is ``phalanx predict``'s."""
         raise PhalanxError(f"--task {self.cfg.task} has no predict", "--checkpoint")
 
-    def feature_inputs(self, paths: list[Path]) -> tuple[nn.Module, Dataset] | None:
+    def feature_inputs(self, paths: list[Path]) -> tuple[nn.Module, Dataset[Any]] | None:
         """``predict --features``: the network whose outputs are an image's features, and the images
         prepared for it (``data.inputs.InputImages``); None where the task has no such network."""
         return None
