@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
@@ -19,8 +19,12 @@ from ...errors import PhalanxError
 from ...models.weights import Backbone, insert_probe_norm, load_weights, param_groups
 from ...models import build_model, check_input_size, required_channels, timm_preferences
 from ...records.pictures import denormalize, png
-from ..base import Declaration, Evaluation, Task, TaskData, full_precision
+from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
+                    full_precision)
 from .options import ClassifyOptions
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
 
 MAX_CONFUSION_CLASSES = 100  # larger matrices would swell the metrics log
 SAMPLE = 16  # validation images shown each epoch
@@ -37,7 +41,7 @@ class ClassifyTask(Task):
     metric_labels = {"acc": "accuracy", "top5": "top-5 accuracy", "loss": "loss"}
     options: ClassifyOptions
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         if self.options.freeze_backbone and cfg.devices.sync_bn:
             raise PhalanxError("with --freeze-backbone is not built: the frozen backbone's BatchNorm layers keep "
@@ -100,7 +104,7 @@ class ClassifyTask(Task):
             self.backbone.train_mode()
 
     # --- training
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         inputs, targets = batch
         if self.mix is not None:  # soft targets: probabilities over the classes
             inputs, targets = self.mix(inputs, targets)
@@ -112,7 +116,8 @@ class ClassifyTask(Task):
         return {"loss": torch.zeros(()), "correct": torch.zeros(()), "top5": torch.zeros(()),
                 "samples": torch.zeros(()), "confusion": torch.zeros(classes * classes)}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
+                        ctx: RunContext) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         logits = full_precision(models["model"](inputs))
         classes = len(self.classes)
@@ -194,7 +199,7 @@ class ValidationSample:
     so the grid shows the predictions change as training goes."""
 
     def __init__(self, val: Dataset, classes: list[str], mean: list[float], std: list[float], seed: int):
-        indices = spread_sample(dataset_labels(val), len(val), SAMPLE, seed)
+        indices = spread_sample(dataset_labels(val), dataset_size(val), SAMPLE, seed)
         items = [val[i] for i in indices]
         self.images = torch.stack([image for image, _ in items]) if items else torch.zeros(0)
         self.labels = [classes[int(label)] for _, label in items]
@@ -202,7 +207,7 @@ class ValidationSample:
         self.pngs = [png(image) for image in denormalize(self.images, mean, std)] if items else []
 
     @torch.no_grad()
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         with ctx.autocast():  # the networks are in eval mode here (the trainer's)
             predicted = models["model"](ctx.to_device(self.images)).argmax(1).tolist() if self.pngs else []
         return {"kind": "images", "epoch": epoch, "title": "validation images (true → predicted)", "items": [

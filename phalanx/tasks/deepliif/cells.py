@@ -15,6 +15,7 @@ holds at least as many positive as negative pixels, or if its brightest marker p
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy import ndimage
@@ -123,7 +124,7 @@ def default_marker_thresh(histogram: np.ndarray) -> int:
 
 def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", size_thresh: int | str | None = "default",
           marker_thresh: int | str | None = None, size_thresh_upper: int | None = None, seg_thresh: int = SEG_THRESH,
-          noise_thresh: int = NOISE_THRESH, images_of: dict[str, np.ndarray] | None = None) -> dict[str, object]:
+          noise_thresh: int = NOISE_THRESH, images_of: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """DeepLIIF's scoring of one image: cells counted, positive, negative, percent positive, and the
     thresholds used (``compute_final_results``' ``scoring``). ``images_of={"input": ...}`` also gets
     its ``overlaid`` and ``refined`` images (``outlined``)."""
@@ -138,7 +139,7 @@ def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", s
 
 def score(found: dict[str, np.ndarray], histogram: np.ndarray | None, resolution: str, size_thresh: int | str | None,
           marker_thresh: int | str | None, size_thresh_upper: int | None,
-          seg_thresh: int) -> tuple[dict[str, object], np.ndarray, np.ndarray]:
+          seg_thresh: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """The scoring of the cells ``found`` (in raster order of their first pixels) and the marker's
     histogram (None without a marker), with which of them are counted and which are positive."""
     if size_thresh is None:

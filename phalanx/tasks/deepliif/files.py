@@ -55,10 +55,10 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
     first = 0 if any(re.search(rf"(^|_net_)G{modalities + 1}0\.pth?$", p.name) for p in paths) else 1
     for path in paths:
         state = re.fullmatch(r"(.+)_net_(\w+)\.pth", path.name)
-        if state and phalanx_name(state.group(2), modalities, first):
-            by_epoch.setdefault(state.group(1), {})[phalanx_name(state.group(2), modalities, first)] = path
-        elif path.suffix == ".pt" and phalanx_name(path.stem, modalities, first):
-            scripted[phalanx_name(path.stem, modalities, first)] = path
+        if state and (name := phalanx_name(state.group(2), modalities, first)):
+            by_epoch.setdefault(state.group(1), {})[name] = path
+        elif path.suffix == ".pt" and (name := phalanx_name(path.stem, modalities, first)):
+            scripted[name] = path
     if "latest" in by_epoch:
         return by_epoch["latest"]
     if len(by_epoch) > 1:

@@ -9,12 +9,12 @@ import functools
 import io
 import json
 import warnings
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
-from ...atomic import atomic_write, atomic_write_text
+from ...atomic import atomic_write_bytes, atomic_write_text
 from ...data.slides import Slide, SlideOutputs, SlideReader
 from ...records.pictures import pixels, png_bytes
 from .cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
@@ -79,12 +79,14 @@ class CellCounter(DeepLIIFPictures):
     A slide's cells are counted block by block as in the whole image (``deepliif_slide_cells``)."""
 
     fields = ("image", "num_total", "num_pos", "num_neg", "percent_pos", "size_thresh", "seg_thresh", "marker_thresh")
+    inference: DeepLIIFInference
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # (TranslationPredictor's)
         super().__init__(*args, **kwargs)
-        self.rows: list[dict] = []
+        self.rows: list[dict[str, Any]] = []
         task = self.inference.task
-        self.seg, self.marker = task.output_folder(task.modalities), task.output_folder(task.modalities - 1)
+        self.seg = task.output_folder(task.modalities)
+        self.marker: str | None = task.output_folder(task.modalities - 1)
         if self.marker != "Marker":
             self.marker = None
 
@@ -99,7 +101,7 @@ class CellCounter(DeepLIIFPictures):
         for folder, key in (("SegOverlaid", "overlaid"), ("SegRefined", "refined")):
             target = self.output / folder / self.names[index]
             target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, lambda fh, picture=images[key]: fh.write(png_bytes(picture)))
+            atomic_write_bytes(target, png_bytes(images[key]))
         return outputs
 
     def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:

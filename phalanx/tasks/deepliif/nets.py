@@ -82,12 +82,14 @@ class UnetSkipConnectionBlock(nn.Module):
         self.outermost = outermost
         down = nn.Conv2d(outer if inputs is None else inputs, inner, 4, stride=2, padding=1, bias=bias)
         if outermost:
+            assert submodule is not None  # (every level but the innermost holds the inner ones)
             layers = [down, submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
                       nn.Tanh()]
         elif innermost:
             layers = [nn.LeakyReLU(0.2, True), down, nn.ReLU(True),
                       nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias), make_norm(outer)]
         else:
+            assert submodule is not None
             layers = [nn.LeakyReLU(0.2, True), down, make_norm(inner), submodule, nn.ReLU(True),
                       nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias), make_norm(outer)]
             layers += [nn.Dropout(0.5)] if dropout else []

@@ -122,6 +122,7 @@ class SlideCells:
         edges += [labels[:, -1]] if left + labels.shape[1] == self.width else []
         self.edge_labels.append(np.unique(np.concatenate(edges))) if edges else None
         if self.histogram is not None:
+            assert marker is not None  # (a histogram: the slide's marker)
             self.histogram += marker_histogram(marker)
 
     def found(self) -> dict[str, np.ndarray]:

@@ -23,19 +23,22 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
 
 from ...errors import PhalanxError
-from ..base import Declaration, Evaluation, Task, TaskData, pane
+from ..base import Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, pane
 from .cells import count, deepliif_pixels, resolution_of
 from .files import load_model_dir
 from .nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import DeepLIIFOptions
 from ..translate.task import TranslateTask, gan_loss
 from ..translate.nets import check_discriminator, check_generator, unet_size
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
 
 DEEPLIIF_NAMES = ("Hema", "DAPI", "Lap2", "Marker")  # what `deepliif test` names the 4 modalities' outputs
 SEG_WEIGHTS_4 = (0.25, 0.15, 0.25, 0.1, 0.25)  # DeepLIIF's segmentation weights with 4 modalities
@@ -45,13 +48,14 @@ class DeepLIIFTask(TranslateTask):
     name = "deepliif"
     Options = DeepLIIFOptions
     Inference = ".inference:DeepLIIFInference"  # (by name: the inference imports this module for its types)
-    options: DeepLIIFOptions  # type: ignore[assignment]
+    # (DeepLIIF's options are TranslateOptions' sibling, both GANOptions: the methods it inherits read those)
+    options: DeepLIIFOptions  # type: ignore[assignment]  # (see above)
     primary_model = "G1"
     last_target_folder = "seg"
     layout_words = ("DIR/train/*.png: the input, each modality and the segmentation side by side, as DeepLIIF reads "
                     "them; or DIR/train/A/, B1/ ... Bn/ and seg/")
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.modalities = self.options.modalities or 4
         self.seg = self.options.seg
@@ -193,7 +197,7 @@ class DeepLIIFTask(TranslateTask):
         self.vgg.to(device=fake.device, dtype=fake.dtype)
         return self.vgg(fake, real)
 
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         inputs, targets = batch  # (N, C, H, W), (N, modalities [+ segmentation], C, H, W)
         o, m, models = self.options, self.modalities, ctx.models
         w_g, w_d = self.weights["loss_g_weights"], self.weights["loss_d_weights"]
@@ -201,7 +205,7 @@ class DeepLIIFTask(TranslateTask):
         fakes, reals = outputs[:m], [targets[:, t] for t in range(self.targets)]
         sources = [inputs] + reals[:m]  # what the segmentation discriminators see beside the segmentation
         losses: dict[str, torch.Tensor] = {}
-        d_total = 0
+        d_total: torch.Tensor | int = 0  # (a tensor once the first discriminator adds to it)
         for i in range(m):
             d = models[f"D{i + 1}"]
             losses[f"D_fake_{i + 1}"] = gan_loss(d(torch.cat([inputs, fakes[i].detach()], 1)), False, o.gan_mode)
@@ -213,9 +217,10 @@ class DeepLIIFTask(TranslateTask):
                                           o.gan_mode_s)
             losses["D_real_S"] = gan_loss(self.judge_segmentation(judges, sources, reals[m]), True, o.gan_mode_s)
             d_total = d_total + (losses["D_fake_S"] + losses["D_real_S"]) * 0.5 * w_d[m]
+        assert isinstance(d_total, torch.Tensor)  # (one discriminator at least)
         ctx.backward(d_total, "discriminator")
         ctx.step("discriminator")
-        g_total = 0
+        g_total: torch.Tensor | int = 0
         with contextlib.ExitStack() as stack:  # every generator, through the discriminators as they are now
             frozen = {name: stack.enter_context(ctx.frozen(name)) for name in self.discriminator_names()}
             for i, fake in enumerate(fakes):
@@ -229,6 +234,7 @@ class DeepLIIFTask(TranslateTask):
                 losses["G_GAN_S"] = gan_loss(self.judge_segmentation(judges, sources, outputs[m]), True, o.gan_mode_s)
                 losses["G_L1_S"] = smooth_l1(outputs[m], reals[m]) * o.lambda_l1
                 g_total = g_total + (losses["G_GAN_S"] + losses["G_L1_S"]) * w_g[m]
+        assert isinstance(g_total, torch.Tensor)
         ctx.backward(g_total, "generator")
         ctx.step("generator")
         return losses
@@ -237,7 +243,8 @@ class DeepLIIFTask(TranslateTask):
     def empty_sums(self) -> dict[str, torch.Tensor]:
         return {**super().empty_sums(), **({"cells_error": torch.zeros(())} if self.counts_cells else {})}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
+                        ctx: RunContext) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         outputs = self.generate(models, inputs)
         sums = self.output_sums(outputs, targets)

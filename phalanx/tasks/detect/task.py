@@ -14,7 +14,7 @@ import copy
 import io
 from pathlib import Path
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -25,8 +25,12 @@ from ...data.coco import CocoImages, collate, load_split
 from ...data.layout import train_dir, validation_dir
 from ...errors import PhalanxError
 from ...records.pictures import png
-from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, pane
+from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
+                    fixed_sample, pane)
 from .options import DetectOptions
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
 
 DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
              "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",
@@ -69,7 +73,7 @@ class DetectTask(Task):
     options: DetectOptions
     data_parallel_refused = "torchvision's detectors take lists of images, which DataParallel does not split"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.categories: list[dict[str, Any]] = []
 
@@ -137,19 +141,20 @@ class DetectTask(Task):
         return [load_weights(models["detector"], spec, [c["name"] for c in self.categories])]
 
     # --- training
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         images, targets = batch
         found = ctx.models["detector"](images, [{"boxes": t["boxes"], "labels": t["labels"]} for t in targets])
         return {"loss": sum(found.values()), **found}
 
     # --- validation: COCO mAP of every validation image's detections, gathered from all ranks
     @torch.no_grad()
-    def detections(self, model: nn.Module, images: list[torch.Tensor], ctx: Any) -> list[dict[str, torch.Tensor]]:
+    def detections(self, model: nn.Module, images: list[torch.Tensor],
+                   ctx: RunContext) -> list[dict[str, torch.Tensor]]:
         with ctx.autocast():
             return model([ctx.to_device(image) for image in images])
 
     @torch.no_grad()
-    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
         model = models["detector"]
         category_of = {i + 1: c["id"] for i, c in enumerate(self.categories)}
         results, seen = [], []
@@ -162,11 +167,11 @@ class DetectTask(Task):
                                     "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
         everything = ctx.all_gather_objects([("image", i) for i in seen] + [("box", r) for r in results])
         images = sorted(i for kind, i in everything if kind == "image")
-        found = [r for kind, r in everything if kind == "box"]
-        stats, per_class = coco_scores(self.val_split.raw, images, found, self.categories)
+        detected = [r for kind, r in everything if kind == "box"]
+        stats, per_class = coco_scores(self.val_split.raw, images, detected, self.categories)
         metrics = {"mAP": max(stats[0], 0.0), "mAP50": max(stats[1], 0.0), "mAP75": max(stats[2], 0.0)}
         return Evaluation(metrics, {"samples": len(images), "images": images, "stats": stats, "per_class": per_class,
-                                    "detections": len(found)})
+                                    "detections": len(detected)})
 
     def summary(self, metrics: dict[str, float]) -> str:
         return f"val_mAP {metrics['mAP']:.4f}  val_mAP50 {metrics['mAP50']:.4f}"
@@ -182,7 +187,8 @@ class DetectTask(Task):
                              [("mAP", "mAP@[.5:.95]"), ("mAP50", "mAP@.5"), ("ema_mAP", "EMA mAP@[.5:.95]")])]
 
     def visuals(self, data: TaskData) -> "DetectionSample":
-        return DetectionSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
+        shown = fixed_sample(dataset_size(data.val), SHOWN, self.cfg.seed)
+        return DetectionSample(self, [data.val[i] for i in shown])
 
 
 def coco_scores(ground_truth: dict[str, Any], image_ids: list[int], results: list[dict[str, Any]],
@@ -226,7 +232,7 @@ class DetectionSample:
         self.task, self.samples = task, samples
 
     @torch.no_grad()
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         import warnings
 
         from torchvision.utils import draw_bounding_boxes

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write
+from ...atomic import atomic_write_bytes
 from ...data.inputs import InputImages, output_names
 from ...data.masks import MaskPairs, find_masks
 from ...errors import PhalanxError
@@ -123,4 +123,4 @@ class MaskPredictor(Predictor):
                                  ("overlays", png(overlay(raw.float() / 255, mask, self.classes), min_side=0))):
                 target = self.output / folder / self.names[index]
                 target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(target, lambda fh, data=data: fh.write(data))
+                atomic_write_bytes(target, data)

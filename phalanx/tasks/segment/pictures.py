@@ -8,7 +8,7 @@ import torch
 
 def palette(classes: int) -> torch.Tensor:
     """A colour per class (0, the background, black), well apart for the first dozen."""
-    colours = [(0, 0, 0)]
+    colours: list[tuple[float, float, float]] = [(0, 0, 0)]
     for c in range(1, classes):
         hue = (c * 0.618034) % 1.0
         r, g, b = (max(0.0, min(1.0, abs((hue * 6 + k) % 6 - 3) - 1)) for k in (0, 4, 2))

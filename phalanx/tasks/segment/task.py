@@ -9,7 +9,7 @@ IoU of each class, their mean (mIoU) and the pixel accuracy.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
@@ -21,9 +21,13 @@ from ...data.masks import MaskPairs, find_masks
 from ...data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation, one_size
 from ...errors import PhalanxError
 from ...records.pictures import denormalize, png, strip
-from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
+from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
+                    fixed_sample, full_precision, pane)
 from .pictures import overlay
 from .options import SegmentOptions
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
 
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101",
               "fcn_resnet50", "fcn_resnet101")
@@ -40,7 +44,7 @@ class SegmentTask(Task):
     metric_labels = {"mIoU": "mean IoU", "pixel_acc": "pixel accuracy", "loss": "loss"}
     options: SegmentOptions
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.classes = self.options.num_classes
 
@@ -73,7 +77,8 @@ class SegmentTask(Task):
             raise PhalanxError(f"the masks of {train_dir(root)} hold the background alone; give --num-classes",
                                "--num-classes")
         stats = normalisation(cfg.data, cfg.network.weights, 3)
-        self.mean, self.std = stats if stats is not None and cfg.data.normalize != "auto" or cfg.data.mean else \
+        # (--mean gives stats: normalisation takes them)
+        self.mean, self.std = stats if stats is not None and (cfg.data.normalize != "auto" or cfg.data.mean) else \
             (IMAGENET_MEAN, IMAGENET_STD)
         augment = cfg.data.augment != "none"
         prepare = self.transforms(size, train=False)
@@ -120,7 +125,7 @@ class SegmentTask(Task):
         counted = (masks != ignore).flatten(1).sum(1).clamp(min=1)
         return loss.flatten(1).sum(1) / counted
 
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         images, masks = batch
         out = ctx.models["segmenter"](images)
         logits = out["out"] if isinstance(out, dict) else out
@@ -133,7 +138,8 @@ class SegmentTask(Task):
     def empty_sums(self) -> dict[str, torch.Tensor]:
         return {"loss": torch.zeros(()), "samples": torch.zeros(()), "confusion": torch.zeros(self.classes ** 2)}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
+                        ctx: RunContext) -> dict[str, torch.Tensor]:
         images, masks = batch
         out = models["segmenter"](images)
         logits = full_precision(out["out"] if isinstance(out, dict) else out)
@@ -172,7 +178,8 @@ class SegmentTask(Task):
                      [("pixel_acc", "pixel accuracy")], percent=True)]
 
     def visuals(self, data: TaskData) -> "SegmentationSample":
-        return SegmentationSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
+        shown = fixed_sample(dataset_size(data.val), SHOWN, self.cfg.seed)
+        return SegmentationSample(self, [data.val[i] for i in shown])
 
 
 class SegmentationSample:
@@ -182,7 +189,7 @@ class SegmentationSample:
         self.task, self.samples = task, samples
 
     @torch.no_grad()
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         if not self.samples:
             return {"kind": "images", "epoch": epoch, "items": []}
         model = models["segmenter"]  # in eval mode here (the trainer's)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -27,15 +27,16 @@ from ...errors import PhalanxError
 from ...models.weights import backbone_of
 from ...models import build_model, required_channels
 from ...data.sampling import ShardSampler
-from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from .options import MultiCropOptions
+from ..base import (Batch, Declaration, Evaluation, RunContext, Task, TaskData, dataset_size, fixed_sample,
+                    full_precision, pane)
+from .options import MultiCropOptions, ViewOptions
 from .view_batch import ViewRecipe
 from .views import Indexed, ValidationViews, ViewSample, ViewSet, multi_crop, two_views
 
 SHOWN = 8  # training images drawn each epoch with their two views
 
 
-def gather_views(ctx: Any, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def gather_views(ctx: RunContext, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Every rank's rows of both views in one all-gather (one collective, not two), with
     gradients; and where this rank's rows begin."""
     both, start = ctx.all_gather(torch.cat([z1, z2], dim=1))
@@ -76,6 +77,8 @@ COLLAPSED_STD = 0.2
 
 
 class SelfSupervisedTask(Task):
+    options: ViewOptions
+    loss_label: str  # each method's words for its loss (the panes' axes)
     primary_model = "backbone"
     Inference = ".inference:SelfSupervisedInference"  # (by name: the inference imports this module)
     best_metric = ("knn_acc", "max")
@@ -110,7 +113,7 @@ class SelfSupervisedTask(Task):
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
         monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
                    None: "no labels: no kNN"}[self.bank_source]
-        voters = {"train": len(source.train), "val": len(source.val) - 1, None: 0}[self.bank_source]
+        voters = {"train": dataset_size(source.train), "val": dataset_size(source.val) - 1, None: 0}[self.bank_source]
         self.knn_note = _every_image_votes(self.options.knn_k, voters)
         views = crops.description or \
             f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
@@ -161,7 +164,7 @@ class SelfSupervisedTask(Task):
         return 2 - 2 * nn.functional.cosine_similarity(z1, z2, dim=1)
 
     @torch.no_grad()
-    def evaluate(self, models: Mapping[str, nn.Module], loader: Any, ctx: Any) -> Evaluation:
+    def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
         backbone = models["backbone"]
         sums = {"view_loss": torch.zeros((), dtype=torch.float64, device=ctx.device),
                 "samples": torch.zeros((), dtype=torch.float64, device=ctx.device)}
@@ -203,7 +206,7 @@ class SelfSupervisedTask(Task):
         first = next(m for m in projector.modules() if isinstance(m, nn.Linear))
         return first.in_features
 
-    def gathered(self, ctx: Any, features: torch.Tensor, labels: torch.Tensor,
+    def gathered(self, ctx: RunContext, features: torch.Tensor, labels: torch.Tensor,
                  index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every rank's rows in the order of the samples' indices: the same bank at any world size."""
         all_features, _ = ctx.all_gather(features)
@@ -213,9 +216,12 @@ class SelfSupervisedTask(Task):
         # The position of each sample of this rank in the bank (for leave-one-out): its index.
         return all_features[order], all_labels[order, 0].long(), all_index[order, 0].long()
 
-    def bank_features(self, backbone: nn.Module, ctx: Any, feature_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        loader = DataLoader(self.bank, batch_size=self.cfg.optim.batch_size, num_workers=0,
-                            sampler=ShardSampler(len(self.bank), ctx.rank, ctx.world_size))
+    def bank_features(self, backbone: nn.Module, ctx: RunContext,
+                      feature_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        labelled = self.bank
+        assert labelled is not None  # (bank_source "train": the labelled training images)
+        loader = DataLoader(labelled, batch_size=self.cfg.optim.batch_size, num_workers=0,
+                            sampler=ShardSampler(len(labelled), ctx.rank, ctx.world_size))
         features, labels, indices = [], [], []
         for image, label, index in loader:
             with ctx.autocast():
@@ -268,7 +274,9 @@ class SelfSupervisedTask(Task):
                      [("view_loss", "view loss")])]
 
     def visuals(self, data: TaskData) -> ViewSample:
-        return ViewSample(data.train, data.collate, fixed_sample(len(data.train), SHOWN, self.cfg.seed),
+        collate = data.collate
+        assert collate is not None  # (build_data's: the views')
+        return ViewSample(data.train, collate, fixed_sample(dataset_size(data.train), SHOWN, self.cfg.seed),
                           data.info["mean"], data.info["std"])
 
 

@@ -15,13 +15,13 @@ from torch import nn
 from ...models.recipe import ema_update
 from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
-from .options import BYOLOptions
+from .options import BYOLOptions, DINOOptions, MoCoOptions
 from .base import SelfSupervisedTask, mlp
 from .losses import BYOLLoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ..contract import StepContext
+    from ..contract import StepContext, StepLosses
 
 
 class MomentumTeacherTask(SelfSupervisedTask):
@@ -29,7 +29,7 @@ class MomentumTeacherTask(SelfSupervisedTask):
     gradients that follows them as a moving average, its decay rising from ``--teacher-momentum``
     to 1 on a cosine over training (BYOL's schedule; Lightly's MoCo benchmark's)."""
 
-    options: BYOLOptions
+    options: BYOLOptions | MoCoOptions | DINOOptions  # (each with its teacher_momentum)
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
@@ -54,6 +54,7 @@ class MomentumTeacherTask(SelfSupervisedTask):
 class BYOLTask(MomentumTeacherTask):
     name = "byol"
     Options = BYOLOptions
+    options: BYOLOptions
     loss_label = "BYOL loss (2 - 2 cos)"
     view_loss_meaning = "BYOL's loss between an image's two views"
     loss_names = ("loss", "embedding_std")  # the online projections' spread: a collapse warns
@@ -69,7 +70,7 @@ class BYOLTask(MomentumTeacherTask):
         return {"backbone": backbone, "projector": projector, "predictor": predictor,
                 "teacher": self.teacher_of(backbone, projector)}
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
         p1, p2 = ctx.models["predictor"](z1), ctx.models["predictor"](z2)

@@ -13,7 +13,7 @@ phalanx's equals it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from .losses import BarlowTwinsLoss, VICRegLoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ..contract import Pending, StepContext
+    from ..contract import Pending, StepContext, StepLosses
 
 
 def embedding_std(z: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def global_embedding_std(ctx: StepContext, *views: torch.Tensor) -> Pending:
             return count.new_zeros(())
         stds = [((s[1] - s[0] * s[0] / count) / (count - 1)).clamp(min=0).sqrt().mean() for key, s in total.items()
                 if key != "count"]
-        return sum(stds) / len(stds)
+        return cast(torch.Tensor, sum(stds)) / len(stds)  # (cast: tensors, never none; typeshed's sum allows 0)
 
     return ctx.all_reduce_sums_later({**sums, "count": torch.tensor(float(rows))}, spread)
 
@@ -60,13 +60,14 @@ class GlobalBatchTask(SelfSupervisedTask):
     """A backbone, a three-layer projector, and a loss of the (gathered) batch's embeddings."""
 
     options: GlobalBatchOptions
+    criterion: nn.Module  # the method's loss: its parts by name
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
         o = self.options
         return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm, 2)}
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
         if self.options.gather:  # every rank's rows (none of a rank whose share is a padding sample)

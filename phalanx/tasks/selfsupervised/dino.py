@@ -14,19 +14,20 @@ rank's mean, which is the global mean only when every rank holds as many samples
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..base import Batch, Plain, TaskData
+from ..base import Batch, Plain, PlainRecord, TaskData
 from .byol import MomentumTeacherTask
 from .losses import DINOLoss
 from .options import DINOOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ..contract import Pending, RunContext, StepContext
+    from ..contract import Pending, RunContext, StepContext, StepLosses
 
 # A teacher's mean entropy above this share of the uniform distribution's warns of a collapse: at the
 # first epoch 0.40-0.73 of it here (heads of 64 to 4,096 outputs); collapsed runs reached 0.99.
@@ -66,7 +67,7 @@ class DINOTask(MomentumTeacherTask):
     metric_labels = {**MomentumTeacherTask.metric_labels, "teacher_entropy": "teacher entropy (nats)",
                      "center_norm": "centre norm"}
     manual_optimization = True  # the last layer's gradient is dropped in the first epochs
-    options: DINOOptions  # type: ignore[assignment]
+    options: DINOOptions
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
@@ -79,7 +80,7 @@ class DINOTask(MomentumTeacherTask):
         head = DINOHead(size, o.hidden_dim, o.bottleneck_dim, o.output_dim, o.head_norm)
         return {"backbone": backbone, "projector": head, "teacher": self.teacher_of(backbone, head)}
 
-    def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
+    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         return {"student": [{"params": [*models["backbone"].parameters(), *models["projector"].parameters()],
                              "lr_mult": 1.0}]}
 
@@ -107,7 +108,7 @@ class DINOTask(MomentumTeacherTask):
         return ctx.all_reduce_sums_later({"sum": rows.sum((0, 1)), "count": count}, move)
 
     @staticmethod
-    def student(models: Any, views: list[torch.Tensor]) -> list[torch.Tensor]:
+    def student(models: Mapping[str, nn.Module], views: list[torch.Tensor]) -> list[torch.Tensor]:
         """The crops of each size through the backbone together (the global ones, then the local
         ones), then every crop through the head at once, as DINO's multi-crop wrapper does: a
         BatchNorm normalises over the crops of a size (the backbone's) or of the step (the head's)."""
@@ -116,11 +117,11 @@ class DINOTask(MomentumTeacherTask):
         return list(outputs.split([len(view) for view in views]))
 
     @staticmethod
-    def teacher(models: Any, views: list[torch.Tensor]) -> list[torch.Tensor]:
+    def teacher(models: Mapping[str, nn.Module], views: list[torch.Tensor]) -> list[torch.Tensor]:
         """The global crops through the teacher together (DINO's teacher sees no local crop)."""
         return list(models["teacher"](torch.cat(views[:2])).split([len(view) for view in views[:2]]))
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         views = list(batch)
         self.track(ctx)
         with torch.no_grad():
@@ -148,7 +149,7 @@ class DINOTask(MomentumTeacherTask):
                 + ("; try --head-norm batch (it kept DINO from collapsing on the built-in digits)"
                    if self.options.head_norm == "none" else ""))
 
-    def view_loss(self, models: Any, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+    def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says
         nothing here: the head's outputs of any two views are nearly parallel)."""
         return self.criterion(self.teacher(models, [v1, v2]), self.student(models, [v1, v2]), self.center,
@@ -157,6 +158,6 @@ class DINOTask(MomentumTeacherTask):
     def state_dict(self) -> dict[str, Plain]:
         return {"center": self.center.detach().cpu().clone()}
 
-    def load_state_dict(self, state: dict[str, Plain]) -> None:
+    def load_state_dict(self, state: PlainRecord) -> None:
         if "center" in state:
             self.center = state["center"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..base import Batch, Plain, TaskData
+from ..base import Batch, Plain, PlainRecord, TaskData
 from .byol import MomentumTeacherTask
 from .decorrelation import embedding_std
 from .options import MoCoOptions
@@ -25,7 +25,7 @@ from .losses import InfoNCELoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ..contract import StepContext
+    from ..contract import StepContext, StepLosses
 
 
 class MoCoTask(MomentumTeacherTask):
@@ -34,7 +34,7 @@ class MoCoTask(MomentumTeacherTask):
     loss_label = "InfoNCE loss against the queue"
     loss_names = ("loss", "embedding_std")
     metric_labels = {**MomentumTeacherTask.metric_labels, "embedding_std": "key embedding std (collapse: 0)"}
-    options: MoCoOptions  # type: ignore[assignment]
+    options: MoCoOptions
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
@@ -65,7 +65,7 @@ class MoCoTask(MomentumTeacherTask):
             self.queue[at:at + len(keys)] = keys
             self.queue_at = at + len(keys)
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         v1, v2 = batch
         query = self.embed(ctx.models, v1)
         with torch.no_grad():
@@ -79,6 +79,6 @@ class MoCoTask(MomentumTeacherTask):
     def state_dict(self) -> dict[str, Plain]:
         return {"queue": self.queue.detach().cpu().clone(), "queue_at": self.queue_at}
 
-    def load_state_dict(self, state: dict[str, Plain]) -> None:
+    def load_state_dict(self, state: PlainRecord) -> None:
         if "queue" in state:
             self.queue, self.queue_at = state["queue"], int(state["queue_at"])

@@ -3,12 +3,11 @@ all-gathered with their gradients), so 2 workers x B train what one process x 2B
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
-from ..base import TaskData
+from ..base import Batch, TaskData
 from .decorrelation import global_embedding_std
 from .options import SimCLROptions
 from .base import SelfSupervisedTask, gather_views, mlp
@@ -16,6 +15,7 @@ from .losses import NTXentLoss
 
 if TYPE_CHECKING:
     from ...config import RunConfig
+    from ..contract import StepContext, StepLosses
 
 
 class SimCLRTask(SelfSupervisedTask):
@@ -37,7 +37,7 @@ class SimCLRTask(SelfSupervisedTask):
         super().__init__(cfg)
         self.criterion = NTXentLoss(self.options.temperature)
 
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         v1, v2 = batch
         z1, z2 = self.embed(ctx.models, v1), self.embed(ctx.models, v2)
         spread = global_embedding_std(ctx, z1, z2)  # every rank joins its all-reduce, a padding one too

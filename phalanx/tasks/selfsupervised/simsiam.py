@@ -16,7 +16,7 @@ from .base import SelfSupervisedTask, mlp
 from .losses import NegativeCosineLoss
 
 if TYPE_CHECKING:
-    from ..contract import StepContext
+    from ..contract import StepContext, StepLosses
 
 
 class SimSiamTask(SelfSupervisedTask):
@@ -40,7 +40,7 @@ class SimSiamTask(SelfSupervisedTask):
         z1, z2 = self.embed(models, v1), self.embed(models, v2)
         return models["predictor"](z1), models["predictor"](z2), z1, z2
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         p1, p2, z1, z2 = self.predict_pair(ctx.models, *batch)
         # The collapse monitor of the global batch: the same at any world size.
         return {"loss": self.criterion(p1, p2, z1, z2), "embedding_std": global_embedding_std(ctx, z1, z2)}

@@ -15,12 +15,12 @@ once the queue is full; the queue is the task's state, checkpointed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping, cast
 
 import torch
 from torch import nn
 
-from ..base import Batch, Plain, TaskData
+from ..base import Batch, Plain, PlainRecord, TaskData
 from .decorrelation import global_embedding_std
 from .options import SwAVOptions
 from .base import SelfSupervisedTask, mlp
@@ -28,7 +28,7 @@ from .losses import SwAVLoss, sinkhorn
 
 if TYPE_CHECKING:
     from ...config import RunConfig
-    from ..contract import StepContext
+    from ..contract import StepContext, StepLosses
 
 
 class SwAVTask(SelfSupervisedTask):
@@ -52,9 +52,10 @@ class SwAVTask(SelfSupervisedTask):
     @staticmethod
     @torch.no_grad()
     def normalize(prototypes: nn.Module) -> None:
-        prototypes.weight.div_(prototypes.weight.norm(dim=1, keepdim=True))
+        weight = cast(torch.Tensor, prototypes.weight)  # (nn.Module's types: any attribute a Tensor or a Module)
+        weight.div_(weight.norm(dim=1, keepdim=True))
 
-    def param_groups(self, models: Any) -> dict[str, list[dict[str, object]]]:
+    def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         return {"model": [{"params": [p for m in models.values() for p in m.parameters()], "lr_mult": 1.0}]}
 
     def __init__(self, cfg: RunConfig):
@@ -74,6 +75,7 @@ class SwAVTask(SelfSupervisedTask):
         length = self.options.queue_length
         if not length or epoch < self.options.queue_start_epoch or self.queued < length:
             return None
+        assert self.queue is not None  # (queued: the queue is full)
         with torch.no_grad():
             return prototypes(self.queue[crop].to(next(prototypes.parameters())))
 
@@ -90,12 +92,12 @@ class SwAVTask(SelfSupervisedTask):
     def state_dict(self) -> dict[str, Plain]:
         return {} if self.queue is None else {"queue": self.queue.detach().cpu().clone(), "queued": self.queued}
 
-    def load_state_dict(self, state: dict[str, Plain]) -> None:
+    def load_state_dict(self, state: PlainRecord) -> None:
         if "queue" in state:  # (a run resumed with a shorter --queue-length keeps the newest)
             length = self.options.queue_length
             self.queue, self.queued = state["queue"][:, :length], min(int(state["queued"]), length)
 
-    def training_step(self, batch: Batch, ctx: StepContext) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         views = list(batch)
         features = [nn.functional.normalize(self.embed(ctx.models, v), dim=1) for v in views]
         scores = [ctx.models["prototypes"](f) for f in features]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,8 @@ class ViewRecipe:
             params[JITTER:HUE + 1] = [1.0, 0.6 + 0.8 * b, 0.6 + 0.8 * c, 0.6 + 0.8 * s if colour else 1.0,
                                       0.2 * h - 0.1 if colour else 0.0]
             keys = uniforms[U_ORDER:U_ORDER + 4]
-            params[ORDER] = sorted(range(4), key=keys.__getitem__)  # a random order of the four
+            order = sorted(range(4), key=keys.__getitem__)  # a random order of the four
+            params[ORDER] = order
         params[GRAY] = float(self.channels == 3 and uniforms[U_GRAY] < 0.2)
         if uniforms[U_BLUR] < self.blur:
             params[BLUR], params[SIGMA] = 1.0, 0.1 + 1.9 * uniforms[U_SIGMA]
@@ -110,8 +112,9 @@ class ViewRecipe:
         weights = (weights / weights.sum(1, keepdim=True))[:, :, None, None, None]
         height, width = views.shape[-2:]
         padded = F.pad(views, (half, half, half, half), mode="reflect")
-        across = sum(weights[:, k] * padded[..., :, k:k + width] for k in range(kernel))
-        return sum(weights[:, k] * across[..., k:k + height, :] for k in range(kernel))
+        # (cast: a sum of tensors, never empty; typeshed's sum allows the int 0 of an empty one)
+        across = cast(torch.Tensor, sum(weights[:, k] * padded[..., :, k:k + width] for k in range(kernel)))
+        return cast(torch.Tensor, sum(weights[:, k] * across[..., k:k + height, :] for k in range(kernel)))
 
 
 def _crop_box(height: int, width: int, scale: tuple[float, float], uniforms: list[float]) -> list[float]:

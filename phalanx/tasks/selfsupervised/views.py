@@ -16,6 +16,7 @@ from ... import records
 from ...data.transforms import SMALL
 from ...records.pictures import denormalize, png, strip
 from ...data.sampling import derive_seed
+from ..base import RunContext, dataset_size
 from .view_batch import ViewRecipe
 
 
@@ -129,7 +130,7 @@ class ValidationViews(Dataset):
         self.raw, self.views, self.prepare, self.seed = raw, views, prepare, seed
 
     def __len__(self) -> int:
-        return len(self.raw)
+        return dataset_size(self.raw)
 
     def __getitem__(self, index: int):
         image, label = self.raw[index]
@@ -144,7 +145,7 @@ class Indexed(Dataset):
         self.base = base
 
     def __len__(self) -> int:
-        return len(self.base)
+        return dataset_size(self.base)
 
     def __getitem__(self, index: int):
         image, label = self.base[index]
@@ -154,10 +155,11 @@ class Indexed(Dataset):
 class ViewSample:
     """Each epoch: a few training images' two views, as that epoch's training drew them."""
 
-    def __init__(self, train: Dataset, collate: Callable, indices: list[int], mean: list[float], std: list[float]):
+    def __init__(self, train: Dataset[Any], collate: Callable[[list[Any]], Any], indices: list[int], mean: list[float],
+                 std: list[float]):
         self.train, self.collate, self.indices, self.mean, self.std = train, collate, indices, mean, std
 
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         state = torch.default_generator.get_state()
         try:
             items = []

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write
+from ...atomic import atomic_write_bytes
 from ...data.inputs import InputImages, output_names
 from ...data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ...errors import PhalanxError
@@ -98,7 +98,9 @@ class TranslateInference(Inference):
 
 
 class TranslationPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, generators: dict[str, nn.Module],
+    inputs: InputImages
+
+    def __init__(self, inputs: InputImages, paths: list[Path], device: torch.device, generators: dict[str, nn.Module],
                  inference: TranslateInference, opts: PredictOptions):
         super().__init__(inputs, paths, device)
         self.generators, self.inference, self.info = generators, inference, inference.info
@@ -110,7 +112,8 @@ class TranslationPredictor(Predictor):
                                "rename one)", "IMAGES")
         self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
         self.region_size = opts.region_size
-        self.output, self.panels = Path(opts.output), []
+        self.output = Path(opts.output)
+        self.panels: list[Path] = []
 
     def predict(self, indices: list[int], images: list[torch.Tensor | Slide], raws: list) -> None:
         for index, image in zip(indices, images):
@@ -128,7 +131,7 @@ class TranslationPredictor(Predictor):
             target = self.output / self.inference.task.output_folder(t) / self.names[index]
             data = self.picture(out)
             target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, lambda fh, data=data: fh.write(data))
+            atomic_write_bytes(target, data)
         return outputs
 
     def picture(self, output: torch.Tensor) -> bytes:

@@ -49,6 +49,7 @@ class UnetBlock(nn.Module):
         inputs = outer if inputs is None else inputs
         down = nn.Conv2d(inputs, inner, 4, stride=2, padding=1, bias=bias)
         if outermost:
+            assert submodule is not None  # (every level but the innermost holds the inner ones)
             layers = [down, submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
                       nn.Tanh()]
         elif innermost:
@@ -56,6 +57,7 @@ class UnetBlock(nn.Module):
                       nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias)]
             layers += [make_norm(outer)] if make_norm else []
         else:
+            assert submodule is not None
             layers = [nn.LeakyReLU(0.2, True), down] + ([make_norm(inner)] if make_norm else [])
             layers += [submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias)]
             layers += ([make_norm(outer)] if make_norm else []) + ([nn.Dropout(0.5)] if dropout else [])
@@ -193,7 +195,9 @@ def build_generator(name: str, inputs: int, outputs: int, ngf: int, norm: str, d
     size = unet_size(name)
     if size is not None:
         return init_weights(unet(inputs, outputs, int(math.log2(size)), ngf, norm, dropout))
-    blocks = int(re.fullmatch(r"resnet_(\d+)blocks", name).group(1))
+    resnet_blocks = re.fullmatch(r"resnet_(\d+)blocks", name)
+    assert resnet_blocks is not None  # (check_generator: a U-Net's name or this)
+    blocks = int(resnet_blocks.group(1))
     return init_weights(resnet(inputs, outputs, blocks, ngf, norm, dropout))
 
 

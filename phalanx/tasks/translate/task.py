@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
@@ -26,10 +26,14 @@ from ...data.sources import holdout_indices
 from ...data.transforms import one_size
 from ...errors import PhalanxError
 from ...records.pictures import png, strip
-from ..base import Declaration, Evaluation, Task, TaskData, fixed_sample, full_precision, pane
-from .options import TranslateOptions
+from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
+                    fixed_sample, full_precision, pane)
+from .options import GANOptions, TranslateOptions
 from .image_metrics import psnr, ssim
 from .nets import build_discriminator, build_generator, check_discriminator, check_generator
+
+if TYPE_CHECKING:
+    from ...config import RunConfig
 
 SHOWN = 4  # validation samples drawn each epoch
 
@@ -37,14 +41,14 @@ SHOWN = 4  # validation samples drawn each epoch
 class TranslateTask(Task):
     name = "translate"
     Inference = ".inference:TranslateInference"  # (by name: the inference imports this module for its types)
-    Options = TranslateOptions
+    Options: type[GANOptions] = TranslateOptions
     manual_optimization = True
     primary_model = "generator"  # one target's name; several: generator1, ... (declare)
     best_metric = ("L1", "min")
     metric_labels = {"L1": "L1 error", "PSNR": "PSNR", "SSIM": "SSIM"}
     options: TranslateOptions
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         if cfg.data.normalize != "auto" or cfg.data.mean:
             raise PhalanxError(f"--task {self.name} works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
@@ -121,14 +125,14 @@ class TranslateTask(Task):
         self.check_networks(size)
         flip = cfg.data.hflip
         augment, crop = cfg.data.augment != "none", self.crops()
-        train_files = PairFiles(train_pairs)
+        train_files: Dataset[Any] = PairFiles(train_pairs)
         if validation_dir(root).is_dir():
             val_pairs = find_pairs(validation_dir(root), self.targets, cfg.data.skip_broken, self.last_target_folder)
             skipped.update(val_pairs.skipped)
-            val_files: Dataset = PairFiles(val_pairs)
+            val_files: Dataset[Any] = PairFiles(val_pairs)
             how = f"{validation_dir(root).name}/"
         else:
-            train_index, val_index = holdout_indices(len(train_files), cfg.data.val_fraction, cfg.seed)
+            train_index, val_index = holdout_indices(dataset_size(train_files), cfg.data.val_fraction, cfg.seed)
             train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)
             how = f"{cfg.data.val_fraction:g} hold-out"
         prepare = PairTransform(size, train=False, flip=False)
@@ -136,8 +140,8 @@ class TranslateTask(Task):
                            plain=Transformed(train_files, prepare))
         channels = 1 if train_pairs.mode == "L" else 3
         gone = f"; {len(skipped)} sample(s) left out" if skipped else ""
-        description = (f"{root} ({len(train)} train / {len(val_files)} val pairs from {how}, {train_pairs.layout} "
-                       f"layout, {self.targets_words()}, {size}x{size}"
+        description = (f"{root} ({len(train)} train / {dataset_size(val_files)} val pairs from {how}, "
+                       f"{train_pairs.layout} layout, {self.targets_words()}, {size}x{size}"
                        f"{self.augmentation_words(augment and crop, augment and flip)}{gone})")
         info = {"targets": self.targets, "channels": channels, "size": size, "mode": train_pairs.mode,
                 "layout": train_pairs.layout,
@@ -169,26 +173,28 @@ class TranslateTask(Task):
     def gan_loss(self, logits: torch.Tensor, real: bool) -> torch.Tensor:
         return gan_loss(logits, real, self.options.gan_loss)
 
-    def training_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         inputs, targets = batch  # (N, C, H, W), (N, T, C, H, W)
         fakes = [ctx.models[self.net("generator", t)](inputs) for t in range(self.targets)]
         losses: dict[str, torch.Tensor] = {}
-        d_total = 0
+        d_total: torch.Tensor | int = 0  # (a tensor once the first discriminator adds to it)
         for t, fake in enumerate(fakes):  # every discriminator: real pairs against generated ones
             discriminator = ctx.models[self.net("discriminator", t)]
             real_pair, fake_pair = torch.cat([inputs, targets[:, t]], 1), torch.cat([inputs, fake.detach()], 1)
             losses[f"D_real{self.suffix(t)}"] = self.gan_loss(discriminator(real_pair), True)
             losses[f"D_fake{self.suffix(t)}"] = self.gan_loss(discriminator(fake_pair), False)
             d_total = d_total + 0.5 * (losses[f"D_real{self.suffix(t)}"] + losses[f"D_fake{self.suffix(t)}"])
+        assert isinstance(d_total, torch.Tensor)  # (one discriminator at least)
         ctx.backward(d_total, "discriminator")
         ctx.step("discriminator")
-        g_total = 0
+        g_total: torch.Tensor | int = 0
         with contextlib.ExitStack() as stack:  # every generator, through its discriminator as it is now
             judges = [stack.enter_context(ctx.frozen(self.net("discriminator", t))) for t in range(self.targets)]
             for t, fake in enumerate(fakes):
                 losses[f"G_GAN{self.suffix(t)}"] = self.gan_loss(judges[t](torch.cat([inputs, fake], 1)), True)
                 losses[f"G_L1{self.suffix(t)}"] = (fake - targets[:, t]).abs().flatten(1).mean(1)
                 g_total = g_total + losses[f"G_GAN{self.suffix(t)}"] + self.options.lambda_l1 * losses[f"G_L1{self.suffix(t)}"]
+        assert isinstance(g_total, torch.Tensor)
         ctx.backward(g_total, "generator")
         ctx.step("generator")
         return losses
@@ -198,7 +204,8 @@ class TranslateTask(Task):
         sums = {f"{m}_{t}": torch.zeros(()) for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
         return {**sums, "samples": torch.zeros(())}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
+                        ctx: RunContext) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         return self.output_sums(self.generate(models, inputs), targets)
 
@@ -255,7 +262,8 @@ class TranslateTask(Task):
         return panes
 
     def visuals(self, data: TaskData) -> "TranslationSample":
-        return TranslationSample(self, [data.val[i] for i in fixed_sample(len(data.val), SHOWN, self.cfg.seed)])
+        shown = fixed_sample(dataset_size(data.val), SHOWN, self.cfg.seed)
+        return TranslationSample(self, [data.val[i] for i in shown])
 
 
 class TranslationSample:
@@ -266,7 +274,7 @@ class TranslationSample:
         self.task, self.samples = task, samples
 
     @torch.no_grad()
-    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: Any) -> dict[str, Any]:
+    def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         if not self.samples:
             return {"kind": "images", "epoch": epoch, "items": []}
         inputs = torch.stack([a for a, _ in self.samples])

@@ -41,16 +41,18 @@ def tiled(generator: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor
     if overlap:
         edge = torch.arange(1, overlap + 1, dtype=image.dtype, device=image.device) / (overlap + 1)
         ramp[:overlap], ramp[-overlap:] = edge, edge.flip(0)
-    out = weight = None
+    out: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
     for top in tops:
         for left in lefts:
             tile = generator(image[..., top:top + size, left:left + size])
             w = (ramp[:, None] * ramp[None, :])
-            if out is None:
+            if out is None or weight is None:  # (both, at the first tile)
                 out = image.new_zeros((1, tile.shape[1], padded_h, padded_w))
                 weight = image.new_zeros((1, 1, padded_h, padded_w))
             out[..., top:top + size, left:left + size] += tile * w
             weight[..., top:top + size, left:left + size] += w
+    assert out is not None and weight is not None  # (one tile at least)
     return (out / weight)[..., :height, :width]
 
 
