@@ -111,7 +111,7 @@ def _on_cpu(value: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
         if type(value) is not dict:  # a module's state dict: an OrderedDict with _metadata (versions)
             moved = collections.OrderedDict(moved)
             if hasattr(value, "_metadata"):
-                moved._metadata = value._metadata
+                moved._metadata = value._metadata  # type: ignore[attr-defined]  # torch's; OrderedDict's types lack it
         return moved
     if type(value) in (list, tuple):
         return type(value)(_on_cpu(item, copies) for item in value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -100,7 +100,17 @@ def worker_device(devices: DeviceOptions, env: Placement) -> torch.device:
     return local_rank_device(devices, env.local_rank, env.local_world_size)
 
 
-def refuse_data_parallel(mode: str, task: Any) -> None:
+class DeclaresDataParallel(Protocol):
+    """What ``refuse_data_parallel`` reads of a task (``phalanx.tasks.base.Task``: a layer above)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data_parallel_refused(self) -> str: ...
+
+
+def refuse_data_parallel(mode: str, task: DeclaresDataParallel) -> None:
     """A plan's DataParallel refused for a task that declares it cannot train under it."""
     if mode == "dataparallel" and task.data_parallel_refused:
         raise PhalanxError(f"--task {task.name} cannot train under DataParallel: {task.data_parallel_refused}; use "
@@ -135,6 +145,7 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     if env is None and cfg.devices.strategy == "fsdp":
         raise PhalanxError("shards the networks over DDP workers: launch with trainlaunch (or under torchrun, "
                            "SLURM or MPI)", "--strategy")
+    devices: tuple[torch.device, ...]
     if env is not None:
         device = worker_device(cfg.devices, env)
         backend = cfg.devices.backend or ("nccl" if device.type == "cuda" else "gloo")

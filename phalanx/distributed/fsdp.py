@@ -16,30 +16,47 @@ under DDP.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypedDict, cast
 
 import torch
 from torch import nn
 
 from .blocks import blocks
+from .cluster import Placement
+from ..config import RunConfig
+from .devices import RunPlan
 from ..errors import PhalanxError
 from .strategy import DDPStrategy, prepare_model
 from .rank_buffers import broadcast_from_rank0
 
-def _sharded_modules(models: Iterable[nn.Module]) -> list[nn.Module]:
+if TYPE_CHECKING:  # (imported where used: torch.distributed's FSDP and DTensor load slowly)
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+
+class _Sharding(TypedDict):
+    """``fully_shard``'s options, the same for every block and the network."""
+
+    mesh: DeviceMesh
+    reshard_after_forward: bool
+    mp_policy: MixedPrecisionPolicy
+
+
+def _sharded_modules(models: Iterable[nn.Module]) -> list[FSDPModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for model in models for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def _dtensor() -> type:
+def _dtensor() -> type[DTensor]:
     from torch.distributed.tensor import DTensor
 
     return DTensor
 
 
 class FSDPStrategy(DDPStrategy):
-    def __init__(self, cfg: Any, env: Any, plan: Any):
+    def __init__(self, cfg: RunConfig, env: Placement, plan: RunPlan):
         super().__init__(cfg, env, plan)
         self.reshard_after_forward = cfg.devices.reshard_after_forward
         # --precision bf16: each block gathered in bfloat16 for its forward and backward (half the
@@ -49,7 +66,7 @@ class FSDPStrategy(DDPStrategy):
         # sharded: each rank writes its shard (sharded_checkpoint); whole: every rank helps gather it for rank 0
         self.writes_shards = cfg.devices.fsdp_checkpoints == "sharded"
         self.gathers_state = not self.writes_shards
-        self._mesh = None
+        self._mesh: DeviceMesh | None = None
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -60,16 +77,17 @@ class FSDPStrategy(DDPStrategy):
                                "use --strategy ddp for this task", "--strategy")
         for module in model.modules():  # FSDP2 hands a block its inputs as views, which may not change in place
             if getattr(module, "inplace", False) is True:
-                module.inplace = False
+                # (nn.Module's __setattr__ is typed for tensors and modules only; any value is allowed)
+                module.inplace = False  # type: ignore[assignment]  # (see above)
         policy = MixedPrecisionPolicy(param_dtype=self.gathered_dtype, reduce_dtype=torch.float32) \
             if self.gathered_dtype else MixedPrecisionPolicy()
-        shard = dict(mesh=self.mesh(), reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        shard = _Sharding(mesh=self.mesh(), reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         for block in reversed(blocks(model)):  # inner blocks first, as fully_shard needs
             fully_shard(block, **shard)
         fully_shard(model, **shard)
         return model
 
-    def mesh(self) -> Any:
+    def mesh(self) -> DeviceMesh:
         """The ranks as a mesh of this strategy's devices. fully_shard's own default is a mesh of the
         machine's accelerator: CPU workers on a GPU machine were sharded onto CUDA (and failed there)."""
         from torch.distributed.device_mesh import init_device_mesh
@@ -86,11 +104,12 @@ class FSDPStrategy(DDPStrategy):
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
-        model.set_requires_gradient_sync(False)
+        sharded = cast("FSDPModule", model)  # wrap's (cast: fully_shard's module keeps nn.Module's static type)
+        sharded.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            sharded.set_requires_gradient_sync(True)
 
     def after_step(self, models: Iterable[nn.Module]) -> None:
         pass  # each rank's own statistics until validation takes rank 0's (whole_networks)
@@ -116,17 +135,21 @@ class FSDPStrategy(DDPStrategy):
                 if id(module) not in roots:
                     module.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
 
-    def full_state(self, state: Any) -> Any:
+    def full_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Each sharded tensor gathered whole (a collective per tensor, in the state's order, which is
         every rank's); rank 0 keeps them, the other ranks drop them as they come."""
+        return {key: self._gathered(value) for key, value in state.items()}
+
+    def _gathered(self, state: Any) -> Any:
+        """``full_state`` of any part of a run's state (tensors, in dicts, lists and tuples, and the rest)."""
         dtensor = _dtensor()
         if isinstance(state, dtensor):
             whole = state.full_tensor()
             return whole if self.is_main else None
         if isinstance(state, dict):
-            return {key: self.full_state(value) for key, value in state.items()}
+            return {key: self._gathered(value) for key, value in state.items()}
         if isinstance(state, (list, tuple)):
-            return type(state)(self.full_state(value) for value in state)
+            return type(state)(self._gathered(value) for value in state)
         return state
 
     def local_model_state(self, saved: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ def exit_process(code: int) -> None:
         # --compile) and the join of every thread that is not a daemon, then the exit functions
         # (logging's handlers flushed, multiprocessing's children joined, weakref finalisers:
         # temporary directories removed). After a group both are skipped, as they always were.
-        threading._shutdown()
+        threading._shutdown()  # type: ignore[attr-defined]  # private: typeshed does not declare it
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

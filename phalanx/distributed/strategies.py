@@ -23,6 +23,7 @@ def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:
     if cfg.devices.uses_cpu:
         tune_cpu_allocator()
     if plan.mode == "ddp":
+        assert env is not None  # (plan_run plans DDP for a worker's placement only)
         strategy: Strategy = (FSDPStrategy if cfg.devices.strategy == "fsdp" else DDPStrategy)(cfg, env, plan)
     elif plan.mode == "dataparallel":
         strategy = DataParallelStrategy(tuple(device.index for device in plan.devices))

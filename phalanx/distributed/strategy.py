@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import torch
 from torch import nn
@@ -65,7 +65,7 @@ class Strategy:
         bookkeeping (DDP's reducer); DataParallel still splits the batch."""
         return model
 
-    def padding(self, active: bool) -> contextlib.AbstractContextManager:
+    def padding(self, active: bool) -> contextlib.AbstractContextManager[None]:
         """While this rank's micro-batch is a padding sample: no rows of it in synchronised BatchNorm."""
         return sync_norm.padding_rows(active)
 
@@ -80,10 +80,11 @@ class Strategy:
         """The bare module, for saving and evaluation: no ``module.`` (DataParallel, DDP) or
         ``_orig_mod.`` (torch.compile) prefixes in checkpoints."""
         while True:
+            compiled = getattr(model, "_orig_mod", None)
             if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
                 model = model.module
-            elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-                model = model._orig_mod
+            elif isinstance(compiled, nn.Module):
+                model = compiled
             else:
                 return model
 
@@ -113,7 +114,7 @@ class Strategy:
         """Largest difference of any parameter or buffer between ranks (0.0: in sync)."""
         return 0.0
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skip the gradient all-reduce on accumulation steps that do not end in an optimizer step."""
         return contextlib.nullcontext()
 
@@ -121,7 +122,7 @@ class Strategy:
     gathers_state = False  # whether every rank takes part in making a checkpoint's state (full_state)
     writes_shards = False  # whether every rank writes its own shard of the networks (sharded_checkpoint)
 
-    def full_state(self, state: Any) -> Any:
+    def full_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A run's state as a checkpoint holds it: every network and optimizer state whole."""
         return state
 
@@ -135,7 +136,7 @@ class Strategy:
     def after_step(self, models: Iterable[nn.Module]) -> None:
         """After every optimizer step: what keeps the ranks' networks the same beyond their weights."""
 
-    def whole_networks(self, models: Iterable[nn.Module]) -> contextlib.AbstractContextManager:
+    def whole_networks(self, models: Iterable[nn.Module]) -> contextlib.AbstractContextManager[None]:
         """The networks whole on every rank inside the block (validation, pictures drawn by rank 0)."""
         return contextlib.nullcontext()
 
@@ -251,8 +252,9 @@ class DDPStrategy(Strategy):
 
         dist.barrier()
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return model.no_sync()
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        # wrap's DDP wrapper (cast: nn.Module's types say any attribute is a Tensor or a Module)
+        return cast(nn.parallel.DistributedDataParallel, model).no_sync()
 
     def after_step(self, models: Iterable[nn.Module]) -> None:
         broadcast_from_rank0(models, self.clock)  # every network's, a momentum teacher's too

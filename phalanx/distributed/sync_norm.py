@@ -46,11 +46,11 @@ class _SumOverRanks(torch.autograd.Function):
     rank's loss depends on every rank's rows through the statistics)."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
         return _summed_over_ranks(tensor)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         return _summed_over_ranks(grad)
 
 
@@ -92,11 +92,13 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
     @torch.no_grad()
     def _track(self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor) -> None:
         """The running statistics as torch's BatchNorm moves them (the unbiased variance)."""
-        self.num_batches_tracked.add_(1)
-        factor = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
-        self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean), alpha=factor)
+        tracked, running_mean, running_var = self.num_batches_tracked, self.running_mean, self.running_var
+        assert tracked is not None and running_mean is not None and running_var is not None  # (track_running_stats)
+        tracked.add_(1)
+        factor = 1.0 / tracked.item() if self.momentum is None else self.momentum
+        running_mean.mul_(1 - factor).add_(mean.to(running_mean), alpha=factor)
         unbiased = var * count / (count - 1).clamp_min(1)
-        self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var), alpha=factor)
+        running_var.mul_(1 - factor).add_(unbiased.to(running_var), alpha=factor)
 
 
 class GlobalBatchNorm1d(GlobalBatchNorm, nn.BatchNorm1d):

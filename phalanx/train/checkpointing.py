@@ -72,6 +72,7 @@ class Checkpointer:
                                                         self.parts.bare_models(), self.parts.optimizers, self.strategy)
         state = self.state_dict(progress) if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
+            assert state is not None  # (rank 0 always makes it)
             self.writer.save(paths, {**state, **shards})
 
     def collect_shards(self) -> None:

@@ -168,6 +168,7 @@ class TrainingStepContext(DeviceContext):
         """``backward``, for the trainer itself too (the ``"loss"`` of a task without manual optimization)."""
         name = self._optimizer(optimizer)
         micro = self.micro
+        assert micro is not None  # (begin, before every step)
         total = loss.sum() if loss.dim() else loss * micro.real
         if not micro.real:
             total = total * 0.0  # a padding sample: every rank takes part in the all-reduce, weighing nothing

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -29,7 +29,9 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
     params = list(params) if optim.norm_bias_decay else without_decay_for_1d(params)
     if optim.optimizer in ("adam", "adamw"):
         kind = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
-        make = functools.partial(kind, params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay)
+        beta1, beta2 = optim.betas  # (two: the configuration checks them)
+        make: Callable[..., torch.optim.Optimizer] = functools.partial(kind, params, lr=lr, betas=(beta1, beta2),
+                                                                        weight_decay=optim.weight_decay)
     else:
         make = functools.partial(torch.optim.SGD, params, lr=lr, momentum=optim.momentum,
                                  weight_decay=optim.weight_decay, nesterov=optim.nesterov)

@@ -29,7 +29,7 @@ from ..distributed.strategy import Strategy
 from ..distributed.strategies import strategy_for
 from .preempt import Preempted, StopRequest
 from .single_rows import refuse_single_rows
-from ..tasks.base import Declaration, Task, TaskData, check_declaration
+from ..tasks.base import Declaration, Task, TaskData, check_declaration, dataset_size
 from .best import Best
 from .trainer import Trainer
 
@@ -73,7 +73,7 @@ def restart_config(cfg: RunConfig, restart: int) -> RunConfig:
 
 def build_task(cfg: RunConfig, mode: str = "") -> Task:
     """The run's task (a built-in or the user's class, by name), checked against the plan's ``mode``."""
-    task = registry.task_class(cfg.task)(cfg)
+    task: Task = registry.task_class(cfg.task)(cfg)
     refuse_data_parallel(mode, task)
     return task
 
@@ -105,7 +105,7 @@ def describe_run(cfg: RunConfig) -> tuple[list[str], PhalanxError | None]:
     plan = plan_run(cfg, env)  # the very plan a run makes: a device the run would refuse is refused here
     lines = [f"launcher: {launcher_name(os.environ)}", f"task: {cfg.task}", f"devices: {plan.describe()}"]
     data, checked, stop = describe_checks(cfg, plan.world_size, plan.mode, len(plan.devices))
-    lines += [*plan_report(cfg, plan, len(data.train)), *checked]
+    lines += [*plan_report(cfg, plan, dataset_size(data.train)), *checked]
     missing = missing_gpus(cfg.devices.gpu_ids)
     if missing:
         lines.append(f"warning: --gpu-ids: {missing} (a real run refuses this)")
@@ -150,7 +150,8 @@ def describe_checks(cfg: RunConfig, world_size: int, mode: str = "",
     if stop is None and cfg.network.weights and resume is None:
         lines += weights_preview(task, models, cfg.network.weights, data)
     if stop is None:  # a real run stops at its run directory first
-        refuse_single_rows(cfg, len(data.train), models, world_size, resume.state["position"] if resume else 0, replicas)
+        refuse_single_rows(cfg, dataset_size(data.train), models, world_size, resume.state["position"] if resume else 0,
+                           replicas)
     return data, lines, stop
 
 
@@ -190,13 +191,14 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
         cfg = learnt_normalisation(cfg)
     done = _nothing_to_do(cfg, resume)
     if done and not elastic_restart_count():  # nothing written; torchrun's restart after a failure ends the records
+        assert resume is not None  # (only a resumed run can have nothing left to do)
         say(f"phalanx: nothing to do: {done}")
         return {"epochs": resume.state["epoch"]}
     task = build_task(cfg, strategy.plan.mode)
     data, models = build_networks(cfg, task)
     if not done:  # (a restart with nothing left to train ends the records at any world size)
-        refuse_single_rows(cfg, len(data.train), models, strategy.world_size, resume.state["position"] if resume else 0,
-                           len(strategy.plan.devices))
+        refuse_single_rows(cfg, dataset_size(data.train), models, strategy.world_size,
+                           resume.state["position"] if resume else 0, len(strategy.plan.devices))
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)

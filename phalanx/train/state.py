@@ -85,7 +85,9 @@ class RunState:
             sharded_checkpoint.restore(Path(state["sharded"]), bare, self.optimizers)
         else:
             for name, model in bare.items():
-                model.load_state_dict(self.strategy.local_model_state(saved_network(state, name), model))
+                weights = saved_network(state, name)
+                assert weights is not None, f"the checkpoint has no weights of {name}"
+                model.load_state_dict(self.strategy.local_model_state(weights, model))
             for name, optimizer in self.optimizers.items():
                 optimizer.load_state_dict(self.strategy.local_optimizer_state(state["optimizers"][name], optimizer))
         for optimizer in self.optimizers.values():

@@ -25,7 +25,7 @@ from .checkpointing import Checkpointer, Progress
 from .best import Best
 from ..checkpoint.writer import CheckpointWriter
 from ..config import RunConfig
-from .context import PendingSums, DeviceContext, TrainingStepContext
+from .context import DeviceContext, TrainingStepContext
 from ..data import loader_workers, run_loaders
 from .divergence import diverged, first_non_finite, non_finite_at_start, rank_divergence
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
@@ -37,7 +37,7 @@ from ..models.recipe import ModelEma, prepare
 from .state import RunState
 from .step_times import StepTimes
 from ..data.sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
-from ..tasks.base import Declaration, Task, TaskData, check_step_losses
+from ..tasks.base import Batch, Declaration, Task, TaskData, check_step_losses, dataset_size
 from .losses import TrainLosses
 from .validation import Validator
 
@@ -68,7 +68,7 @@ class Trainer:
             ema.module.to(self.device)
         pin = self.device.type == "cuda"
         self.num_workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
-        self.num_train, self.batches = len(data.train), EpochBatches()
+        self.num_train, self.batches = dataset_size(data.train), EpochBatches()
         self.train_loader, self.val_loader = run_loaders(data.train, data.val, data.collate, self.batches,
                                                          cfg.optim.batch_size, self.num_workers, pin, self.rank,
                                                          self.world_size)
@@ -164,9 +164,9 @@ class Trainer:
         if limit and self.step >= limit and (self.epoch < self.cfg.schedule.epochs or self.position):  # not the end
             summary["stopped_at_step"], summary["epochs"], summary["position"] = self.step, self.epoch, self.position
         summary["best"], summary["step_times"] = self.best.state(), self.times.shares()
-        summary["max_rank_divergence"], warning = rank_divergence(self.strategy, self.bare_models().values())
-        if warning:
-            self.say(warning)
+        summary["max_rank_divergence"], drifted = rank_divergence(self.strategy, self.bare_models().values())
+        if drifted:
+            self.say(drifted)
         end = {k: v for k, v in summary.items() if k != "metrics"}
         self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **end,
                              **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()}}, flush=True)
@@ -242,7 +242,7 @@ class Trainer:
             progress.close()
             raise StepLimit
 
-    def _forward_backward(self, epoch: int, micro: MicroBatch, batch: Any, manual: bool) -> dict[str, torch.Tensor]:
+    def _forward_backward(self, epoch: int, micro: MicroBatch, batch: Batch, manual: bool) -> dict[str, torch.Tensor]:
         """One micro-batch through the task's step (and backward, unless the step does its own)."""
         total = self.num_train
         # Dropout, batch mixing and the like draw from a stream that is a function of the position alone.
@@ -259,9 +259,11 @@ class Trainer:
             if self.first_step_pending:
                 check_step_losses(self.task, losses, self.declared)
             if not manual:
-                self.ctx.backward_loss(losses["loss"])
+                loss = losses["loss"]
+                assert isinstance(loss, torch.Tensor), "the loss backward takes is a tensor, not sums still pending"
+                self.ctx.backward_loss(loss)
         # Sums the step all-reduced beside its backward (monitors of the global batch), done now.
-        return {name: value.result() if isinstance(value, PendingSums) else value for name, value in losses.items()}
+        return {name: value if isinstance(value, torch.Tensor) else value.result() for name, value in losses.items()}
 
     def _optimizer_step(self, epoch: int, micro: MicroBatch, manual: bool) -> None:
         """Step the optimizers this micro-batch ends a step for, then count the step."""
