@@ -29,8 +29,8 @@ def cpu_quota() -> float | None:
         limits = [_quota(directory) for directory in _cpu_cgroup_directories()]
     except (OSError, ValueError, IndexError):  # no /proc, an unexpected format: no quota seen
         return None
-    limits = [limit for limit in limits if limit]
-    return min(limits) if limits else None
+    quotas = [limit for limit in limits if limit]
+    return min(quotas) if quotas else None
 
 
 def _read(path: str | Path) -> str:
@@ -51,10 +51,10 @@ def _cpu_cgroup_directories() -> list[Path]:
         if "-" not in fields or len(fields) < fields.index("-") + 4:
             continue  # not a mount line
         kind, options = fields[fields.index("-") + 1], fields[-1].split(",")
-        controller = "" if kind == "cgroup2" else "cpu" if kind == "cgroup" and "cpu" in options else None
-        if controller is None or controller not in memberships:
+        mounted = "" if kind == "cgroup2" else "cpu" if kind == "cgroup" and "cpu" in options else None
+        if mounted is None or mounted not in memberships:
             continue
-        root, mount, path = fields[3].rstrip("/"), Path(fields[4]), memberships[controller]
+        root, mount, path = fields[3].rstrip("/"), Path(fields[4]), memberships[mounted]
         # a container sees its own cgroup as the mount's root
         inner = path[len(root):] if path == root or path.startswith(root + "/") else path
         leaf = mount / inner.lstrip("/")
@@ -73,6 +73,6 @@ def _quota(directory: Path) -> float | None:
         quota, period = _read(directory / "cpu.max").split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     if (directory / "cpu.cfs_quota_us").exists():  # v1: -1 for none
-        quota = int(_read(directory / "cpu.cfs_quota_us"))
-        return quota / int(_read(directory / "cpu.cfs_period_us")) if quota > 0 else None
+        quota_us = int(_read(directory / "cpu.cfs_quota_us"))
+        return quota_us / int(_read(directory / "cpu.cfs_period_us")) if quota_us > 0 else None
     return None

@@ -250,7 +250,7 @@ def _main(argv: list[str] | None = None) -> int:
         click.echo(exc.ctx.get_help() if exc.ctx else cli.get_help(click.Context(cli)))
         return 0
     except click.exceptions.NoSuchOption as exc:
-        command = exc.ctx.command.name if exc.ctx else ""
+        command = (exc.ctx.command.name or "") if exc.ctx else ""  # (click's Command.name is optional; ours are named)
         if exc.option_name.replace("_", "-") == "--use-torchrun" and command != "trainlaunch":
             say_error(f"--use-torchrun is an option of `phalanx trainlaunch` (DDP through torchrun), not of "
                       f"`phalanx {command}`: phalanx trainlaunch ... --use-torchrun \"--nproc_per_node 2\"")

@@ -20,7 +20,9 @@ from ..errors import PhalanxError
 from ..config.fields import flag, parse_list
 from ..config.resume import described, saved_options
 
-_CLICK_TYPES = {"int": click.INT, "float": click.FLOAT, "str": click.STRING, "str | None": click.STRING}
+# By a field's annotation: its text (options modules postpone annotations), which typeshed types ``type | str``.
+_CLICK_TYPES: dict[object, click.ParamType] = {"int": click.INT, "float": click.FLOAT, "str": click.STRING,
+                                               "str | None": click.STRING}
 GENERAL = "General"
 
 
@@ -64,7 +66,7 @@ def user_task_help(name: str, formatter: click.HelpFormatter) -> None:
         return
     records = []
     for f in dataclasses.fields(options):
-        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        default = f.default_factory() if callable(f.default_factory) else f.default
         text = f.metadata.get("help", "") if f.metadata else ""
         records.append((f"--task-option {f.name}=VALUE", f"{text}  [default: {default}]".strip()))
     with formatter.section(f"Your task (--task {name}) options"):
@@ -216,6 +218,7 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     file_values = load_config_file(values["config_file"]) if values.get("config_file") else None
     if file_values is not None:
         merged.update(file_values)
+    file_task = file_values.get("task") if file_values is not None else None
     typed = set()
     for name in [*(n for n, f in FIELDS.items() if f.metadata["cli"]), *registry.option_fields()]:
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
@@ -223,8 +226,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
             field = FIELDS[name] if name in FIELDS else registry.option_fields()[name][0]
             is_list = field.type.startswith("tuple[")
             merged[name] = tuple(v for values in value for v in values) if is_list else value
-            if name == "task" and isinstance((file_values or {}).get("task"), dict):  # the file's task: section stays
-                merged[name] = {**file_values["task"], "name": value}
+            if name == "task" and isinstance(file_task, dict):  # the file's task: section stays
+                merged[name] = {**file_task, "name": value}
             typed.add(name)
     given = {}
     for item in values.get("task_option") or ():
@@ -267,7 +270,9 @@ def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[
         name = name[3:]
     if file_values is None or name in typed:
         return None
-    section = file_values.get("task") if isinstance(file_values.get("task"), dict) else {}
+    task = file_values.get("task")
+    section = task if isinstance(task, dict) else {}
+    key: str | None
     if name in section:  # a bad value of the section's key
         key = name
     elif name == "task_option":  # an unknown key of the section, named in the message

@@ -71,8 +71,9 @@ class RunConfig:
         unknown = [name for name in values if name not in FIELDS]
         if unknown:
             raise PhalanxError(f"unknown option '{unknown[0]}'{suggest(unknown[0], list(FIELDS))}", "--config")
-        sections = {attr: section(**{k: v for k, v in values.items() if SECTION_OF[k] == attr})
-                    for attr, section in SECTIONS.items()}
+        # (each section of its own type: Any, as RunConfig's field of that name takes it)
+        sections: dict[str, Any] = {attr: section(**{k: v for k, v in values.items() if SECTION_OF[k] == attr})
+                                    for attr, section in SECTIONS.items()}
         return cls(**{k: v for k, v in values.items() if SECTION_OF[k] is None}, **sections)
 
     # --- derived values

@@ -76,7 +76,9 @@ def parse_list(value: Any, kind: type, option: str) -> tuple:
     return tuple(parsed)
 
 
-_EXPECTED = {"int": int, "float": (int, float), "bool": bool, "str": str, "str | None": (str, type(None))}
+# By a field's annotation: its text (options modules postpone annotations), which typeshed types ``type | str``.
+_EXPECTED: dict[object, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str,
+                                                    "str | None": (str, type(None))}
 
 
 def check_fields(obj: Any) -> None:

@@ -86,6 +86,7 @@ def _json_lines(text: str, data: dict[str, Any]) -> dict[str, int]:
         return text.count("\n", 0, at) + 1 if at >= 0 else 0
 
     lines = {str(key): line(key) for key in data}
-    section = data.get("task") if isinstance(data.get("task"), dict) else {}
+    task = data.get("task")
+    section = task if isinstance(task, dict) else {}
     lines.update({f"task.{key}": line(key, max(0, text.find('"task"'))) for key in section})
     return lines

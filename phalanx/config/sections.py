@@ -10,8 +10,8 @@ the checks of ``phalanx.config``. Standard library only (``phalanx --help`` must
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import Field, dataclass
+from typing import Any, ClassVar, Protocol
 
 from ..errors import PhalanxError
 from .fields import check_fields, option
@@ -280,6 +280,14 @@ class RemoteOptions:
         check_fields(self)
 
 
+class Section(Protocol):
+    """What every section is: a dataclass with a ``--help`` heading."""
+
+    heading: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+
 #: The sections in their order in ``--help``, by their attribute of ``RunConfig``.
-SECTIONS = {"data": DataOptions, "network": ModelOptions, "optim": OptimOptions, "schedule": ScheduleOptions,
-            "devices": DeviceOptions, "output": OutputOptions, "storage": RemoteOptions}
+SECTIONS: dict[str, type[Section]] = {"data": DataOptions, "network": ModelOptions, "optim": OptimOptions,
+                                      "schedule": ScheduleOptions, "devices": DeviceOptions, "output": OutputOptions,
+                                      "storage": RemoteOptions}

@@ -23,6 +23,7 @@ from ..distributed.strategies import strategy_for
 from ..data.sampling import ShardSampler, every_batch
 from .model import load_trained
 from ..config.inference import EvaluateOptions
+from ..tasks.base import dataset_size
 from .outputs import check_file, evaluate_results
 
 
@@ -65,11 +66,12 @@ def evaluate(opts: EvaluateOptions) -> dict[str, Any]:
         if cfg.network.channels_last:
             models = {name: model.to(memory_format=torch.channels_last) for name, model in models.items()}
         workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
+        sampler = ShardSampler(dataset_size(dataset), strategy.rank, strategy.world_size)
         loader = DataLoader(dataset, batch_size=cfg.optim.batch_size, num_workers=workers, collate_fn=inference.eval_collate,
-                            sampler=ShardSampler(len(dataset), strategy.rank, strategy.world_size))
+                            sampler=sampler)
         ctx = DeviceContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         bar = ProgressBar(len(loader), "evaluate", opts.progress and strategy.is_main)
-        batches = shown(every_batch(loader, "evaluation"), bar, len(loader.sampler), cfg.optim.batch_size)
+        batches = shown(every_batch(loader, "evaluation"), bar, len(sampler), cfg.optim.batch_size)
         evaluation = task.evaluate(models, batches, ctx)
         if not evaluation.extra.get("samples", 1):
             raise PhalanxError("no image to evaluate", "--dataroot")

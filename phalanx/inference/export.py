@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..config import registry
-from ..atomic import atomic_write, atomic_write_text
+from ..atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from ..errors import PhalanxError
 from .model import load_trained
 from ..config.inference import ExportOptions
@@ -88,7 +88,7 @@ def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, 
     folder.mkdir(parents=True, exist_ok=True)
     made = {name: make() for name, make in files.items()}  # all made before any is written
     for name, data in made.items():
-        atomic_write(folder / name, lambda fh, data=data: fh.write(data))
+        atomic_write_bytes(folder / name, data)
     print(f"phalanx: wrote {len(files)} files to {folder} ({opts.format}'s model directory: "
           f"{', '.join(list(files)[:3])}, ...)")
     return [folder / name for name in files]

@@ -16,7 +16,7 @@ from ..config import RunConfig, from_mapping
 from ..errors import PhalanxError
 from ..config.fields import flag
 from ..config.registry import task_class
-from ..tasks.base import TaskData
+from ..tasks.base import Task, TaskData
 from ..tasks.inference import Trained
 
 OPTION = "--checkpoint"
@@ -45,11 +45,12 @@ def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None
             raise PhalanxError(f"--task {cfg.task} (this checkpoint's) does not read it", flag(name))
     if task_changes:
         cfg = cfg.replace(task_options={**cfg.task_options, **task_changes})
-    task = task_class(cfg.task)(cfg)
+    task: Task = task_class(cfg.task)(cfg)
     info = state.get("data") or _infer_data(cfg, state["models"]["model"])
     task.restore_info(info)
     torch.manual_seed(cfg.seed)
-    models = task.build_models(TaskData(None, None, "", info))
+    # No training data: build_models reads data.info alone here (Task.restore_info)
+    models = task.build_models(TaskData(None, None, "", info))  # type: ignore[arg-type]  # (no datasets: see above)
     if cfg.optim.precision == "fp64":
         models = {name: model.double() for name, model in models.items()}
     if ema and not state.get("ema"):

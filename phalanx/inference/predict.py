@@ -50,7 +50,10 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     paths = image_paths(paths_given)
     device = inference_device(opts.gpu_ids)
     if opts.features:
-        predictor: Predictor = FeaturesPredictor(*inference.feature_inputs(paths), paths, opts, device)
+        found = inference.feature_inputs(paths)
+        assert found is not None, f"{type(inference).__name__}.feature_inputs returned None"
+        network, inputs = found
+        predictor: Predictor = FeaturesPredictor(network, inputs, paths, opts, device)
     else:
         predictor = inference.predictor(paths, opts, device)
     # A run trained in float64 (--precision fp64) predicts in float64, as it evaluates.

@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 # torch's C++ side logs every failed connection attempt of a rendezvous to stderr (dozens of lines
 # and stack frames before torchrun gives up); the launcher reports a failure itself, in one line.
@@ -69,10 +70,10 @@ def _torchrun_parser() -> argparse.ArgumentParser:
 
     parser = get_args_parser()
 
-    def refuse(message: str) -> None:  # argparse would print usage and exit 2
+    def refuse(message: str) -> NoReturn:  # argparse would print usage and exit 2
         raise PhalanxError(f"torchrun says: {message}", OPTION)
 
-    parser.error = refuse  # type: ignore[method-assign]
+    parser.error = refuse  # type: ignore[method-assign]  # (replacing a method is the point)
     return parser
 
 
@@ -148,11 +149,12 @@ def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) 
 
     plan = plan_launch(cfg, torchrun_options)
     if dry_run:  # a plan is most useful before the job reaches its GPUs: warn, do not refuse
+        from ..tasks.base import dataset_size
         from ..train.run import describe_checks
 
         # (memory per rank at the fewest nodes: the most each rank holds)
         data, checked, stop = describe_checks(cfg, plan.nnodes[0] * plan.nproc_per_node)
-        print("\n".join(describe(cfg, plan, len(data.train)) + checked), flush=True)
+        print("\n".join(describe(cfg, plan, dataset_size(data.train)) + checked), flush=True)
         missing = missing_gpus(cfg.devices.gpu_ids)
         if missing:
             print(f"phalanx: warning: --gpu-ids: {missing} (a real run refuses this)", file=sys.stderr)

@@ -7,6 +7,7 @@ A task's own recipe (a loss, batch mixing, a frozen backbone) is the task's (``t
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import torch
 from torch import nn
@@ -46,4 +47,5 @@ def prepare(model: nn.Module, channels_last: bool, compile: bool, activation_che
         model = checkpoint_activations(model)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return torch.compile(model) if compile else model
+    # (cast: torch.compile of a module is a module, an OptimizedModule; its types say a callable)
+    return cast(nn.Module, torch.compile(model)) if compile else model

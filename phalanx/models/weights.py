@@ -12,12 +12,22 @@ import argparse
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import torch
 from torch import nn
 
 from ..errors import PhalanxError
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+
+class LoadsWeights(Protocol):
+    """What ``weights_preview`` asks of a task: its ``load_weights`` (``phalanx.tasks.base.Task``'s,
+    a layer above, so named by its shape; ``data`` its ``TaskData``)."""
+
+    def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]: ...
 
 OPTION = "--weights"
 Stats = tuple[list[float], list[float]]  # a mean and a std, per channel
@@ -85,6 +95,7 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
     """The weights in a file, the classes they were trained on when a phalanx classification checkpoint
     says, what of a checkpoint of another task was taken (a self-supervised run's backbone), and the
     mean and std its inputs were normalised with (a phalanx checkpoint's)."""
+    state: Any  # what the file holds, whatever it is, until checked below
     try:
         if path.suffix == ".safetensors":  # timm's and the hub's format: tensors only, nothing runs
             from safetensors.torch import load_file
@@ -161,7 +172,7 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
             + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused" + _other_inputs(stats, normalised))
 
 
-def learnt_normalisation(cfg: Any) -> Any:
+def learnt_normalisation(cfg: RunConfig) -> RunConfig:
     """A new run whose --weights are a phalanx checkpoint, with --normalize auto (or weights) and no
     --mean/--std: its inputs normalised as the checkpoint's were (its data info), recorded in the
     run's configuration as ``--normalize weights`` and the statistics, so a resume never reads the
@@ -183,7 +194,7 @@ def learnt_normalisation(cfg: Any) -> Any:
                        std=tuple(float(v) for v in info["std"]))
 
 
-def weights_preview(task: Any, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]:
+def weights_preview(task: LoadsWeights, models: Mapping[str, nn.Module], spec: str, data: object) -> list[str]:
     """--dry-run: the task's ``load_weights`` into its networks built on the meta device (no memory
     taken): what would load, be replaced or left is said, and weights that fit nothing are refused,
     as in the run. Copies into meta tensors do nothing, which torch warns of once a tensor."""
@@ -215,7 +226,7 @@ def _shape(tensor: torch.Tensor) -> str:
     return "x".join(map(str, tensor.shape))
 
 
-def head_module(model: nn.Module) -> tuple[str, nn.Module]:
+def head_module(model: nn.Module) -> tuple[str, nn.Linear]:
     """The classifier head: the model's last Linear layer."""
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:

@@ -36,7 +36,7 @@ def png_bytes(array, min_side: int = 0) -> bytes:
     picture = Image.fromarray(array, "L" if array.ndim == 2 else "RGB")
     if max(picture.size) < min_side:
         factor = min_side // max(picture.size)
-        picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
+        picture = picture.resize((picture.width * factor, picture.height * factor), Image.Resampling.NEAREST)
     buffer = io.BytesIO()
     picture.save(buffer, "PNG")
     return buffer.getvalue()

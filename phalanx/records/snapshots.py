@@ -128,8 +128,9 @@ def assemble(segments: Iterable[dict[str, Any]]) -> History | None:
         return None
     newest = max(s["generation"] for s in segments)
     by_index = {s["segment"]: s for s in segments if s["generation"] == newest}
-    ordered = [by_index.get(i) for i in range(1, max(by_index) + 1)]
-    if any(s is None for s in ordered) or not all(s["sealed"] for s in ordered[:-1]):
+    found = [by_index.get(i) for i in range(1, max(by_index) + 1)]
+    ordered = [s for s in found if s is not None]
+    if len(ordered) < len(found) or not all(s["sealed"] for s in ordered[:-1]):
         return None
     records = [r for s in ordered for r in s["records"]]
     return History(ordered[0]["run_id"], newest, ordered[0].get("options", {}), records)

@@ -64,7 +64,7 @@ class Matrix(WindowKind):
     name = "matrix"
     record = "confusion"
     fields = {"epoch": int, "matrix": list, "classes": list}
-    defaults = ({"win": "confusion", "kind": "matrix", "title": "confusion matrix"},
+    defaults: tuple[dict[str, str], ...] = ({"win": "confusion", "kind": "matrix", "title": "confusion matrix"},
                 {"win": "per_class", "kind": "row_shares", "title": "accuracy per class"})
 
     def check(self, index: int, record: dict[str, Any]) -> None:

@@ -185,8 +185,9 @@ def training_sessions(history: History) -> list[tuple[float, float]]:
 
 def best_of(history: History) -> tuple[str, str] | None:
     """("best validation <metric>", "value (epoch N)") of the run's best metric (``panes`` record)."""
-    spec = next((r.get("best") for r in reversed(history.records) if r.get("kind") == "panes" and r.get("best")),
-                {"metric": "acc", "mode": "max", "label": "accuracy", "percent": True})
+    spec: dict[str, Any] = next((r.get("best") for r in reversed(history.records)
+                                 if r.get("kind") == "panes" and r.get("best")),
+                                {"metric": "acc", "mode": "max", "label": "accuracy", "percent": True})
     val = [r for r in of_kind(history, "val") if isinstance(r.get(spec["metric"]), (int, float))]
     if not val:
         return None
