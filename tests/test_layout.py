@@ -104,3 +104,19 @@ def test_a_new_built_in_task_is_its_folder_and_one_line_of_the_registry(tmp_path
                               "--epochs", "1", "--no-progress", "--checkpoints-dir", str(tmp_path / "ck")],
                              cwd=tmp_path, capture_output=True, text=True, env=env)
     assert trained.returncode == 0 and "phalanx: task echo; digits, echoed" in trained.stdout, trained.stderr
+
+
+def test_any_module_imports_first_in_a_fresh_process():
+    """A task folder imported before the configuration once met the registry half made ("partially
+    initialized module ... has no attribute 'SPECS'"): each package, each task folder and a module
+    deep in one, imported first in a process of its own."""
+    from phalanx.config.registry import PACKAGES
+
+    first = ["phalanx.cli", "phalanx.config", "phalanx.config.registry", "phalanx.train.run", "phalanx.inference.predict",
+             "phalanx.visualize", "phalanx.launch.torchrun", "phalanx.tasks.selfsupervised.losses",
+             *(f"phalanx.tasks.{package}" for package in PACKAGES)]
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    for name in first:
+        done = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, (name, done.stderr[-600:])

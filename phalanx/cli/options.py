@@ -17,7 +17,7 @@ from ..config import registry
 from ..config import FIELDS, RunConfig, section_of
 from ..config.file import load_config_file
 from ..errors import PhalanxError
-from ..config.fields import flag, parse_list
+from ..config.fields import flag, help_of, parse_list
 from ..config.resume import described, saved_options
 
 # By a field's annotation: its text (options modules postpone annotations), which typeshed types ``type | str``.
@@ -180,10 +180,10 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
             assert name not in FIELDS, f"task option {name} shadows a general option"
             others = owners[name][1:]  # it sits under the first task's heading; say who else takes it
             also = f" Also --task {', '.join(others)} (each with its own default)." if others else ""
-            func = field_option(f, default_value, f.metadata["help"] + also, heading)(func)
+            func = field_option(f, default_value, help_of(f) + also, heading)(func)
         for f in reversed([f for f in FIELDS.values() if f.metadata["cli"]]):
             default_value = f.default_factory() if callable(f.default_factory) else f.default
-            text = f.metadata["launch_help"] if command == "trainlaunch" else f.metadata["help"]
+            text = help_of(f, "launch_help" if command == "trainlaunch" else "help")
             func = field_option(f, default_value, text, section_of(f.name))(func)
         return click.option("--config", "config_file", metavar="FILE", type=click.STRING, cls=Option,
                             help="YAML or JSON file of option defaults (as --print-config writes); flags "
@@ -199,7 +199,7 @@ def dataclass_options(cls: type) -> Callable[[Callable], Callable]:
         for f in reversed(dataclasses.fields(cls)):
             default = f.default_factory() if callable(f.default_factory) else f.default
             required = default is None and not f.type.endswith("None")
-            func = field_option(f, default, f.metadata["help"], GENERAL, required)(func)
+            func = field_option(f, default, help_of(f), GENERAL, required)(func)
         return func
 
     return decorate

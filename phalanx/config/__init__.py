@@ -37,7 +37,7 @@ class RunConfig:
     """The run (its task, name, place and seed) and one section per concern."""
 
     heading: ClassVar[str] = "Run"
-    task: str = option(registry.DEFAULT, f"What to train: {registry.names_help()}, or your own task as "
+    task: str = option(registry.DEFAULT, lambda: f"What to train: {registry.names_help()}, or your own task as "
                        "package.module:Class (see the README's \"Your own task\"). Recorded in checkpoints: "
                        "evaluate, predict, export and --resume need no --task.", metavar="NAME")
     task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "

@@ -12,12 +12,12 @@ import dataclasses
 import difflib
 import math
 from dataclasses import field
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PhalanxError
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
+def option(default: Any, help: str | Callable[[], str], *, choices: tuple[str, ...] | None = None,
            identity: bool = True, metavar: str | None = None, launch_help: str | None = None,
            cli: bool = True, valued: bool = False, at_least: float | None = None, above: float | None = None,
            at_most: float | None = None, below: float | None = None) -> Any:
@@ -29,7 +29,9 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
     means something else per DDP worker. ``cli=False``: a field of the configuration that no flag
     sets directly. ``valued=True``: a bool option typed with a value (``--remote True``, as DeepLIIF
     spells it) instead of a ``--flag/--no-flag`` pair. ``at_least``/``above`` and ``at_most``/``below``
-    bound a number (inclusive/exclusive), checked wherever the value comes from.
+    bound a number (inclusive/exclusive), checked wherever the value comes from. A ``help`` that
+    names what the registry knows (the built-in tasks) is a function, read when help is shown
+    (``help_of``): the configuration is then made without loading a task's declaration.
     """
     meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
             "launch_help": launch_help or help, "cli": cli, "valued": valued,
@@ -39,6 +41,12 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def help_of(f: dataclasses.Field, key: str = "help") -> str:
+    """A field's help text (``key``: ``help`` or ``launch_help``), made now where it is a function."""
+    text = f.metadata[key]
+    return text() if callable(text) else text
 
 
 def flag(name: str) -> str:

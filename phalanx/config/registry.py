@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import PhalanxError
-from .fields import check_fields, flag, parse_text, suggest
+from .fields import check_fields, flag, help_of, parse_text, suggest
 
 OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
@@ -110,7 +110,7 @@ def option_owners() -> dict[str, list[str]]:
 def own_options(name: str) -> dict[str, tuple[Any, str]]:
     """A built-in task's own options -> (default, help): ``--task moco --help`` shows MoCo's temperature."""
     return {f.name: (f.default_factory() if callable(f.default_factory) else f.default,
-                     f.metadata["help"]) for f in dataclasses.fields(builtin()[name].options)}
+                     help_of(f)) for f in dataclasses.fields(builtin()[name].options)}
 
 
 def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
