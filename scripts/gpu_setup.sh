@@ -36,7 +36,7 @@ static=$("$python" -c "import visdom, os; print(os.path.join(os.path.dirname(vis
 tar -xzf .whl/visdom-static.tar.gz -C "$static"
 "$python" - <<'PY'
 import importlib.metadata, torch, torchvision
-from phalanx.visdom_assets import missing_assets
+from phalanx.visualize.assets import missing_assets
 def version(name):
     try:
         return importlib.metadata.version(name)

@@ -32,7 +32,7 @@ PIP_CONSTRAINT= .venv/bin/python -m pip download --quiet --no-deps --only-binary
 PIP_CONSTRAINT= .venv/bin/python -m pip download --quiet --no-deps -d .whl/deepliif deepliif==1.2.7
 # Two packages publish only source: build their (pure-Python) wheels here.
 .venv/bin/python -m pip wheel --quiet --no-deps -w .whl visdom==0.2.4 antlr4-python3-runtime==4.9.3
-# visdom's page assets, fetched from npm by scripts/setup.sh (python -m phalanx.visdom_assets).
+# visdom's page assets, fetched from npm by scripts/setup.sh (python -m phalanx.visualize.assets).
 static=$(.venv/bin/python -c "import visdom, os; print(os.path.join(os.path.dirname(visdom.__file__), 'static'))")
 tar -czf .whl/visdom-static.tar.gz -C "$static" .
 echo "gpu_wheels.sh: $(ls .whl/*.whl | wc -l) wheels and visdom's assets in .whl ($(du -sh .whl | cut -f1))"

@@ -54,6 +54,6 @@ fi
 # visdom downloads its page's JavaScript from CDNs at first start; fetch the same files from the
 # npm registry instead, so `phalanx visualize` works with no internet.
 say "fetching visdom's page assets from the npm registry (about 20 seconds)"
-.venv/bin/python -m phalanx.visdom_assets || say "warning: visdom's page assets are missing;" \
+.venv/bin/python -m phalanx.visualize.assets || say "warning: visdom's page assets are missing;" \
   "phalanx visualize needs them (npm must reach the npm registry)" >&2
 say "ready in $((SECONDS - started)) s: $(.venv/bin/phalanx --version)"
