@@ -38,9 +38,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     opts = parser.parse_args()
     # The "off" patch must have applied (a failing sitecustomize is only a warning on stderr).
-    probe = subprocess.run([sys.executable, "-c", "from phalanx.train.step_times import StepTimes; "
-                            "print(StepTimes.lap.__name__)"], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join([OFF["BENCH_PYTHONPATH"], str(HERE.parent)])})
+    probe = subprocess.run(
+        [sys.executable, "-c", "from phalanx.train.step_times import StepTimes; print(StepTimes.lap.__name__)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([OFF["BENCH_PYTHONPATH"], str(HERE.parent)])},
+    )
     if probe.stdout.strip() != "<lambda>":
         sys.exit(f"breakdown_cost.py: the off patch did not apply: {probe.stderr.strip()[-500:]}")
     raw: dict[str, dict[str, list[float]]] = {f"{m}, {c}": {"on": [], "off": []} for m, c in CASES}
@@ -51,16 +54,24 @@ def main() -> int:
             for variant in order:
                 rate = run_measured(argv, {**env, **(OFF if variant == "off" else {})})["samples_per_s"]
                 raw[f"{model}, {case}"][variant].append(rate)
-                print(f"[{rep + 1}/{opts.repeats}] {model}, {case}, breakdown {variant}: {rate:.0f} samples/s", flush=True)
-    lines = [f"{time.strftime('%Y-%m-%d')}, {opts.repeats} repeats, samples/s median (min-max)", "",
-             "| run | breakdown on | breakdown off | off / on, per repeat |", "| --- | --- | --- | --- |"]
+                print(
+                    f"[{rep + 1}/{opts.repeats}] {model}, {case}, breakdown {variant}: {rate:.0f} samples/s", flush=True
+                )
+    lines = [
+        f"{time.strftime('%Y-%m-%d')}, {opts.repeats} repeats, samples/s median (min-max)",
+        "",
+        "| run | breakdown on | breakdown off | off / on, per repeat |",
+        "| --- | --- | --- | --- |",
+    ]
     results = {"raw": raw, "ratios": {}}
     for name, runs in raw.items():
         on, off = summary(runs["on"]), summary(runs["off"])
         ratio = summary([b / a for a, b in zip(runs["on"], runs["off"])])
         results["ratios"][name] = ratio
-        lines.append(f"| {name} | {on['median']:.0f} ({on['min']:.0f}-{on['max']:.0f}) | {off['median']:.0f} "
-                     f"({off['min']:.0f}-{off['max']:.0f}) | {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}) |")
+        lines.append(
+            f"| {name} | {on['median']:.0f} ({on['min']:.0f}-{on['max']:.0f}) | {off['median']:.0f} "
+            f"({off['min']:.0f}-{off['max']:.0f}) | {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}) |"
+        )
     out = HERE / "results"
     (out / "breakdown_cost.json").write_text(json.dumps(results, indent=1))
     (out / "breakdown_cost.md").write_text("\n".join(lines) + "\n")

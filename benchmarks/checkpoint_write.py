@@ -28,7 +28,10 @@ from phalanx.tasks.translate.nets import build_discriminator, build_generator  #
 
 
 def state() -> dict:
-    generator, discriminator = build_generator("unet_256", 3, 3, 64, "batch", True), build_discriminator(6, 64, 3, "batch")
+    generator, discriminator = (
+        build_generator("unet_256", 3, 3, 64, "batch", True),
+        build_discriminator(6, 64, 3, "batch"),
+    )
     optimizers = {}
     for name, net in (("G", generator), ("D", discriminator)):
         opt = torch.optim.Adam(net.parameters(), lr=2e-4)
@@ -36,8 +39,11 @@ def state() -> dict:
             p.grad = torch.zeros_like(p)
         opt.step()
         optimizers[name] = opt.state_dict()
-    return {"models": {"generator": generator.state_dict(), "discriminator": discriminator.state_dict()},
-            "optimizers": optimizers, "epoch": 1}
+    return {
+        "models": {"generator": generator.state_dict(), "discriminator": discriminator.state_dict()},
+        "optimizers": optimizers,
+        "epoch": 1,
+    }
 
 
 def main() -> None:
@@ -46,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     saved = state()
-    size = len(checkpoint.serialise(saved)) / 2 ** 20
+    size = len(checkpoint.serialise(saved)) / 2**20
     held = {"synchronous": [], "CheckpointWriter": []}
     finished = []
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
@@ -64,13 +70,20 @@ def main() -> None:
                     held[contender].append(time.perf_counter() - started)
                     writer.wait()
                     finished.append(time.perf_counter() - started)
-    lines = [f"# checkpoint_write.py, {time.strftime('%Y-%m-%d')}: a {size:.0f} MiB checkpoint written twice "
-             f"(latest.pt, best.pt), {args.repeats} interleaved repeats", "",
-             "| save | training held up (s), median (min-max) |", "| --- | --- |"]
+    lines = [
+        f"# checkpoint_write.py, {time.strftime('%Y-%m-%d')}: a {size:.0f} MiB checkpoint written twice "
+        f"(latest.pt, best.pt), {args.repeats} interleaved repeats",
+        "",
+        "| save | training held up (s), median (min-max) |",
+        "| --- | --- |",
+    ]
     for name, values in held.items():
         lines.append(f"| {name} | {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f}) |")
-    lines += ["", f"CheckpointWriter's files on disk after {statistics.median(finished):.3f} s "
-              f"({min(finished):.3f}-{max(finished):.3f}), while training goes on."]
+    lines += [
+        "",
+        f"CheckpointWriter's files on disk after {statistics.median(finished):.3f} s "
+        f"({min(finished):.3f}-{max(finished):.3f}), while training goes on.",
+    ]
     out = REPO / "benchmarks" / "results" / "checkpoint_write.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

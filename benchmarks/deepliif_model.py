@@ -58,14 +58,53 @@ def samples(train: int, val: int = 20) -> Path:
 
 def run_deepliif(python: str, data: Path, epochs: int, work: Path) -> dict:
     stubs, hub = translate_benchmark.stand_ins()
-    env = {**os.environ, "PYTHONPATH": str(stubs), "TORCH_HOME": str(hub), "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    argv = [str(Path(python).parent / "deepliif"), "train", "--dataroot", str(data), "--name", "bench",
-            "--checkpoints-dir", str(work), "--model", "DeepLIIF", "--modalities-no", "4", "--net-g", "resnet_9blocks",
-            "--net-gs", "unet_64", "--ngf", str(NGF), "--ndf", str(NGF), "--preprocess", "none", "--no-flip",
-            "--display-id", "0", "--no-html", "--gpu-ids", "-1", "--batch-size", str(BATCH), "--n-epochs",
-            str(epochs - 1), "--n-epochs-decay", "0", "--num-threads", "0",
-            "--save-epoch-freq", "1"]  # else DeepLIIF writes latest_net_* after its first epoch only
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(stubs),
+        "TORCH_HOME": str(hub),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    argv = [
+        str(Path(python).parent / "deepliif"),
+        "train",
+        "--dataroot",
+        str(data),
+        "--name",
+        "bench",
+        "--checkpoints-dir",
+        str(work),
+        "--model",
+        "DeepLIIF",
+        "--modalities-no",
+        "4",
+        "--net-g",
+        "resnet_9blocks",
+        "--net-gs",
+        "unet_64",
+        "--ngf",
+        str(NGF),
+        "--ndf",
+        str(NGF),
+        "--preprocess",
+        "none",
+        "--no-flip",
+        "--display-id",
+        "0",
+        "--no-html",
+        "--gpu-ids",
+        "-1",
+        "--batch-size",
+        str(BATCH),
+        "--n-epochs",
+        str(epochs - 1),
+        "--n-epochs-decay",
+        "0",
+        "--num-threads",
+        "0",
+        "--save-epoch-freq",
+        "1",
+    ]  # else DeepLIIF writes latest_net_* after its first epoch only
     images = len(list((data / "train").glob("*.png")))
     rate, _ = translate_benchmark.epoch_rate(argv, env, work, r"^End of epoch", images)
     return {"images_per_s": rate, "training_only": rate, **score(work / "bench", data, hub)}
@@ -73,23 +112,58 @@ def run_deepliif(python: str, data: Path, epochs: int, work: Path) -> dict:
 
 def run_phalanx(data: Path, epochs: int, work: Path, workers: int) -> dict:
     _, hub = translate_benchmark.stand_ins()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_HOME": str(hub),
-           "PHALANX_CACHE": str(translate_benchmark.DATA / "cache")}
-    common = ["--task", "deepliif", "--dataroot", str(data), "--image-size", str(SIZE), "--net-g", "resnet_9blocks",
-              "--net-gs", "unet_64", "--ngf", str(NGF), "--ndf", str(NGF), "--batch-size", str(BATCH // workers),
-              "--augment", "none", "--lr-schedule", "constant", "--epochs", str(epochs), "--num-workers", "0",
-              "--checkpoints-dir", str(work), "--no-progress"]
-    command = ["trainlaunch", *common, "--use-torchrun", f"--nproc-per-node {workers}"] if workers > 1 else \
-        ["train", *common]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "TORCH_HOME": str(hub),
+        "PHALANX_CACHE": str(translate_benchmark.DATA / "cache"),
+    }
+    common = [
+        "--task",
+        "deepliif",
+        "--dataroot",
+        str(data),
+        "--image-size",
+        str(SIZE),
+        "--net-g",
+        "resnet_9blocks",
+        "--net-gs",
+        "unet_64",
+        "--ngf",
+        str(NGF),
+        "--ndf",
+        str(NGF),
+        "--batch-size",
+        str(BATCH // workers),
+        "--augment",
+        "none",
+        "--lr-schedule",
+        "constant",
+        "--epochs",
+        str(epochs),
+        "--num-workers",
+        "0",
+        "--checkpoints-dir",
+        str(work),
+        "--no-progress",
+    ]
+    command = (
+        ["trainlaunch", *common, "--use-torchrun", f"--nproc-per-node {workers}"] if workers > 1 else ["train", *common]
+    )
     images = len(list((data / "train").glob("*.png")))
-    rate, lines = translate_benchmark.epoch_rate([PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ",
-                                                 images)
+    rate, lines = translate_benchmark.epoch_rate(
+        [PYTHON, "-m", "phalanx.cli", *command], env, work, r"^epoch \d+/\d+ ", images
+    )
     own = [float(r.replace(",", "")) for r in re.findall(r"(\d[\d,]*(?:\.\d+)?) samples/s", "".join(lines))]
-    return {"images_per_s": rate, "training_only": statistics.median(own[1:]),
-            **score(work / "experiment" / "latest.pt", data, hub)}
+    return {
+        "images_per_s": rate,
+        "training_only": statistics.median(own[1:]),
+        **score(work / "experiment" / "latest.pt", data, hub),
+    }
 
 
-SCORE = r'''
+SCORE = r"""
 import json, sys, torch
 from pathlib import Path
 import numpy as np
@@ -128,14 +202,15 @@ with torch.no_grad():
         count_error += abs(found - truth)
         n += 1
 print(json.dumps({"PSNR": psnr_mod / n, "seg_PSNR": psnr_seg / n, "count_error": count_error / n}))
-'''
+"""
 
 
 def score(source: Path, data: Path, hub: Path) -> dict:
     """The same scoring of either program's last networks, in phalanx's environment."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_HOME": str(hub)}
-    done = subprocess.run([PYTHON, "-c", SCORE, str(source), str(data), str(SIZE), str(NGF)], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [PYTHON, "-c", SCORE, str(source), str(data), str(SIZE), str(NGF)], env=env, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -152,21 +227,38 @@ def main() -> int:
     raw: dict[str, list[dict]] = {}
     names = ["DeepLIIF 1.2.7", "phalanx"]
     for rep in range(opts.repeats):  # interleaved, the order rotating
-        for name in names[rep % 2:] + names[:rep % 2]:
+        for name in names[rep % 2 :] + names[: rep % 2]:
             with tempfile.TemporaryDirectory() as tmp:
-                result = run_deepliif(python, data, opts.epochs, Path(tmp)) if name.startswith("DeepLIIF") else \
-                    run_phalanx(data, opts.epochs, Path(tmp), 1)
+                result = (
+                    run_deepliif(python, data, opts.epochs, Path(tmp))
+                    if name.startswith("DeepLIIF")
+                    else run_phalanx(data, opts.epochs, Path(tmp), 1)
+                )
             raw.setdefault(name, []).append(result)
-            print(f"[{rep + 1}/{opts.repeats}] {name}: {result['images_per_s']:.2f} images/s, PSNR {result['PSNR']:.2f} "
-                  f"dB, seg PSNR {result['seg_PSNR']:.2f} dB, count error {result['count_error']:.2f}", flush=True)
+            print(
+                f"[{rep + 1}/{opts.repeats}] {name}: {result['images_per_s']:.2f} images/s, PSNR {result['PSNR']:.2f} "
+                f"dB, seg PSNR {result['seg_PSNR']:.2f} dB, count error {result['count_error']:.2f}",
+                flush=True,
+            )
     base = raw["DeepLIIF 1.2.7"]
     summary = translate_benchmark.summary
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-               "settings": {"size": SIZE, "ngf": NGF, "batch": BATCH, "train": opts.train, "epochs": opts.epochs,
-                            "repeats": opts.repeats},
-               "contenders": {name: {key: summary([r[key] for r in runs]) for key in runs[0]} for name, runs in raw.items()},
-               "ratios": {name: summary([r["images_per_s"] / b["images_per_s"] for r, b in zip(runs, base)])
-                          for name, runs in raw.items()}}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "settings": {
+            "size": SIZE,
+            "ngf": NGF,
+            "batch": BATCH,
+            "train": opts.train,
+            "epochs": opts.epochs,
+            "repeats": opts.repeats,
+        },
+        "contenders": {name: {key: summary([r[key] for r in runs]) for key in runs[0]} for name, runs in raw.items()},
+        "ratios": {
+            name: summary([r["images_per_s"] / b["images_per_s"] for r, b in zip(runs, base)])
+            for name, runs in raw.items()
+        },
+    }
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "deepliif_model.json").write_text(json.dumps({**results, "raw": raw}, indent=2))
@@ -174,15 +266,20 @@ def main() -> int:
     def cell(stats: dict, digits: int) -> str:
         return f"{stats['median']:.{digits}f} ({stats['min']:.{digits}f}-{stats['max']:.{digits}f})"
 
-    lines = [f"{results['date']}, {results['machine']}; {opts.epochs} epochs of {opts.train} samples, {SIZE} px, batch "
-             f"{BATCH}, {opts.repeats} interleaved repeats", "",
-             "| contender | images/s, epoch end to epoch end | / DeepLIIF, per repeat | images/s, training only | "
-             "val PSNR, modalities (dB) | val PSNR, segmentation (dB) | cell count error |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{results['date']}, {results['machine']}; {opts.epochs} epochs of {opts.train} samples, {SIZE} px, batch "
+        f"{BATCH}, {opts.repeats} interleaved repeats",
+        "",
+        "| contender | images/s, epoch end to epoch end | / DeepLIIF, per repeat | images/s, training only | "
+        "val PSNR, modalities (dB) | val PSNR, segmentation (dB) | cell count error |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, stats in results["contenders"].items():
-        lines.append(f"| {name} | {cell(stats['images_per_s'], 2)} | {cell(results['ratios'][name], 2)} | "
-                     f"{cell(stats['training_only'], 2)} | {cell(stats['PSNR'], 2)} | {cell(stats['seg_PSNR'], 2)} | "
-                     f"{cell(stats['count_error'], 2)} |")
+        lines.append(
+            f"| {name} | {cell(stats['images_per_s'], 2)} | {cell(results['ratios'][name], 2)} | "
+            f"{cell(stats['training_only'], 2)} | {cell(stats['PSNR'], 2)} | {cell(stats['seg_PSNR'], 2)} | "
+            f"{cell(stats['count_error'], 2)} |"
+        )
     (out / "deepliif_model.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

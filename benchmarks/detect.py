@@ -32,7 +32,7 @@ PYTHON = sys.executable
 DATA = HERE / ".data"
 EPOCHS, BATCH, MODEL, SIZE = 3, 4, "fasterrcnn_mobilenet_v3_large_320_fpn", 128
 
-REFERENCE = r'''
+REFERENCE = r"""
 import json, sys, time, torch
 from PIL import Image
 import numpy as np
@@ -70,7 +70,7 @@ for epoch in range(epochs):
         count += len(images)
     rates.append(count / (time.perf_counter() - started))
 print(json.dumps({"epoch_rates": rates}))
-'''
+"""
 
 
 def after_first(epoch_rates: list[float]) -> float:
@@ -99,19 +99,54 @@ def env() -> dict:
 
 
 def phalanx(root: Path, work: Path) -> float:
-    done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--task", "detect", "--model", MODEL, "--dataroot",
-                           str(root), "--epochs", str(EPOCHS), "--image-size", str(SIZE), "--batch-size", str(BATCH), "--lr", "0.01",
-                           "--warmup-epochs", "0", "--lr-schedule", "constant", "--augment", "none", "--num-workers",
-                           "0", "--checkpoints-dir", str(work), "--no-progress"], env=env(), capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "phalanx.cli",
+            "train",
+            "--task",
+            "detect",
+            "--model",
+            MODEL,
+            "--dataroot",
+            str(root),
+            "--epochs",
+            str(EPOCHS),
+            "--image-size",
+            str(SIZE),
+            "--batch-size",
+            str(BATCH),
+            "--lr",
+            "0.01",
+            "--warmup-epochs",
+            "0",
+            "--lr-schedule",
+            "constant",
+            "--augment",
+            "none",
+            "--num-workers",
+            "0",
+            "--checkpoints-dir",
+            str(work),
+            "--no-progress",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return after_first([float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) samples/s", done.stdout)])
 
 
 def reference(root: Path) -> float:
-    done = subprocess.run([PYTHON, "-c", REFERENCE, str(root), str(EPOCHS), str(BATCH), MODEL, str(SIZE)], env=env(),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [PYTHON, "-c", REFERENCE, str(root), str(EPOCHS), str(BATCH), MODEL, str(SIZE)],
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return after_first(json.loads(done.stdout.strip().splitlines()[-1])["epoch_rates"])
@@ -127,18 +162,25 @@ def main() -> int:
         raw["torchvision reference loop"].append(reference(root))
         with tempfile.TemporaryDirectory() as tmp:
             raw["phalanx --task detect"].append(phalanx(root, Path(tmp)))
-        print(f"[{rep + 1}/{opts.repeats}] reference {raw['torchvision reference loop'][-1]:.2f}, phalanx "
-              f"{raw['phalanx --task detect'][-1]:.2f} images/s", flush=True)
+        print(
+            f"[{rep + 1}/{opts.repeats}] reference {raw['torchvision reference loop'][-1]:.2f}, phalanx "
+            f"{raw['phalanx --task detect'][-1]:.2f} images/s",
+            flush=True,
+        )
     ratios = [a / b for a, b in zip(raw["phalanx --task detect"], raw["torchvision reference loop"])]
 
     def cell(values: list[float], fmt: str) -> str:
         return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
-    lines = [f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores; {MODEL}, 96 scenes of 64 px at {SIZE} px, "
-             f"batch {BATCH}, {EPOCHS} epochs, {opts.repeats} interleaved repeats", "",
-             "| contender | images/s | / reference, per repeat |", "| --- | --- | --- |",
-             f"| torchvision reference loop | {cell(raw['torchvision reference loop'], '.2f')} | baseline |",
-             f"| phalanx --task detect | {cell(raw['phalanx --task detect'], '.2f')} | {cell(ratios, '.3f')} |"]
+    lines = [
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} cores; {MODEL}, 96 scenes of 64 px at {SIZE} px, "
+        f"batch {BATCH}, {EPOCHS} epochs, {opts.repeats} interleaved repeats",
+        "",
+        "| contender | images/s | / reference, per repeat |",
+        "| --- | --- | --- |",
+        f"| torchvision reference loop | {cell(raw['torchvision reference loop'], '.2f')} | baseline |",
+        f"| phalanx --task detect | {cell(raw['phalanx --task detect'], '.2f')} | {cell(ratios, '.3f')} |",
+    ]
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "detect.json").write_text(json.dumps({"raw": raw, "ratios": ratios}, indent=2))

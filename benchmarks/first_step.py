@@ -26,21 +26,28 @@ from pathlib import Path
 from common import write_results
 from run import HERE, REPO, contenders, run_measured, summarise
 
-PAIRS = {"1 process": ("hand-written, 1 process", "phalanx train"),
-         "2 DDP workers": ("hand-written DDP, 2 workers", "phalanx trainlaunch, 2 workers")}
+PAIRS = {
+    "1 process": ("hand-written, 1 process", "phalanx train"),
+    "2 DDP workers": ("hand-written DDP, 2 workers", "phalanx trainlaunch, 2 workers"),
+}
 
 
 def import_times(argv: list[str], env: dict[str, str]) -> dict[str, float]:
     """Each module's own import time (ms) in one run of ``argv``."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, **env, "BENCH_RESULT": str(Path(tmp) / "r.json"),
-               "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
-        done = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], cwd=tmp, env=env, capture_output=True,
-                              text=True, check=True)
+        env = {
+            **os.environ,
+            **env,
+            "BENCH_RESULT": str(Path(tmp) / "r.json"),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]),
+        }
+        done = subprocess.run(
+            [argv[0], "-X", "importtime", *argv[1:]], cwd=tmp, env=env, capture_output=True, text=True, check=True
+        )
     own = {}
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "self [us]" not in line:
-            self_us, _, name = line[len("import time:"):].split("|")
+            self_us, _, name = line[len("import time:") :].split("|")
             own[name.strip()] = int(self_us) / 1000
     return own
 
@@ -69,23 +76,38 @@ def main() -> int:
         for name in names[shift:] + names[:shift]:  # the order rotates: no contender always goes first
             raw[name].append(run_measured(*runs[name])["first_step_s"])
             print(f"[{rep + 1}/{opts.repeats}] {name}: first step {raw[name][-1]:.2f} s", flush=True)
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-               f"{platform.python_version()}", "first_step_s": {n: summarise(v) for n, v in raw.items()},
-               "difference_s": {label: summarise([b - a for a, b in zip(raw[hand], raw[ours])])
-                                for label, (hand, ours) in PAIRS.items()}, "raw": raw}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "first_step_s": {n: summarise(v) for n, v in raw.items()},
+        "difference_s": {
+            label: summarise([b - a for a, b in zip(raw[hand], raw[ours])]) for label, (hand, ours) in PAIRS.items()
+        },
+        "raw": raw,
+    }
     if opts.profile:
         results["extra_imports_ms"] = extra_imports(runs)
-    lines = [f"{results['date']}, {results['machine']}; smallcnn, benchmarks/run.py's settings, "
-             f"{opts.repeats} interleaved repeats", "", "| world | hand-written (s) | phalanx (s) | phalanx - hand, "
-             "per repeat (s) |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"{results['date']}, {results['machine']}; smallcnn, benchmarks/run.py's settings, "
+        f"{opts.repeats} interleaved repeats",
+        "",
+        "| world | hand-written (s) | phalanx (s) | phalanx - hand, per repeat (s) |",
+        "| --- | --- | --- | --- |",
+    ]
     cell = lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
     for label, (hand, ours) in PAIRS.items():
-        lines.append(f"| {label} | {cell(results['first_step_s'][hand])} | {cell(results['first_step_s'][ours])} | "
-                     f"{cell(results['difference_s'][label])} |")
+        lines.append(
+            f"| {label} | {cell(results['first_step_s'][hand])} | {cell(results['first_step_s'][ours])} | "
+            f"{cell(results['difference_s'][label])} |"
+        )
     if opts.profile:
         total = sum(ms for _, ms in results["extra_imports_ms"])
-        lines += ["", f"Imported by phalanx train, not by the hand-written loop, over the whole run (own import "
-                  f"time, one run): {total:.0f} ms, of which:", ""]
+        lines += [
+            "",
+            f"Imported by phalanx train, not by the hand-written loop, over the whole run (own import "
+            f"time, one run): {total:.0f} ms, of which:",
+            "",
+        ]
         lines += [f"- {name}: {ms:.1f} ms" for name, ms in results["extra_imports_ms"][:12]]
     write_results("first_step", results, lines)
     return 0

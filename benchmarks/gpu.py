@@ -41,7 +41,12 @@ def synthetic_samples(train: int) -> int:
 def run(argv: list[str], env: dict[str, str], warmup: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        full_env = {**os.environ, **env, "BENCH_RESULT": str(result), "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+        full_env = {
+            **os.environ,
+            **env,
+            "BENCH_RESULT": str(result),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]),
+        }
         started_wall, started = time.time(), time.perf_counter()
         done = subprocess.run(argv, cwd=tmp, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - started
@@ -54,27 +59,73 @@ def run(argv: list[str], env: dict[str, str], warmup: int) -> dict:
             steady = [r for r in records if r["kind"] == "train" and r["step"] > warmup]
             first = next(r for r in records if r["kind"] == "first_step")
             val = [r for r in records if r["kind"] == "val"][-1]
-            report = {"samples": sum(r["samples"] for r in steady), "seconds": sum(r["seconds"] for r in steady),
-                      "first_step_time": first["time"], "peak_gib": max(val["memory_gib"])}
-    return {"images_per_s": report["samples"] / report["seconds"], "peak_gib": report["peak_gib"],
-            "first_step_s": report["first_step_time"] - started_wall, "wall_s": wall,
-            **({"compute_images_per_s": report["compute_images_per_s"]} if "compute_images_per_s" in report else {})}
+            report = {
+                "samples": sum(r["samples"] for r in steady),
+                "seconds": sum(r["seconds"] for r in steady),
+                "first_step_time": first["time"],
+                "peak_gib": max(val["memory_gib"]),
+            }
+    return {
+        "images_per_s": report["samples"] / report["seconds"],
+        "peak_gib": report["peak_gib"],
+        "first_step_s": report["first_step_time"] - started_wall,
+        "wall_s": wall,
+        **({"compute_images_per_s": report["compute_images_per_s"]} if "compute_images_per_s" in report else {}),
+    }
 
 
-def contenders(setting: str, model: str, size: int, batch: int, steps: int, warmup: int,
-               workers: int) -> dict[str, list[str]]:
+def contenders(
+    setting: str, model: str, size: int, batch: int, steps: int, warmup: int, workers: int
+) -> dict[str, list[str]]:
     precision, _, compiled = setting.partition("-")
     numbers = [model, str(size), str(batch), str(steps), str(warmup), precision, "1" if compiled else "0", str(workers)]
-    phalanx = [sys.executable, "-m", "phalanx.cli", "train", "--dataset", "synthetic", "--image-size", str(size),
-               "--model", model, "--synthetic-samples", str(synthetic_samples(steps * batch)), "--val-fraction",
-               str(VAL_FRACTION), "--batch-size", str(batch), "--epochs", "1", "--lr", "0.01", "--lr-schedule",
-               "constant", "--gpu-ids", "0", "--precision", precision, "--channels-last", "--num-workers",
-               str(workers), "--checkpoints-dir", "ck", "--name", "bench", "--log-every", "10", "--no-progress",
-               "--snapshot-every", "1e9", *(["--compile"] if compiled else [])]
-    return {"hand": [sys.executable, str(HERE / "gpu_loops.py"), "hand", *numbers],
-            "hand-ahead": [sys.executable, str(HERE / "gpu_loops.py"), "hand-ahead", *numbers],
-            "phalanx": phalanx,
-            "lightning": [sys.executable, str(HERE / "gpu_loops.py"), "lightning", *numbers]}
+    phalanx = [
+        sys.executable,
+        "-m",
+        "phalanx.cli",
+        "train",
+        "--dataset",
+        "synthetic",
+        "--image-size",
+        str(size),
+        "--model",
+        model,
+        "--synthetic-samples",
+        str(synthetic_samples(steps * batch)),
+        "--val-fraction",
+        str(VAL_FRACTION),
+        "--batch-size",
+        str(batch),
+        "--epochs",
+        "1",
+        "--lr",
+        "0.01",
+        "--lr-schedule",
+        "constant",
+        "--gpu-ids",
+        "0",
+        "--precision",
+        precision,
+        "--channels-last",
+        "--num-workers",
+        str(workers),
+        "--checkpoints-dir",
+        "ck",
+        "--name",
+        "bench",
+        "--log-every",
+        "10",
+        "--no-progress",
+        "--snapshot-every",
+        "1e9",
+        *(["--compile"] if compiled else []),
+    ]
+    return {
+        "hand": [sys.executable, str(HERE / "gpu_loops.py"), "hand", *numbers],
+        "hand-ahead": [sys.executable, str(HERE / "gpu_loops.py"), "hand-ahead", *numbers],
+        "phalanx": phalanx,
+        "lightning": [sys.executable, str(HERE / "gpu_loops.py"), "lightning", *numbers],
+    }
 
 
 def summary(values: list[float]) -> dict:
@@ -105,8 +156,10 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
 
     device = torch.cuda.get_device_name(0)
     # "bf16" runs every --contenders; "fp32:hand,phalanx" runs those two in that setting.
-    chosen = {spec.partition(":")[0]: spec.partition(":")[2].split(",") if ":" in spec else list(opts.contenders)
-              for spec in opts.settings}
+    chosen = {
+        spec.partition(":")[0]: spec.partition(":")[2].split(",") if ":" in spec else list(opts.contenders)
+        for spec in opts.settings
+    }
     raw: dict[str, dict[str, list[dict]]] = {s: {c: [] for c in names} for s, names in chosen.items()}
     began = time.perf_counter()
     last = 0.0
@@ -120,7 +173,7 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
                 continue
             runs = contenders(setting, opts.model, opts.size, opts.batch, opts.steps, opts.warmup, opts.workers)
             # The order rotates each repeat, so no contender is always the first process on a cold GPU.
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 try:
                     result = run(runs[name], {}, opts.warmup)
                 except RuntimeError as exc:  # the others go on; this one runs no more (its rows stay a prefix)
@@ -128,20 +181,32 @@ def main() -> int:  # noqa: C901 (the benchmark's one loop)
                     names.remove(name)
                     continue
                 raw[setting][name].append(result)
-                print(f"[{rep + 1}] {setting} {name}: {result['images_per_s']:.0f} images/s, "
-                      f"{result['peak_gib']:.2f} GiB, wall {result['wall_s']:.0f} s", flush=True)
+                print(
+                    f"[{rep + 1}] {setting} {name}: {result['images_per_s']:.0f} images/s, "
+                    f"{result['peak_gib']:.2f} GiB, wall {result['wall_s']:.0f} s",
+                    flush=True,
+                )
         last = time.perf_counter() - started
         write_results(opts, device, torch.__version__, raw)  # after each repeat: a stopped run keeps what it measured
     return 0
 
 
 def write_results(opts, device: str, torch_version: str, raw: dict) -> None:
-    table = [f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch_version}, {opts.model} {opts.size}x{opts.size}, "
-             f"batch {opts.batch}, channels-last, steps {opts.warmup + 1}-{opts.steps} timed, {opts.workers} loader "
-             "workers", "", "| setting | contender | images/s | / hand-written, per repeat | verdict | peak GiB |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    results = {"device": device, "torch": torch_version, "options": {k: str(v) for k, v in vars(opts).items()},
-               "raw": raw, "ratios": {}}
+    table = [
+        f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch_version}, {opts.model} {opts.size}x{opts.size}, "
+        f"batch {opts.batch}, channels-last, steps {opts.warmup + 1}-{opts.steps} timed, {opts.workers} loader "
+        "workers",
+        "",
+        "| setting | contender | images/s | / hand-written, per repeat | verdict | peak GiB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    results = {
+        "device": device,
+        "torch": torch_version,
+        "options": {k: str(v) for k, v in vars(opts).items()},
+        "raw": raw,
+        "ratios": {},
+    }
     for setting, by_name in raw.items():
         base = by_name.get("hand", [])
         for name, rows in by_name.items():
@@ -156,13 +221,17 @@ def write_results(opts, device: str, torch_version: str, raw: dict) -> None:
                 results["ratios"][f"{setting} {name}"] = ratio
                 compared = f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
                 said = verdict(ratio)
-            table.append(f"| {setting} | {name} | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
-                         f"{compared} | {said} | {memory['median']:.2f} |")
+            table.append(
+                f"| {setting} | {name} | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
+                f"{compared} | {said} | {memory['median']:.2f} |"
+            )
             ceiling = [r["compute_images_per_s"] for r in rows if "compute_images_per_s" in r]
             if ceiling and name == "hand":
                 top = summary(ceiling)
-                table.append(f"| {setting} | hand, batch already on the GPU | {top['median']:.0f} "
-                             f"({top['min']:.0f}-{top['max']:.0f}) | no input pipeline | | |")
+                table.append(
+                    f"| {setting} | hand, batch already on the GPU | {top['median']:.0f} "
+                    f"({top['min']:.0f}-{top['max']:.0f}) | no input pipeline | | |"
+                )
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "gpu.json").write_text(json.dumps(results, indent=1))
     (opts.out / "gpu.md").write_text("\n".join(table) + "\n")

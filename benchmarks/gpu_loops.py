@@ -42,8 +42,15 @@ def model_of(name: str, compile_model: bool) -> torch.nn.Module:
 
 
 def loader(dataset, batch: int, workers: int) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=True,
-                                       persistent_workers=workers > 0, drop_last=True)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        persistent_workers=workers > 0,
+        drop_last=True,
+    )
 
 
 def autocast(precision: str):
@@ -66,8 +73,17 @@ def fetched_one_ahead(batches):
         yield current
 
 
-def hand(name: str, size: int, batch: int, steps: int, warmup: int, precision: str, compile_model: bool,
-         workers: int, ahead: bool = False) -> None:
+def hand(
+    name: str,
+    size: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    precision: str,
+    compile_model: bool,
+    workers: int,
+    ahead: bool = False,
+) -> None:
     model = model_of(name, compile_model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -102,12 +118,17 @@ def hand(name: str, size: int, batch: int, steps: int, warmup: int, precision: s
         loss.backward()
         optimizer.step()
     torch.cuda.synchronize()
-    report(first_step_time=first, samples=(steps - warmup) * batch, seconds=seconds,
-           compute_images_per_s=(steps - warmup) * batch / (time.perf_counter() - began))
+    report(
+        first_step_time=first,
+        samples=(steps - warmup) * batch,
+        seconds=seconds,
+        compute_images_per_s=(steps - warmup) * batch / (time.perf_counter() - began),
+    )
 
 
-def lightning(name: str, size: int, batch: int, steps: int, warmup: int, precision: str, compile_model: bool,
-              workers: int) -> None:
+def lightning(
+    name: str, size: int, batch: int, steps: int, warmup: int, precision: str, compile_model: bool, workers: int
+) -> None:
     import lightning as L
 
     class Classifier(L.LightningModule):
@@ -139,9 +160,18 @@ def lightning(name: str, size: int, batch: int, steps: int, warmup: int, precisi
             self.seconds = time.perf_counter() - self.start
 
     timer = Timer()
-    trainer = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed" if precision == "bf16" else "32-true",
-                        max_steps=steps, max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer])
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed" if precision == "bf16" else "32-true",
+        max_steps=steps,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
     trainer.fit(Classifier(), loader(data(steps * batch, size), batch, workers))
     report(first_step_time=timer.first, samples=(steps - warmup) * batch, seconds=timer.seconds)
 

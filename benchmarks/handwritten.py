@@ -13,7 +13,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from common import build_model, report, synthetic
 
 
@@ -32,8 +31,11 @@ def main(model_name: str, batch: int, steps: int, warmup: int) -> None:
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
     data = synthetic(steps * batch * world)
-    sampler = torch.utils.data.DistributedSampler(data, shuffle=True, seed=0) if ddp else \
-        torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(0))
+    sampler = (
+        torch.utils.data.DistributedSampler(data, shuffle=True, seed=0)
+        if ddp
+        else torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(0))
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()

@@ -57,7 +57,7 @@ def model(num_classes, in_channels):
                                torch.nn.Linear(in_channels * 64, num_classes))
 """
 
-HAND_LOOP = r'''
+HAND_LOOP = r"""
 import json, sys, time, torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
@@ -80,7 +80,7 @@ for epoch in (1, 2):
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         count += len(labels)
 print(json.dumps({"rate": count / (time.perf_counter() - started)}))
-'''
+"""
 
 
 def other_jpeg(seed: int) -> bytes:
@@ -118,7 +118,7 @@ def folder(name: str) -> Path:
     root = DATA / f"input-rate-{name}"
     if not (root / "done").exists():
         make = ENCODERS[name]
-        for split, per_class, offset in (("train", TRAIN_PER_CLASS, 0), ("val", VAL_PER_CLASS, 10 ** 6)):
+        for split, per_class, offset in (("train", TRAIN_PER_CLASS, 0), ("val", VAL_PER_CLASS, 10**6)):
             for c in range(CLASSES):
                 path = root / split / f"class{c}"
                 path.mkdir(parents=True, exist_ok=True)
@@ -136,19 +136,53 @@ def phalanx_rate(root: Path, env: dict, flags: list[str]) -> dict:
     import re
 
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model",
-                               "--dataroot", str(root), "--image-size", "32", "--num-workers", "0", "--epochs", "2",
-                               "--batch-size", "64", "--augment", "none", "--checkpoints-dir", tmp, "--name", "bench",
-                               "--no-progress", *flags], env=env, cwd=tmp, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "phalanx.cli",
+                "train",
+                "--model",
+                "nothing_model:model",
+                "--dataroot",
+                str(root),
+                "--image-size",
+                "32",
+                "--num-workers",
+                "0",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "64",
+                "--augment",
+                "none",
+                "--checkpoints-dir",
+                tmp,
+                "--name",
+                "bench",
+                "--no-progress",
+                *flags,
+            ],
+            env=env,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise RuntimeError(f"phalanx train exited {done.returncode}: {done.stderr[-800:]}")
         records = [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if r["kind"] == "train" and r["epoch"] == 2]
     printed = re.search(r"epoch 2/2 .* ([\d,]+) samples/s", done.stdout).group(1).replace(",", "")
-    parts = {key[5:-2]: 1000 * sum(r[key] for r in windows) / len(windows)
-             for key in ("step_data_s", "step_compute_s", "step_optimizer_s")}
-    return {"rate": sum(r["samples"] for r in windows) / sum(r["seconds"] for r in windows), "printed": float(printed),
-            "windows": [round(r["samples_per_s"]) for r in windows], "ms_per_step": parts}
+    parts = {
+        key[5:-2]: 1000 * sum(r[key] for r in windows) / len(windows)
+        for key in ("step_data_s", "step_compute_s", "step_optimizer_s")
+    }
+    return {
+        "rate": sum(r["samples"] for r in windows) / sum(r["seconds"] for r in windows),
+        "printed": float(printed),
+        "windows": [round(r["samples_per_s"]) for r in windows],
+        "ms_per_step": parts,
+    }
 
 
 def loop_rate(root: Path, env: dict) -> dict:
@@ -165,8 +199,11 @@ def data_sets() -> dict[str, tuple[Path, list[str]]]:
     sys.path.insert(0, str(HERE))
     from loader import jpeg_folder
 
-    return {"loader": (folder("loader"), []), "other": (folder("other"), []),
-            "loader.py": (jpeg_folder("small-6000"), ["--val-fraction", "0.01"])}
+    return {
+        "loader": (folder("loader"), []),
+        "other": (folder("other"), []),
+        "loader.py": (jpeg_folder("small-6000"), ["--val-fraction", "0.01"]),
+    }
 
 
 def rates(repeats: int, sets: list[str], threads_set: str | None) -> dict:
@@ -175,28 +212,42 @@ def rates(repeats: int, sets: list[str], threads_set: str | None) -> dict:
     cores), with OpenMP's default wait policy and with PASSIVE (idle threads sleep at once)."""
     DATA.mkdir(parents=True, exist_ok=True)
     (DATA / "nothing_model.py").write_text(NOTHING)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}", "PHALANX_CACHE": str(DATA / "cache"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}",
+        "PHALANX_CACHE": str(DATA / "cache"),
+        "OMP_NUM_THREADS": "1",
+    }
     free = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
     chosen = {name: spec for name, spec in data_sets().items() if name in sets}
     raw: dict = {}
     for rep in range(repeats):
         for name, (root, flags) in chosen.items():
-            runs = [("phalanx", lambda: phalanx_rate(root, env, flags)), ("hand-written loop", lambda: loop_rate(root, env))]
+            runs = [
+                ("phalanx", lambda root=root, flags=flags: phalanx_rate(root, env, flags)),
+                ("hand-written loop", lambda root=root: loop_rate(root, env)),
+            ]
             if name == threads_set:
-                runs.append(("phalanx, OMP_NUM_THREADS unset", lambda: phalanx_rate(root, free, flags)))
-                runs.append(("phalanx, OMP_NUM_THREADS unset, OMP_WAIT_POLICY=PASSIVE",
-                             lambda: phalanx_rate(root, {**free, "OMP_WAIT_POLICY": "PASSIVE"}, flags)))
+                runs.append(("phalanx, OMP_NUM_THREADS unset", lambda root=root, flags=flags: phalanx_rate(root, free, flags)))
+                runs.append(
+                    (
+                        "phalanx, OMP_NUM_THREADS unset, OMP_WAIT_POLICY=PASSIVE",
+                        lambda root=root, flags=flags: phalanx_rate(root, {**free, "OMP_WAIT_POLICY": "PASSIVE"}, flags),
+                    )
+                )
             shift = rep % len(runs)
             for who, run in runs[shift:] + runs[:shift]:
                 load = os.getloadavg()[0]
                 result = run()
                 raw.setdefault(f"{name}|{who}", []).append({**result, "load": load})
-                print(f"[{rep + 1}/{repeats}] {name} {who}: {result['rate']:.0f} samples/s (load {load:.1f})", flush=True)
+                print(
+                    f"[{rep + 1}/{repeats}] {name} {who}: {result['rate']:.0f} samples/s (load {load:.1f})", flush=True
+                )
     return raw
 
 
 # --- the first step: 2,000 against 100,000 small files, the manifest cold and warm ------------------
+
 
 def tiny_folder(count: int) -> Path:
     """``count`` 24x24 JPEGs (random pixels, PIL at quality 90) in 10 class folders."""
@@ -225,10 +276,39 @@ def first_step(code: Path, root: Path, cache: Path) -> float:
     env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{DATA}", "PHALANX_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         started = time.time()
-        done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model", "--dataroot",
-                               str(root), "--image-size", "24", "--num-workers", "0", "--epochs", "1", "--max-steps", "1",
-                               "--batch-size", "64", "--augment", "none", "--checkpoints-dir", tmp, "--name", "bench",
-                               "--no-progress"], env=env, cwd=tmp, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "phalanx.cli",
+                "train",
+                "--model",
+                "nothing_model:model",
+                "--dataroot",
+                str(root),
+                "--image-size",
+                "24",
+                "--num-workers",
+                "0",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "64",
+                "--augment",
+                "none",
+                "--checkpoints-dir",
+                tmp,
+                "--name",
+                "bench",
+                "--no-progress",
+            ],
+            env=env,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise RuntimeError(f"phalanx train exited {done.returncode}: {done.stderr[-800:]}")
         records = [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
@@ -265,29 +345,45 @@ def startup(repeats: int, before: str) -> dict:
                 else:
                     seconds = first_step(codes[label], roots[count], warm[label, count])
                 raw.setdefault(f"{label}|{state}|{count}", []).append({"seconds": seconds, "load": load})
-                print(f"[{rep + 1}/{repeats}] {label}, {state} manifest, {count:,} files: first step {seconds:.2f} s "
-                      f"(load {load:.1f})", flush=True)
+                print(
+                    f"[{rep + 1}/{repeats}] {label}, {state} manifest, {count:,} files: first step {seconds:.2f} s "
+                    f"(load {load:.1f})",
+                    flush=True,
+                )
     return raw
 
 
 def markdown(results: dict) -> list[str]:
     cell = lambda s, f: f"{s['median']:{f}} ({s['min']:{f}}-{s['max']:{f}})"  # noqa: E731
-    lines = [f"{results['date']}, {results['machine']}, commit {results['commit']} with uncommitted changes in the "
-             f"tree; load average before the runs: {results.get('load_range', '')}"]
+    lines = [
+        f"{results['date']}, {results['machine']}, commit {results['commit']} with uncommitted changes in the "
+        f"tree; load average before the runs: {results.get('load_range', '')}"
+    ]
     if "rates" in results:
-        lines += ["", "Epoch 2's samples/s (metrics.jsonl), 160x160 JPEGs to 32 px, a model that costs nothing, "
-                  f"{results['rate_repeats']} interleaved repeats, medians (min-max):", "",
-                  "| data | contender | samples/s | / the loop, per repeat | ahead in |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Epoch 2's samples/s (metrics.jsonl), 160x160 JPEGs to 32 px, a model that costs nothing, "
+            f"{results['rate_repeats']} interleaved repeats, medians (min-max):",
+            "",
+            "| data | contender | samples/s | / the loop, per repeat | ahead in |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for key, stat in results["rates"].items():
             data, who = key.split("|")
             ratio = results["ratios"].get(key)
             ahead = results["ahead"].get(key)
-            lines.append(f"| {data} | {who} | {cell(stat, '.0f')} | {cell(ratio, '.2f') if ratio else 'baseline'} | "
-                         f"{ahead or ''} |")
+            lines.append(
+                f"| {data} | {who} | {cell(stat, '.0f')} | {cell(ratio, '.2f') if ratio else 'baseline'} | "
+                f"{ahead or ''} |"
+            )
     if "startup" in results:
-        lines += ["", f"First step (s from process start), {results['startup_repeats']} interleaved repeats:", "",
-                  "| phalanx | manifest | 2,000 files | 100,000 files | 100,000 - 2,000, per repeat |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"First step (s from process start), {results['startup_repeats']} interleaved repeats:",
+            "",
+            "| phalanx | manifest | 2,000 files | 100,000 files | 100,000 - 2,000, per repeat |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for key, stat in results["startup_difference"].items():
             label, state = key.split("|")
             small, large = results["startup"][f"{key}|2000"], results["startup"][f"{key}|100000"]
@@ -299,22 +395,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", choices=("rates", "startup"))
-    parser.add_argument("--sets", nargs="+", default=["loader", "other", "loader.py"],
-                        choices=["loader", "other", "loader.py"])
-    parser.add_argument("--threads-set", default="other", help="the set also run with torch's default threads "
-                        "(OMP_NUM_THREADS unset); 'none': no such runs")
+    parser.add_argument(
+        "--sets", nargs="+", default=["loader", "other", "loader.py"], choices=["loader", "other", "loader.py"]
+    )
+    parser.add_argument(
+        "--threads-set",
+        default="other",
+        help="the set also run with torch's default threads (OMP_NUM_THREADS unset); 'none': no such runs",
+    )
     parser.add_argument("--before", default="HEAD", help="the committed phalanx the first step is compared with")
     opts = parser.parse_args()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    before = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", opts.before], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "phalanx"], capture_output=True,
-                           text=True).stdout.strip()
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": commit,
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
-    results["provenance"] = {"date": time.strftime("%Y-%m-%d"), "commit": commit + (" + uncommitted changes" if dirty else ""),
-                             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    before = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", opts.before], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "phalanx"], capture_output=True, text=True
+    ).stdout.strip()
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": commit,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    results["provenance"] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit + (" + uncommitted changes" if dirty else ""),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+    }
     loads = []
     if opts.only in (None, "rates"):
         raw = rates(opts.repeats, opts.sets, None if opts.threads_set == "none" else opts.threads_set)
@@ -339,7 +448,8 @@ def main() -> int:
             if count == "100000":
                 small = raw[f"{label}|{state}|2000"]
                 results["startup_difference"][f"{label}|{state}"] = summary(
-                    [a["seconds"] - b["seconds"] for a, b in zip(raw[key], small)])
+                    [a["seconds"] - b["seconds"] for a, b in zip(raw[key], small)]
+                )
         results["startup_raw"] = raw
         loads += [r["load"] for v in raw.values() for r in v]
     results["load_range"] = f"{min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})"

@@ -1,6 +1,6 @@
 """The same training in PyTorch Lightning (run from its own virtual environment).
 
-    python benchmarks/lightning_bench.py MODEL BATCH STEPS WARMUP DEVICES
+python benchmarks/lightning_bench.py MODEL BATCH STEPS WARMUP DEVICES
 """
 
 import sys
@@ -8,7 +8,6 @@ import time
 
 import lightning as L
 import torch
-
 from common import build_model, report, synthetic
 
 
@@ -45,9 +44,18 @@ def main(model_name: str, batch: int, steps: int, warmup: int, devices: int) -> 
     data = synthetic(steps * batch * devices)
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True)
     timer = Timer(warmup)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                        max_steps=steps, max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=steps,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
     trainer.fit(Classifier(model_name), loader)
     if trainer.global_rank == 0:
         report(first_step_time=timer.first, samples=(steps - warmup) * batch * devices, seconds=timer.seconds)

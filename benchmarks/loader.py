@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "support"))
 from phalanx_testdata import photo  # noqa: E402  (the same generated JPEGs as the tests)
+
 DATA = HERE / ".data"
 PYTHON = sys.executable
 SETS = {"small": (160, 160, 32), "large": (600, 500, 224), "small-6000": (160, 160, 32)}
@@ -82,7 +83,7 @@ def small_files_folder(count: int) -> Path:
 
 # --- throughput: each contender in a fresh process -----------------------------------------------
 
-CONTENDER = r'''
+CONTENDER = r"""
 import sys, time, torch, json
 from torch.utils.data import DataLoader
 name, root, size, workers, sample = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -119,12 +120,19 @@ loader = DataLoader(dataset, batch_size=64, sampler=indices, num_workers=workers
 started = time.perf_counter()
 count = sum(len(labels) for _, labels in loader)
 print(json.dumps({"images_per_s": count / (time.perf_counter() - started)}))
-'''
+"""
 
 
 def throughput(repeats: int, sets: list[str]) -> dict:
-    names = ["phalanx", "torchvision ImageFolder", "torchvision decode_jpeg", "phalanx basic", "phalanx trivialaugment",
-             "phalanx randaugment", "phalanx autoaugment"]
+    names = [
+        "phalanx",
+        "torchvision ImageFolder",
+        "torchvision decode_jpeg",
+        "phalanx basic",
+        "phalanx trivialaugment",
+        "phalanx randaugment",
+        "phalanx autoaugment",
+    ]
     raw: dict = {}
     env = {**os.environ, "PYTHONPATH": str(REPO), "PHALANX_CACHE": str(DATA / "cache")}
     for data_set in sets:
@@ -135,11 +143,18 @@ def throughput(repeats: int, sets: list[str]) -> dict:
                 for name in names:
                     if name.startswith("phalanx ") and workers == 2:
                         continue  # recipes: images/s per worker
-                    done = subprocess.run([PYTHON, "-c", CONTENDER, name, str(root), str(size), str(workers), str(SAMPLE)],
-                                          env=env, capture_output=True, text=True, check=True)
+                    done = subprocess.run(
+                        [PYTHON, "-c", CONTENDER, name, str(root), str(size), str(workers), str(SAMPLE)],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
                     value = json.loads(done.stdout.strip().splitlines()[-1])["images_per_s"]
                     raw.setdefault(f"{data_set}|{workers}|{name}", []).append(value)
-                    print(f"[{data_set} {workers} worker(s) {rep + 1}/{repeats}] {name}: {value:.0f} images/s", flush=True)
+                    print(
+                        f"[{data_set} {workers} worker(s) {rep + 1}/{repeats}] {name}: {value:.0f} images/s", flush=True
+                    )
     return raw
 
 
@@ -151,7 +166,7 @@ def model(num_classes, in_channels):
                                torch.nn.Linear(in_channels * 64, num_classes))
 """
 
-HAND_LOOP = r'''
+HAND_LOOP = r"""
 import sys, time, torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
@@ -175,31 +190,41 @@ for epoch in (1, 2):
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         count += len(labels)
 print(count / (time.perf_counter() - started))
-'''
+"""
 
 # name: the hand-written loop's augmentation (a str), or phalanx's flags (a list)
-END_TO_END = {"hand-written loop": "none", "phalanx --augment none": ["--augment", "none"],
-              "phalanx --augment none --no-fast-decode": ["--augment", "none", "--no-fast-decode"],
-              "hand-written loop, torchvision pad-crop + flip": "pad-crop-flip",
-              "phalanx default (basic: pad-crop + flip)": []}
+END_TO_END = {
+    "hand-written loop": "none",
+    "phalanx --augment none": ["--augment", "none"],
+    "phalanx --augment none --no-fast-decode": ["--augment", "none", "--no-fast-decode"],
+    "hand-written loop, torchvision pad-crop + flip": "pad-crop-flip",
+    "phalanx default (basic: pad-crop + flip)": [],
+}
 BASELINE = {"phalanx default (basic: pad-crop + flip)": "hand-written loop, torchvision pad-crop + flip"}
 END_TO_END_SETS = ("small", "small-6000")
 
 
 def end_to_end(repeats: int) -> dict:
     (DATA / "nothing_model.py").write_text(NOTHING)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}", "PHALANX_CACHE": str(DATA / "cache"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO}{os.pathsep}{DATA}",
+        "PHALANX_CACHE": str(DATA / "cache"),
+        "OMP_NUM_THREADS": "1",
+    }
     raw: dict = {}
     roots = {name: jpeg_folder(name) for name in END_TO_END_SETS}
     names = list(END_TO_END)
     for rep in range(repeats):
         for data_set, root in roots.items():
-            for name in names[rep % len(names):] + names[:rep % len(names)]:  # the order rotates each repeat
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:  # the order rotates each repeat
                 flags = END_TO_END[name]
                 raw.setdefault(f"{data_set}|{name}", []).append(_end_to_end_rate(root, flags, env))
-                print(f"[end to end {rep + 1}/{repeats}] {data_set} {name}: {raw[f'{data_set}|{name}'][-1]:.0f} "
-                      "samples/s", flush=True)
+                print(
+                    f"[end to end {rep + 1}/{repeats}] {data_set} {name}: {raw[f'{data_set}|{name}'][-1]:.0f} "
+                    "samples/s",
+                    flush=True,
+                )
     return raw
 
 
@@ -209,19 +234,46 @@ def _end_to_end_rate(root: Path, flags: str | list[str], env: dict) -> float:
     import re
 
     if isinstance(flags, str):
-        done = subprocess.run([PYTHON, "-c", HAND_LOOP, str(root), flags], env=env, capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run(
+            [PYTHON, "-c", HAND_LOOP, str(root), flags], env=env, capture_output=True, text=True, check=True
+        )
         return float(done.stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--model", "nothing_model:model",
-                               "--dataroot", str(root), "--image-size", "32", "--num-workers", "0",
-                               "--epochs", "2", "--batch-size", "64", "--val-fraction", "0.01",
-                               "--checkpoints-dir", tmp, "--no-progress", *flags], env=env,
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "phalanx.cli",
+                "train",
+                "--model",
+                "nothing_model:model",
+                "--dataroot",
+                str(root),
+                "--image-size",
+                "32",
+                "--num-workers",
+                "0",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "64",
+                "--val-fraction",
+                "0.01",
+                "--checkpoints-dir",
+                tmp,
+                "--no-progress",
+                *flags,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return float(re.search(r"epoch 2/2 .* ([\d,]+) samples/s", done.stdout).group(1).replace(",", ""))
 
 
 # --- startup: time to first step, and loader workers' private memory ------------------------------
+
 
 def uss_mb(pid: int) -> float:
     total = 0
@@ -237,9 +289,31 @@ def first_step(pythonpath: Path, root: Path, cache: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "ck" / "bench" / "metrics.jsonl"
         env = {**os.environ, "PYTHONPATH": str(pythonpath), "PHALANX_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-        argv = [PYTHON, "-m", "phalanx.cli", "train", "--dataroot", str(root), "--num-workers", "2", "--epochs", "1",
-                "--batch-size", "64", "--image-size", "8", "--checkpoints-dir", str(Path(tmp) / "ck"), "--name",
-                "bench", "--log-every", "1", "--no-progress", "--val-fraction", "0.01"]
+        argv = [
+            PYTHON,
+            "-m",
+            "phalanx.cli",
+            "train",
+            "--dataroot",
+            str(root),
+            "--num-workers",
+            "2",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "64",
+            "--image-size",
+            "8",
+            "--checkpoints-dir",
+            str(Path(tmp) / "ck"),
+            "--name",
+            "bench",
+            "--log-every",
+            "1",
+            "--no-progress",
+            "--val-fraction",
+            "0.01",
+        ]
         started = time.time()
         proc = subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
@@ -281,8 +355,11 @@ def startup(repeats: int, before: str) -> dict:
                 with tempfile.TemporaryDirectory() as cache:
                     result = first_step(path, root, Path(cache))
                 raw.setdefault(f"{count}|{label}", []).append(result)
-                print(f"[{count} files {rep + 1}/{repeats}] {label}: first step {result['first_step_s']:.1f} s, "
-                      f"worker USS {result['worker_uss_mb']:.0f} MB", flush=True)
+                print(
+                    f"[{count} files {rep + 1}/{repeats}] {label}: first step {result['first_step_s']:.1f} s, "
+                    f"worker USS {result['worker_uss_mb']:.0f} MB",
+                    flush=True,
+                )
             with tempfile.TemporaryDirectory() as cache:  # after, with the manifest already built
                 first_step(REPO, root, Path(cache))
                 result = first_step(REPO, root, Path(cache))
@@ -306,21 +383,28 @@ def markdown(results: dict) -> str:
             width, height, size = SETS[data_set]
             lines.append(f"| {width}x{height} -> {size} | {workers} | {name} | {cell(stat, '.0f')} |")
     if "end_to_end" in results:
-        lines += ["", "| training on 160x160 JPEGs -> 32, nothing to compute | images | samples/s | "
-                  "/ its hand-written loop, per repeat |", "| --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "| training on 160x160 JPEGs -> 32, nothing to compute | images | samples/s | "
+            "/ its hand-written loop, per repeat |",
+            "| --- | --- | --- | --- |",
+        ]
         ratios = results.get("end_to_end_ratios", {})
         for key, stat in results["end_to_end"].items():
             data_set, name = key.split("|")
             images = CLASSES * PER_CLASS.get(data_set, IMAGES_PER_CLASS)
             ratio = ratios.get(key)
-            lines.append(f"| {name} | {images:,} | {cell(stat, '.0f')} | "
-                         f"{cell(ratio, '.2f') if ratio else 'baseline'} |")
+            lines.append(
+                f"| {name} | {images:,} | {cell(stat, '.0f')} | {cell(ratio, '.2f') if ratio else 'baseline'} |"
+            )
     if "startup" in results:
         lines += ["", "| files | phalanx | first step (s) | loader worker USS (MB) |", "| --- | --- | --- | --- |"]
         for key, stats in results["startup"].items():
             count, label = key.split("|")
-            lines.append(f"| {int(count):,} | {label} | {cell(stats['first_step_s'], '.1f')} | "
-                         f"{cell(stats['worker_uss_mb'], '.0f')} |")
+            lines.append(
+                f"| {int(count):,} | {label} | {cell(stats['first_step_s'], '.1f')} | "
+                f"{cell(stats['worker_uss_mb'], '.0f')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -329,13 +413,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", choices=("throughput", "endtoend", "startup"))
     parser.add_argument("--before", default="0224ace", help="the phalanx to compare startup with")
-    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS),
-                        help="the folders of the throughput part")
+    parser.add_argument(
+        "--sets", nargs="+", default=list(SETS), choices=list(SETS), help="the folders of the throughput part"
+    )
     opts = parser.parse_args()
     import platform
 
-    results: dict = {"date": time.strftime("%Y-%m-%d"),
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"}
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+    }
     if opts.only in (None, "throughput"):
         raw_throughput = throughput(opts.repeats, opts.sets)
         results["throughput"] = {k: summary(v) for k, v in raw_throughput.items()}
@@ -345,9 +432,17 @@ def main() -> int:
         results["end_to_end"] = {k: summary(v) for k, v in raw_rates.items()}
         results["end_to_end_raw"] = raw_rates
         results["end_to_end_ratios"] = {  # each phalanx row over its loop's rate of the same repeat
-            key: summary([a / b for a, b in zip(rates, raw_rates[f"{key.split('|')[0]}|"
-                                                                  f"{BASELINE.get(key.split('|')[1], 'hand-written loop')}"])])
-            for key, rates in raw_rates.items() if key.split("|")[1].startswith("phalanx")}
+            key: summary(
+                [
+                    a / b
+                    for a, b in zip(
+                        rates, raw_rates[f"{key.split('|')[0]}|{BASELINE.get(key.split('|')[1], 'hand-written loop')}"]
+                    )
+                ]
+            )
+            for key, rates in raw_rates.items()
+            if key.split("|")[1].startswith("phalanx")
+        }
     if opts.only in (None, "startup"):
         raw = startup(max(1, opts.repeats // 2), opts.before)
         results["startup"] = {k: {m: summary([r[m] for r in rs]) for m in rs[0]} for k, rs in raw.items()}

@@ -25,6 +25,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import write_results  # noqa: E402  (benchmarks/, beside this file)
+
 IMPLEMENTATIONS = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
@@ -71,13 +72,23 @@ def main() -> int:
         for _ in range(opts.repeats):
             for implementation, options in IMPLEMENTATIONS.items():
                 raw[name][implementation].append(milliseconds_per_step(groups, make, options))
-    summary = {w: {i: {"median": statistics.median(v), "min": min(v), "max": max(v)} for i, v in by.items()}
-               for w, by in raw.items()}
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-               "torch": torch.__version__, "ms_per_step": summary, "raw": raw}
-    lines = [f"{results['date']}, {results['machine']}, torch {torch.__version__}, one thread, "
-             f"{opts.repeats} repeats", "", "| workload | " + " | ".join(f"{i} (ms)" for i in IMPLEMENTATIONS)
-             + " | loop / fused |", "| --- |" + " --- |" * (len(IMPLEMENTATIONS) + 1)]
+    summary = {
+        w: {i: {"median": statistics.median(v), "min": min(v), "max": max(v)} for i, v in by.items()}
+        for w, by in raw.items()
+    }
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "ms_per_step": summary,
+        "raw": raw,
+    }
+    lines = [
+        f"{results['date']}, {results['machine']}, torch {torch.__version__}, one thread, {opts.repeats} repeats",
+        "",
+        "| workload | " + " | ".join(f"{i} (ms)" for i in IMPLEMENTATIONS) + " | loop / fused |",
+        "| --- |" + " --- |" * (len(IMPLEMENTATIONS) + 1),
+    ]
     for name, by in summary.items():
         cells = [f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})" for s in by.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {by['loop']['median'] / by['fused']['median']:.1f}x |")

@@ -20,9 +20,9 @@ import time
 import warnings
 
 import torch
-
 from common import write_results
 from loader import jpeg_folder
+
 from phalanx.data import images
 
 LIMIT = 256 * 1024 * 1024
@@ -74,8 +74,12 @@ def main() -> int:
                 contender(path)
             best[name] = min(best[name], (time.perf_counter() - started) / len(files) * 1e6)
     machine = f"{platform.machine()}, {platform.python_version()}, torch {torch.__version__}"
-    lines = [f"{time.strftime('%Y-%m-%d')}, {machine}; 300 JPEGs of 160x160, best of 7 passes, one thread", "",
-             "| contender | us a file |", "| --- | --- |"]
+    lines = [
+        f"{time.strftime('%Y-%m-%d')}, {machine}; 300 JPEGs of 160x160, best of 7 passes, one thread",
+        "",
+        "| contender | us a file |",
+        "| --- | --- |",
+    ]
     lines += [f"| {name} | {us:.1f} |" for name, us in best.items()]
     write_results("read_decode", {"date": time.strftime("%Y-%m-%d"), "machine": machine, "us_per_file": best}, lines)
     return 0

@@ -44,8 +44,23 @@ RECIPES = {
 
 def train(args: list[str], workdir: Path, name: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PHALANX_CACHE": str(workdir / "cache")}
-    subprocess.run([PYTHON, "-m", "phalanx.cli", "train", "--checkpoints-dir", str(workdir / "ck"), "--name", name,
-                    *COMMON, *args], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "phalanx.cli",
+            "train",
+            "--checkpoints-dir",
+            str(workdir / "ck"),
+            "--name",
+            name,
+            *COMMON,
+            *args,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     val = [json.loads(line) for line in (workdir / "ck" / name / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in val if r["kind"] == "val"][-1]
     return {"acc": last.get("ema_acc", last["acc"]) if "--ema-decay" in args else last["acc"]}
@@ -73,14 +88,20 @@ def finetune(work: Path, seeds: int) -> dict:
     basic = ["--image-size", "32", "--augment", "basic", "--no-hflip"]
     train(["--dataroot", str(low), "--val-fraction", "0.1", *basic], work, "pretrained")
     weights = str(work / "ck" / "pretrained" / "latest.pt")
-    ways = {"from scratch": [], "from the 0-4 weights": ["--weights", weights],
-            "from the 0-4 weights, --lr 0.01": ["--weights", weights, "--lr", "0.01"],
-            "from the 0-4 weights, backbone frozen": ["--weights", weights, "--freeze-backbone"]}
+    ways = {
+        "from scratch": [],
+        "from the 0-4 weights": ["--weights", weights],
+        "from the 0-4 weights, --lr 0.01": ["--weights", weights, "--lr", "0.01"],
+        "from the 0-4 weights, backbone frozen": ["--weights", weights, "--freeze-backbone"],
+    }
     raw: dict = {}
     for seed in range(seeds):  # interleaved: each way once per seed
         for name, args in ways.items():
-            run = train(["--dataroot", str(high), "--val-fraction", "0.8", "--seed", str(seed), *basic, *args],
-                        work, f"f{seed}-{len(raw.get(name, []))}-{abs(hash(name))}")
+            run = train(
+                ["--dataroot", str(high), "--val-fraction", "0.8", "--seed", str(seed), *basic, *args],
+                work,
+                f"f{seed}-{len(raw.get(name, []))}-{abs(hash(name))}",
+            )
             raw.setdefault(name, []).append(run["acc"])
             print(f"[seed {seed}] digits 5-9 {name}: {100 * run['acc']:.2f}%", flush=True)
     return {name: summary(values) for name, values in raw.items()}
@@ -95,16 +116,22 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", choices=("recipes", "finetune"))
     opts = parser.parse_args()
-    results: dict = {"date": time.strftime("%Y-%m-%d"),
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-                     "recipes": {}, "finetune": {}}
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "recipes": {},
+        "finetune": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         raw: dict = {}
         for seed in range(opts.seeds if opts.only != "finetune" else 0):  # interleaved: each recipe once per seed
             for name, args in RECIPES.items():
-                run = train(["--image-size", "32", "--val-fraction", "0.8", "--seed", str(seed), *args], work,
-                            f"r{seed}-{len(raw.get(name, []))}-{abs(hash(name))}")
+                run = train(
+                    ["--image-size", "32", "--val-fraction", "0.8", "--seed", str(seed), *args],
+                    work,
+                    f"r{seed}-{len(raw.get(name, []))}-{abs(hash(name))}",
+                )
                 raw.setdefault(name, []).append(run["acc"])
                 print(f"[seed {seed}] {name}: {100 * run['acc']:.2f}%", flush=True)
         results["recipes"] = {name: summary(values) for name, values in raw.items()}
@@ -117,13 +144,21 @@ def main() -> int:
         kept = "finetune" if opts.only == "recipes" else "recipes"
         results[kept] = previous.get(kept, {})
     (out / "recipes.json").write_text(json.dumps(results, indent=2))
-    lines = [f"{results['date']}, {results['machine']}", "", "| recipe | validation accuracy, mean (min-max) |",
-             "| --- | --- |"]
-    lines += [f"| {n} | {100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f}) |"
-              for n, s in results["recipes"].items()]
+    lines = [
+        f"{results['date']}, {results['machine']}",
+        "",
+        "| recipe | validation accuracy, mean (min-max) |",
+        "| --- | --- |",
+    ]
+    lines += [
+        f"| {n} | {100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f}) |"
+        for n, s in results["recipes"].items()
+    ]
     lines += ["", "| digits 5-9, 20% to train on | validation accuracy, mean (min-max) |", "| --- | --- |"]
-    lines += [f"| {n} | {100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f}) |"
-              for n, s in results["finetune"].items()]
+    lines += [
+        f"| {n} | {100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f}) |"
+        for n, s in results["finetune"].items()
+    ]
     (out / "recipes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -48,10 +48,12 @@ def lightning_python() -> str:
     python = LIGHTNING_VENV / "bin" / "python"
     if not python.exists():
         venv.create(LIGHTNING_VENV, with_pip=True)
-        site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                       text=True).strip()
-        ours = subprocess.check_output([PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                       text=True).strip()
+        site = subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+        ours = subprocess.check_output(
+            [PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
         Path(site, "phalanx-torch.pth").write_text(ours + "\n")
         env = {**os.environ, "PIP_CONSTRAINT": str(REPO / "constraints.txt")}
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "lightning"], check=True, env=env)
@@ -72,11 +74,16 @@ def run_measured(argv: list[str], env: dict[str, str], stderr=None) -> dict:
         result_file = Path(tmp) / "result.json"
         # BENCH_PYTHONPATH: a folder put first on the contender's path (breakdown_cost.py's "off" patch).
         first = [env["BENCH_PYTHONPATH"]] if env.get("BENCH_PYTHONPATH") else []
-        env = {**os.environ, **env, "BENCH_RESULT": str(result_file),
-               "PYTHONPATH": os.pathsep.join([*first, str(HERE), str(REPO)])}
+        env = {
+            **os.environ,
+            **env,
+            "BENCH_RESULT": str(result_file),
+            "PYTHONPATH": os.pathsep.join([*first, str(HERE), str(REPO)]),
+        }
         started_wall, started = time.time(), time.perf_counter()
-        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=subprocess.DEVNULL,
-                                stderr=stderr if stderr is not None else subprocess.PIPE)
+        proc = subprocess.Popen(
+            argv, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=stderr if stderr is not None else subprocess.PIPE
+        )
         errors: list[bytes] = []
         drain = threading.Thread(target=lambda: proc.stderr and errors.append(proc.stderr.read()), daemon=True)
         drain.start()
@@ -91,17 +98,23 @@ def run_measured(argv: list[str], env: dict[str, str], stderr=None) -> dict:
             report = json.loads(result_file.read_text())
         else:  # phalanx: read what it logged
             report = phalanx_report(Path(tmp) / "ck" / "bench" / "metrics.jsonl", env["BENCH_WARMUP"])
-        return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024,
-                "samples_per_s": report["samples"] / report["seconds"],
-                "first_step_s": report["first_step_time"] - started_wall}
+        return {
+            "wall_s": wall,
+            "rss_mb": usage.ru_maxrss / 1024,
+            "samples_per_s": report["samples"] / report["seconds"],
+            "first_step_s": report["first_step_time"] - started_wall,
+        }
 
 
 def phalanx_report(metrics: Path, warmup: str) -> dict:
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steady = [r for r in records if r["kind"] == "train" and r["step"] > int(warmup)]
     first = next(r for r in records if r["kind"] == "first_step")
-    return {"samples": sum(r["samples"] for r in steady), "seconds": sum(r["seconds"] for r in steady),
-            "first_step_time": first["time"]}
+    return {
+        "samples": sum(r["samples"] for r in steady),
+        "seconds": sum(r["seconds"] for r in steady),
+        "first_step_time": first["time"],
+    }
 
 
 def contenders(model: str, lightning: str | None) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -109,24 +122,56 @@ def contenders(model: str, lightning: str | None) -> dict[str, tuple[list[str], 
     args = [model, str(batch), str(steps), str(warmup)]
 
     def phalanx(command: str, world: int, *extra: str) -> list[str]:
-        argv = [PYTHON, "-m", "phalanx.cli", command, "--dataset", "synthetic", "--model", model,
-                "--synthetic-samples", str(synthetic_samples(steps * batch * world)),
-                "--val-fraction", str(VAL_FRACTION), "--batch-size", str(batch), "--epochs", "1",
-                "--lr", "0.01", "--lr-schedule", "constant", "--checkpoints-dir", "ck", "--name", "bench",
-                "--log-every", "10", "--no-progress", *extra]
+        argv = [
+            PYTHON,
+            "-m",
+            "phalanx.cli",
+            command,
+            "--dataset",
+            "synthetic",
+            "--model",
+            model,
+            "--synthetic-samples",
+            str(synthetic_samples(steps * batch * world)),
+            "--val-fraction",
+            str(VAL_FRACTION),
+            "--batch-size",
+            str(batch),
+            "--epochs",
+            "1",
+            "--lr",
+            "0.01",
+            "--lr-schedule",
+            "constant",
+            "--checkpoints-dir",
+            "ck",
+            "--name",
+            "bench",
+            "--log-every",
+            "10",
+            "--no-progress",
+            *extra,
+        ]
         return argv + (["--use-torchrun", f"--nproc_per_node {world}"] if command == "trainlaunch" else [])
 
     env = {"BENCH_WARMUP": str(warmup)}
     runs = {
         "hand-written, 1 process": ([PYTHON, str(HERE / "handwritten.py"), *args], env),
         "phalanx train": (phalanx("train", 1), env),
-        "hand-written, 1 process, channels-last": ([PYTHON, str(HERE / "handwritten.py"), *args],
-                                                    {**env, "BENCH_CHANNELS_LAST": "1"}),
+        "hand-written, 1 process, channels-last": (
+            [PYTHON, str(HERE / "handwritten.py"), *args],
+            {**env, "BENCH_CHANNELS_LAST": "1"},
+        ),
         "phalanx train --channels-last": (phalanx("train", 1, "--channels-last"), env),
-        "hand-written, 1 process, compile": ([PYTHON, str(HERE / "handwritten.py"), *args], {**env, "BENCH_COMPILE": "1"}),
+        "hand-written, 1 process, compile": (
+            [PYTHON, str(HERE / "handwritten.py"), *args],
+            {**env, "BENCH_COMPILE": "1"},
+        ),
         "phalanx train --compile": (phalanx("train", 1, "--compile"), env),
-        "hand-written DDP, 2 workers": ([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                         str(HERE / "handwritten.py"), *args], env),
+        "hand-written DDP, 2 workers": (
+            [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HERE / "handwritten.py"), *args],
+            env,
+        ),
         "phalanx trainlaunch, 2 workers": (phalanx("trainlaunch", 2), env),
     }
     if lightning:
@@ -181,21 +226,30 @@ def main() -> int:
         for rep in range(opts.repeats):  # interleaved: A B C ... then again
             for name, (argv, env) in runs.items():
                 raw[model][name].append(run_measured(argv, env))
-                print(f"[{model} {rep + 1}/{opts.repeats}] {name}: "
-                      f"{raw[model][name][-1]['samples_per_s']:.0f} samples/s", flush=True)
+                print(
+                    f"[{model} {rep + 1}/{opts.repeats}] {name}: {raw[model][name][-1]['samples_per_s']:.0f} samples/s",
+                    flush=True,
+                )
     # The cost of phalanx's extras, side by side in one run: progress bar and snapshot writing.
-    extras: dict[str, list[dict]] = {k: [] for k in ("bar off", "bar on (tty)", "snapshots at epoch end only",
-                                                      "snapshot every 10 steps")}
+    extras: dict[str, list[dict]] = {
+        k: [] for k in ("bar off", "bar on (tty)", "snapshots at epoch end only", "snapshot every 10 steps")
+    }
     argv, env = contenders("smallcnn", None)["phalanx train"]
     for _ in range(opts.repeats):
         extras["bar off"].append(run_with_tty_stderr(argv, env))
-        extras["bar on (tty)"].append(run_with_tty_stderr([a if a != "--no-progress" else "--progress" for a in argv], env))
+        extras["bar on (tty)"].append(
+            run_with_tty_stderr([a if a != "--no-progress" else "--progress" for a in argv], env)
+        )
         extras["snapshots at epoch end only"].append(run_measured(argv + ["--snapshot-every", "1e9"], env))
         extras["snapshot every 10 steps"].append(run_measured(argv + ["--snapshot-every", "0"], env))
     results = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.python_version()}", "versions": versions(lightning), "settings": SETTINGS,
-        "runs": {m: {n: {k: summarise([r[k] for r in rs]) for k in rs[0]} for n, rs in c.items()} for m, c in raw.items()},
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "versions": versions(lightning),
+        "settings": SETTINGS,
+        "runs": {
+            m: {n: {k: summarise([r[k] for r in rs]) for k in rs[0]} for n, rs in c.items()} for m, c in raw.items()
+        },
         "ratios": {m: {n: summarise(ratios(c, n)) for n in c} for m, c in raw.items()},
         "extras": {n: {k: summarise([r[k] for r in rs]) for k in rs[0]} for n, rs in extras.items()},
         "help_startup_s": summarise(help_startup()),
@@ -235,8 +289,9 @@ def versions(lightning: str | None) -> dict[str, str]:
     torch_v, tv_v = subprocess.check_output([PYTHON, "-c", code], text=True).split()
     found = {"torch": torch_v, "torchvision": tv_v}
     if lightning:
-        found["lightning"] = subprocess.check_output([lightning, "-c", "import lightning; print(lightning.__version__)"],
-                                                     text=True).strip()
+        found["lightning"] = subprocess.check_output(
+            [lightning, "-c", "import lightning; print(lightning.__version__)"], text=True
+        ).strip()
     return found
 
 
@@ -244,22 +299,31 @@ def markdown(results: dict) -> str:
     def cell(stat: dict, fmt: str) -> str:
         return f"{stat['median']:{fmt}} ({stat['min']:{fmt}}-{stat['max']:{fmt}})"
 
-    lines = [f"{results['date']}, {results['machine']}, " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
-             "", "| model | contender | samples/s | / hand-written, per repeat | verdict | first step (s) | wall (s) | "
-             "peak RSS (MB) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{results['date']}, {results['machine']}, " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        "",
+        "| model | contender | samples/s | / hand-written, per repeat | verdict | first step (s) | wall (s) | "
+        "peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for model, runs in results["runs"].items():
         for name, stats in runs.items():
             ratio = results["ratios"][model][name]
             compared = ("baseline", "") if baseline(name) == name else (cell(ratio, ".3f"), verdict(ratio))
-            lines.append(f"| {model} | {name} | {cell(stats['samples_per_s'], '.0f')} | {compared[0]} | {compared[1]} | "
-                         f"{cell(stats['first_step_s'], '.2f')} | {cell(stats['wall_s'], '.1f')} | "
-                         f"{cell(stats['rss_mb'], '.0f')} |")
+            lines.append(
+                f"| {model} | {name} | {cell(stats['samples_per_s'], '.0f')} | {compared[0]} | {compared[1]} | "
+                f"{cell(stats['first_step_s'], '.2f')} | {cell(stats['wall_s'], '.1f')} | "
+                f"{cell(stats['rss_mb'], '.0f')} |"
+            )
     lines += ["", "| phalanx train, smallcnn | samples/s | wall (s) |", "| --- | --- | --- |"]
     for name, stats in results["extras"].items():
         lines.append(f"| {name} | {cell(stats['samples_per_s'], '.0f')} | {cell(stats['wall_s'], '.1f')} |")
     help_s = results["help_startup_s"]
-    lines += ["", f"`phalanx --help`: {help_s['median'] * 1000:.0f} ms median ({help_s['min'] * 1000:.0f}-"
-              f"{help_s['max'] * 1000:.0f} ms, {help_s['n']} runs)"]
+    lines += [
+        "",
+        f"`phalanx --help`: {help_s['median'] * 1000:.0f} ms median ({help_s['min'] * 1000:.0f}-"
+        f"{help_s['max'] * 1000:.0f} ms, {help_s['n']} runs)",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -35,24 +35,70 @@ CONFIGS = {
     "fsdp": ["--strategy", "fsdp"],
     "fsdp + activation checkpointing": ["--strategy", "fsdp", "--activation-checkpointing"],
 }
-COMMON = ["--model", "sharded_model:vit", "--dataset", "synthetic", "--synthetic-samples", "80", "--image-size", "32",
-          "--batch-size", "4", "--optimizer", "adamw", "--epochs", "1", "--no-progress", "--num-workers", "0"]
+COMMON = [
+    "--model",
+    "sharded_model:vit",
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "80",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--optimizer",
+    "adamw",
+    "--epochs",
+    "1",
+    "--no-progress",
+    "--num-workers",
+    "0",
+]
 
 
-def run(name: str, options: list[str], directory: Path, depth: int = 12, common: list[str] = COMMON) -> tuple[float, float]:
+def run(
+    name: str, options: list[str], directory: Path, depth: int = 12, common: list[str] = COMMON
+) -> tuple[float, float]:
     """(peak resident MiB of the largest process, samples/s of the epoch)."""
     # glibc hands freed memory back at once (its variables, which phalanx then leaves alone): the
     # resident peak is then what the run holds, not what its allocator keeps for later
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}", "OMP_NUM_THREADS": "1",
-           "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072", "SHARDED_DEPTH": str(depth)}
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", PHALANX, "trainlaunch", *common, *options, "--checkpoints-dir",
-                           str(directory), "--name", name.replace(" ", "_").replace("+", ""), "--overwrite",
-                           "--use-torchrun", "--nproc-per-node=2"], env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}",
+        "OMP_NUM_THREADS": "1",
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "MALLOC_TRIM_THRESHOLD_": "131072",
+        "SHARDED_DEPTH": str(depth),
+    }
+    done = subprocess.run(
+        [
+            "/usr/bin/time",
+            "-f",
+            "%M",
+            PHALANX,
+            "trainlaunch",
+            *common,
+            *options,
+            "--checkpoints-dir",
+            str(directory),
+            "--name",
+            name.replace(" ", "_").replace("+", ""),
+            "--overwrite",
+            "--use-torchrun",
+            "--nproc-per-node=2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     peak = int(done.stderr.strip().splitlines()[-1]) / 1024
-    rate = next(float(line.split("samples/s")[0].split()[-1].replace(",", "")) for line in done.stdout.splitlines()
-                if line.startswith("epoch 1/1"))
+    rate = next(
+        float(line.split("samples/s")[0].split()[-1].replace(",", ""))
+        for line in done.stdout.splitlines()
+        if line.startswith("epoch 1/1")
+    )
     return peak, rate
 
 
@@ -85,19 +131,42 @@ def sweep(depths: list[int], repeats: int) -> None:
     for depth in depths:
         ddp, fsdp = (statistics.median(peaks[(name, depth)]) for name in ("ddp", "fsdp"))
         rows.append(f"| {depth} ({depth * 7.09 + 0.68:.0f}M) | {ddp:.0f} | {fsdp:.0f} | {fsdp / ddp:.2f} |")
-    slopes = {name: (statistics.median(peaks[(name, depths[-1])]) - statistics.median(peaks[(name, depths[0])]))
-              / (depths[-1] - depths[0]) for name in ("ddp", "fsdp")}
+    slopes = {
+        name: (statistics.median(peaks[(name, depths[-1])]) - statistics.median(peaks[(name, depths[0])]))
+        / (depths[-1] - depths[0])
+        for name in ("ddp", "fsdp")
+    }
     rows.append("")
-    rows.append(f"Per block of 7.1M weights: ddp {slopes['ddp']:.0f} MiB, fsdp {slopes['fsdp']:.0f} MiB per rank "
-                f"(peaks of {repeats} repeats, medians; slope between depth {depths[0]} and {depths[-1]}).")
+    rows.append(
+        f"Per block of 7.1M weights: ddp {slopes['ddp']:.0f} MiB, fsdp {slopes['fsdp']:.0f} MiB per rank "
+        f"(peaks of {repeats} repeats, medians; slope between depth {depths[0]} and {depths[-1]})."
+    )
     text = "\n".join(rows)
     print(text)
     (REPO / "benchmarks" / "results" / "sharded_sweep.md").write_text(
-        f"# benchmarks/sharded.py --depths ({time.strftime('%Y-%m-%d')}, 2 CPU cores, gloo)\n\n{text}\n")
+        f"# benchmarks/sharded.py --depths ({time.strftime('%Y-%m-%d')}, 2 CPU cores, gloo)\n\n{text}\n"
+    )
 
 
-ACTIVATIONS = ["--model", "resnet18", "--dataset", "synthetic", "--synthetic-samples", "160", "--image-size", "128",
-               "--batch-size", "32", "--optimizer", "adamw", "--epochs", "1", "--no-progress", "--num-workers", "0"]
+ACTIVATIONS = [
+    "--model",
+    "resnet18",
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "160",
+    "--image-size",
+    "128",
+    "--batch-size",
+    "32",
+    "--optimizer",
+    "adamw",
+    "--epochs",
+    "1",
+    "--no-progress",
+    "--num-workers",
+    "0",
+]
 
 
 def activations(repeats: int) -> None:
@@ -106,19 +175,22 @@ def activations(repeats: int) -> None:
     found: dict[str, list[tuple[float, float]]] = {"fsdp": [], "fsdp + activation checkpointing": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
-            for name in (list(found) if repeat % 2 == 0 else list(found)[::-1]):
+            for name in list(found) if repeat % 2 == 0 else list(found)[::-1]:
                 found[name].append(run(name, CONFIGS[name], Path(tmp), common=ACTIVATIONS))
                 print(repeat, name, found[name][-1], flush=True)
     rows = ["| ResNet-18, 128 px, 16 a worker | peak RSS, largest process (MiB) | samples/s |", "|---|---|---|"]
     for name, runs in found.items():
         peaks, rates = [p for p, _ in runs], [r for _, r in runs]
-        rows.append(f"| {name} | {statistics.median(peaks):.0f} ({min(peaks):.0f}-{max(peaks):.0f}) | "
-                    f"{statistics.median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) |")
+        rows.append(
+            f"| {name} | {statistics.median(peaks):.0f} ({min(peaks):.0f}-{max(peaks):.0f}) | "
+            f"{statistics.median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) |"
+        )
     text = "\n".join(rows)
     print(text)
     (REPO / "benchmarks" / "results" / "sharded_activations.md").write_text(
         f"# benchmarks/sharded.py --activations ({time.strftime('%Y-%m-%d')}, {repeats} repeats, 2 CPU cores, "
-        f"gloo)\n\n{text}\n")
+        f"gloo)\n\n{text}\n"
+    )
 
 
 def table(repeats: int) -> None:
@@ -127,7 +199,7 @@ def table(repeats: int) -> None:
     found: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            order = names[repeat % len(names):] + names[:repeat % len(names)]
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
                 found[name].append(run(name, CONFIGS[name], Path(tmp)))
                 print(repeat, name, found[name][-1], flush=True)
@@ -135,15 +207,18 @@ def table(repeats: int) -> None:
     ddp_rate = statistics.median(rate for _, rate in found["ddp"])
     for name in names:
         peaks, rates = [p for p, _ in found[name]], [r for _, r in found[name]]
-        rows.append(f"| {name} | {statistics.median(peaks):.0f} ({min(peaks):.0f}-{max(peaks):.0f}) | "
-                    f"{statistics.median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) | "
-                    f"{statistics.median(rates) / ddp_rate:.2f}x |")
+        rows.append(
+            f"| {name} | {statistics.median(peaks):.0f} ({min(peaks):.0f}-{max(peaks):.0f}) | "
+            f"{statistics.median(rates):.2f} ({min(rates):.2f}-{max(rates):.2f}) | "
+            f"{statistics.median(rates) / ddp_rate:.2f}x |"
+        )
     text = "\n".join(rows)
     print(text)
     out = REPO / "benchmarks" / "results"
     (out / "sharded.json").write_text(json.dumps({"runs": found, "when": time.strftime("%Y-%m-%d")}, indent=1))
-    (out / "sharded.md").write_text(f"# benchmarks/sharded.py ({time.strftime('%Y-%m-%d')}, {args.repeats} repeats, "
-                                    f"2 CPU cores, gloo)\n\n{text}\n")
+    (out / "sharded.md").write_text(
+        f"# benchmarks/sharded.py ({time.strftime('%Y-%m-%d')}, {args.repeats} repeats, 2 CPU cores, gloo)\n\n{text}\n"
+    )
 
 
 if __name__ == "__main__":

@@ -9,5 +9,12 @@ from timm.models.vision_transformer import VisionTransformer
 
 def vit(num_classes, in_channels):
     depth = int(os.environ.get("SHARDED_DEPTH", "12"))  # the memory sweep's blocks (7.1M weights each)
-    return VisionTransformer(img_size=32, patch_size=8, in_chans=in_channels, num_classes=num_classes, embed_dim=768,
-                             depth=depth, num_heads=12)
+    return VisionTransformer(
+        img_size=32,
+        patch_size=8,
+        in_chans=in_channels,
+        num_classes=num_classes,
+        embed_dim=768,
+        depth=depth,
+        num_heads=12,
+    )

@@ -34,9 +34,9 @@ def peak_mib(args: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    from PIL import Image
     import tifffile
     from phalanx_testdata import deepliif_samples
+    from PIL import Image
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1536,3072,4608")
@@ -48,10 +48,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = deepliif_samples(tmp / "data", size=64, per_split={"train": 4}, layout="plain")
-        peak_mib(["train", "--task", "deepliif", "--dataroot", str(data), "--image-size", "64", "--net-g",
-                  "resnet_2blocks", "--net-gs", "unet_64", "--ngf", "4", "--ndf", "4", "--d-layers", "2",
-                  "--lambda-feat", "0", "--epochs", "1", "--batch-size", "4", "--no-progress", "--checkpoints-dir",
-                  str(tmp / "ck"), "--name", "slide"])
+        peak_mib(
+            [
+                "train",
+                "--task",
+                "deepliif",
+                "--dataroot",
+                str(data),
+                "--image-size",
+                "64",
+                "--net-g",
+                "resnet_2blocks",
+                "--net-gs",
+                "unet_64",
+                "--ngf",
+                "4",
+                "--ndf",
+                "4",
+                "--d-layers",
+                "2",
+                "--lambda-feat",
+                "0",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "4",
+                "--no-progress",
+                "--checkpoints-dir",
+                str(tmp / "ck"),
+                "--name",
+                "slide",
+            ]
+        )
         checkpoint = str(tmp / "ck" / "slide" / "latest.pt")
         rng = np.random.default_rng(0)
         for side in sizes:
@@ -59,14 +87,34 @@ def main() -> None:
             picture = np.kron(blocks, np.ones((16, 16, 1), dtype=np.uint8))
             slide = tmp / f"slide{side}.tif"
             tifffile.imwrite(slide, picture, tile=(512, 512), compression="zlib", photometric="rgb")
-            mib, seconds = peak_mib(["predict", "--checkpoint", checkpoint, str(slide), "--region-size",
-                                     str(args.region_size), "--no-progress", "--output", str(tmp / f"out{side}")])
+            mib, seconds = peak_mib(
+                [
+                    "predict",
+                    "--checkpoint",
+                    checkpoint,
+                    str(slide),
+                    "--region-size",
+                    str(args.region_size),
+                    "--no-progress",
+                    "--output",
+                    str(tmp / f"out{side}"),
+                ]
+            )
             rows.append((f"{side} x {side} slide, regions of {args.region_size}", mib, seconds))
             print(rows[-1], flush=True)
             if side == sizes[0]:
                 Image.fromarray(picture).save(tmp / "whole.png")
-                mib, seconds = peak_mib(["predict", "--checkpoint", checkpoint, str(tmp / "whole.png"),
-                                         "--no-progress", "--output", str(tmp / "out-whole")])
+                mib, seconds = peak_mib(
+                    [
+                        "predict",
+                        "--checkpoint",
+                        checkpoint,
+                        str(tmp / "whole.png"),
+                        "--no-progress",
+                        "--output",
+                        str(tmp / "out-whole"),
+                    ]
+                )
                 rows.append((f"{side} x {side} PNG, whole", mib, seconds))
                 print(rows[-1], flush=True)
     lines = ["| input | peak resident memory (MiB) | seconds |", "| --- | --- | --- |"]

@@ -51,8 +51,9 @@ def multi_crop(method: str, size: int) -> MultiViewTransform:
     (global_scale, local_scale) = CROPS[method]
 
     def view(crop: int, scale: tuple[float, float]) -> DINOViewTransform:
-        return DINOViewTransform(crop_size=crop, crop_scale=scale, cj_strength=0.5, cj_sat=0.8, gaussian_blur=0.0,
-                                 solarization_prob=0.0)
+        return DINOViewTransform(
+            crop_size=crop, crop_scale=scale, cj_strength=0.5, cj_sat=0.8, gaussian_blur=0.0, solarization_prob=0.0
+        )
 
     local = max(8, round(size * 3 / 7))
     return MultiViewTransform([view(size, global_scale)] * 2 + [view(local, local_scale)] * 6)
@@ -76,8 +77,7 @@ class Method(nn.Module):
             self.criterion = losses.NegativeCosineSimilarity()
         elif method == "moco":
             self.head = heads.MoCoProjectionHead(FEATURES, HEAD, HEAD)
-            self.criterion = losses.NTXentLoss(temperature=0.1, memory_bank_size=(QUEUE, HEAD),
-                                               gather_distributed=True)
+            self.criterion = losses.NTXentLoss(temperature=0.1, memory_bank_size=(QUEUE, HEAD), gather_distributed=True)
         elif method == "dino":
             self.head = heads.DINOProjectionHead(FEATURES, HEAD, 64, DINO_OUTPUTS, freeze_last_layer=1)
             self.criterion = losses.DINOLoss(output_dim=DINO_OUTPUTS)
@@ -146,19 +146,25 @@ def main() -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.set_num_threads(1)
     torch.manual_seed(int(os.environ.get("BENCH_SEED", "0")))  # --seeds: kNN over initialisations
-    transform = multi_crop(method, 32) if method in CROPS else \
-        SimCLRTransform(input_size=32, gaussian_blur=0.0, min_scale=0.08, cj_strength=0.5)
+    transform = (
+        multi_crop(method, 32)
+        if method in CROPS
+        else SimCLRTransform(input_size=32, gaussian_blur=0.0, min_scale=0.08, cj_strength=0.5)
+    )
     train = ImageFolder(root + "/train", transform=transform)
     sampler = torch.utils.data.DistributedSampler(train, shuffle=True, seed=0) if distributed else None
-    loader = torch.utils.data.DataLoader(train, batch_size=batch // world, shuffle=sampler is None, sampler=sampler,
-                                         drop_last=False, num_workers=0)
+    loader = torch.utils.data.DataLoader(
+        train, batch_size=batch // world, shuffle=sampler is None, sampler=sampler, drop_last=False, num_workers=0
+    )
     model = Method(method, len(loader), len(loader) * epochs, distributed)
     # SwAV's prototypes take no gradient while frozen (Lightly turns their requires_grad off): DDP
     # must be told that some parameters go unused.
-    trained = nn.parallel.DistributedDataParallel(model, find_unused_parameters=method == "swav") if distributed \
-        else model
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.06, momentum=0.9,
-                                weight_decay=5e-4)
+    trained = (
+        nn.parallel.DistributedDataParallel(model, find_unused_parameters=method == "swav") if distributed else model
+    )
+    optimizer = torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad], lr=0.06, momentum=0.9, weight_decay=5e-4
+    )
     total = len(loader) * epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
     rates, step = [], 0
@@ -183,8 +189,13 @@ def main() -> None:
 
 
 def knn_accuracy(backbone: nn.Module, root: str) -> float:
-    plain = v2.Compose([v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
-                        v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    plain = v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
 
     def features(split: str) -> tuple[torch.Tensor, torch.Tensor]:
         data = ImageFolder(root + "/" + split, transform=plain)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -32,8 +32,10 @@ def provenance(data: dict, name: str) -> str:
     found = data.get("provenance", {})
     missing = [key for key in ("date", "commit", "machine") if not found.get(key)]
     if missing:
-        raise SystemExit(f"benchmarks/tables.py: {name} has no {', '.join(missing)} in its \"provenance\" block "
-                         "({\"date\": ..., \"commit\": ..., \"machine\": ...}): add them")
+        raise SystemExit(
+            f'benchmarks/tables.py: {name} has no {", ".join(missing)} in its "provenance" block '
+            '({"date": ..., "commit": ..., "machine": ...}): add them'
+        )
     return f"{found['date']}, {found['commit']}, {found['machine']}"
 
 
@@ -69,24 +71,54 @@ def training_loop() -> list[str]:
         for contender, run in runs.items():
             ratio = data["ratios"][model][contender]
             baseline = contender.startswith("hand-written")
-            rows.append([model, contender, spread(run["samples_per_s"]),
-                         "baseline" if baseline else spread(ratio, 3), "" if baseline else verdict(ratio),
-                         spread(run["first_step_s"], 2), spread(run["wall_s"], 1), spread(run["rss_mb"])])
-    lines = ["### phalanx against a hand-written loop (`benchmarks/run.py`)", "",
-             "Synthetic 32x32 RGB data in memory, the same model, per-process batch, SGD (momentum 0.9, weight "
-             "decay 5e-4) and steps (" + "; ".join(f"{model}: batch {batch}, {steps} steps, timed after step {warmup}"
-                                                  for model, (batch, steps, warmup) in data["settings"].items())
-             + f"); torch {data['versions']['torch']}, "
-             f"torchvision {data['versions']['torchvision']}. Ratios per repeat against the hand-written loop "
-             "run next to it.", ""]
-    lines += table(["model", "contender", "samples/s", "/ hand-written, per repeat", "verdict", "first step (s)",
-                    "wall (s)", "peak RSS (MB)"], rows, at)
+            rows.append(
+                [
+                    model,
+                    contender,
+                    spread(run["samples_per_s"]),
+                    "baseline" if baseline else spread(ratio, 3),
+                    "" if baseline else verdict(ratio),
+                    spread(run["first_step_s"], 2),
+                    spread(run["wall_s"], 1),
+                    spread(run["rss_mb"]),
+                ]
+            )
+    lines = [
+        "### phalanx against a hand-written loop (`benchmarks/run.py`)",
+        "",
+        "Synthetic 32x32 RGB data in memory, the same model, per-process batch, SGD (momentum 0.9, weight "
+        "decay 5e-4) and steps ("
+        + "; ".join(
+            f"{model}: batch {batch}, {steps} steps, timed after step {warmup}"
+            for model, (batch, steps, warmup) in data["settings"].items()
+        )
+        + f"); torch {data['versions']['torch']}, "
+        f"torchvision {data['versions']['torchvision']}. Ratios per repeat against the hand-written loop "
+        "run next to it.",
+        "",
+    ]
+    lines += table(
+        [
+            "model",
+            "contender",
+            "samples/s",
+            "/ hand-written, per repeat",
+            "verdict",
+            "first step (s)",
+            "wall (s)",
+            "peak RSS (MB)",
+        ],
+        rows,
+        at,
+    )
     extras = [[name, spread(run["samples_per_s"]), spread(run["wall_s"], 1)] for name, run in data["extras"].items()]
     lines += ["phalanx train, smallcnn, what the progress bar and snapshots cost:", ""]
     lines += table(["setting", "samples/s", "wall (s)"], extras, at)
-    lines += table(["command", "time to print its help (ms)"],
-                   [["`phalanx --help`", spread(data["help_startup_s"], 0, 1000) + f", {data['help_startup_s']['n']} runs"]],
-                   at)
+    lines += table(
+        ["command", "time to print its help (ms)"],
+        [["`phalanx --help`", spread(data["help_startup_s"], 0, 1000) + f", {data['help_startup_s']['n']} runs"]],
+        at,
+    )
     return lines
 
 
@@ -95,25 +127,47 @@ def first_step() -> list[str]:
     at = provenance(data, "first_step.json")
     s, d = data["first_step_s"], data["difference_s"]
     sooner = lambda diff: "parity" if diff["min"] < 0 < diff["max"] else "sooner" if diff["max"] < 0 else "later"  # noqa: E731
-    rows = [["1 process", spread(s["hand-written, 1 process"], 2), spread(s["phalanx train"], 2),
-             spread(d["1 process"], 2), sooner(d["1 process"])],
-            ["2 DDP workers", spread(s["hand-written DDP, 2 workers"], 2), spread(s["phalanx trainlaunch, 2 workers"], 2),
-             spread(d["2 DDP workers"], 2), sooner(d["2 DDP workers"])]]
-    return ["### When the first step ends (`benchmarks/first_step.py`)", "",
-            "smallcnn at `benchmarks/run.py`'s settings, process start to the end of the first optimizer step, "
-            "7 interleaved repeats.", ""] + table(
-        ["world", "hand-written (s)", "phalanx (s)", "phalanx - hand-written, per repeat (s)", "verdict"], rows, at)
+    rows = [
+        [
+            "1 process",
+            spread(s["hand-written, 1 process"], 2),
+            spread(s["phalanx train"], 2),
+            spread(d["1 process"], 2),
+            sooner(d["1 process"]),
+        ],
+        [
+            "2 DDP workers",
+            spread(s["hand-written DDP, 2 workers"], 2),
+            spread(s["phalanx trainlaunch, 2 workers"], 2),
+            spread(d["2 DDP workers"], 2),
+            sooner(d["2 DDP workers"]),
+        ],
+    ]
+    return [
+        "### When the first step ends (`benchmarks/first_step.py`)",
+        "",
+        "smallcnn at `benchmarks/run.py`'s settings, process start to the end of the first optimizer step, "
+        "7 interleaved repeats.",
+        "",
+    ] + table(
+        ["world", "hand-written (s)", "phalanx (s)", "phalanx - hand-written, per repeat (s)", "verdict"], rows, at
+    )
 
 
 def breakdown_cost() -> list[str]:
     data = load("breakdown_cost.json")
     at = provenance(data, "breakdown_cost.json")
-    rows = [[run, spread(raw["on"]), spread(raw["off"]), spread(data["ratios"][run], 3), verdict(data["ratios"][run])]
-            for run, raw in data["raw"].items()]
-    return ["### What the step-time breakdown costs (`benchmarks/breakdown_cost.py`)", "",
-            "The same runs with the breakdown's clock reads, collective timers and gradient hooks replaced by "
-            "nothing; samples/s, 7 interleaved repeats.", ""] + table(
-        ["run", "breakdown on", "breakdown off", "off / on, per repeat", "verdict"], rows, at)
+    rows = [
+        [run, spread(raw["on"]), spread(raw["off"]), spread(data["ratios"][run], 3), verdict(data["ratios"][run])]
+        for run, raw in data["raw"].items()
+    ]
+    return [
+        "### What the step-time breakdown costs (`benchmarks/breakdown_cost.py`)",
+        "",
+        "The same runs with the breakdown's clock reads, collective timers and gradient hooks replaced by "
+        "nothing; samples/s, 7 interleaved repeats.",
+        "",
+    ] + table(["run", "breakdown on", "breakdown off", "off / on, per repeat", "verdict"], rows, at)
 
 
 def exit_latency() -> list[str]:
@@ -124,11 +178,22 @@ def exit_latency() -> list[str]:
         if key == "provenance":
             continue
         commit, command = key.split("|")
-        rows.append([commit, command, spread(run["wall"], 2), spread(run["tail"], 2),
-                     f"{found['date']}, {commit}, {found['machine']}"])
-    lines = ["### How long a command takes to end (`benchmarks/exit_latency.py`)", "",
-             "Each row names the checkout it ran: 2341629 before commands stopped finalising torch at exit, "
-             "908f268 after. 7 interleaved repeats.", ""]
+        rows.append(
+            [
+                commit,
+                command,
+                spread(run["wall"], 2),
+                spread(run["tail"], 2),
+                f"{found['date']}, {commit}, {found['machine']}",
+            ]
+        )
+    lines = [
+        "### How long a command takes to end (`benchmarks/exit_latency.py`)",
+        "",
+        "Each row names the checkout it ran: 2341629 before commands stopped finalising torch at exit, "
+        "908f268 after. 7 interleaved repeats.",
+        "",
+    ]
     header = ["checkout (commit)", "command", "wall (s)", "last line to exit (s)"]
     lines += ["| " + " | ".join([*header, MEASURED]) + " |", "|" + " --- |" * (len(header) + 1)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
@@ -139,19 +204,31 @@ def optimizer_step() -> list[str]:
     at = provenance(data, "optimizer_step.json")
     rows = []
     for workload, ms in data["ms_per_step"].items():
-        rows.append([workload, *(spread(ms[k], 2) for k in ("loop", "foreach", "fused")),
-                     f"{ms['loop']['median'] / ms['fused']['median']:.1f}x"])
-    return ["### One optimizer step (`benchmarks/optimizer_step.py`)", "",
-            f"torch {data['torch']}, one thread, 7 repeats; ms a step.", ""] + table(
-        ["workload", "loop (ms)", "foreach (ms)", "fused (ms)", "loop / fused"], rows, at)
+        rows.append(
+            [
+                workload,
+                *(spread(ms[k], 2) for k in ("loop", "foreach", "fused")),
+                f"{ms['loop']['median'] / ms['fused']['median']:.1f}x",
+            ]
+        )
+    return [
+        "### One optimizer step (`benchmarks/optimizer_step.py`)",
+        "",
+        f"torch {data['torch']}, one thread, 7 repeats; ms a step.",
+        "",
+    ] + table(["workload", "loop (ms)", "foreach (ms)", "fused (ms)", "loop / fused"], rows, at)
 
 
 def loader_throughput() -> list[str]:
-    lines = ["### Loader throughput (`benchmarks/loader.py --only throughput`)", "",
-             "1,500 random images of generated JPEG folders, decode + resize + centre crop + normalise (the "
-             "`phalanx <policy>` rows: training augmentation), batch 64; images/s, medians of 7 interleaved "
-             "repeats. The 2026-11-21 rows are before the read fix and the decoder imported ahead of the "
-             "workers.", ""]
+    lines = [
+        "### Loader throughput (`benchmarks/loader.py --only throughput`)",
+        "",
+        "1,500 random images of generated JPEG folders, decode + resize + centre crop + normalise (the "
+        "`phalanx <policy>` rows: training augmentation), batch 64; images/s, medians of 7 interleaved "
+        "repeats. The 2026-11-21 rows are before the read fix and the decoder imported ahead of the "
+        "workers.",
+        "",
+    ]
     rows, ats = [], []
     for name in ("loader-throughput-small.json", "loader-throughput-large.json", "loader.json"):
         data = load(name)
@@ -166,16 +243,23 @@ def loader_throughput() -> list[str]:
     return lines + ["| " + " | ".join([*row, at]) + " |" for row, at in zip(rows, ats)] + [""]
 
 
-PAIRS = {"phalanx --augment none": "hand-written loop", "phalanx --augment none --no-fast-decode": "hand-written loop",
-         "phalanx default (basic: pad-crop + flip)": "hand-written loop, torchvision pad-crop + flip"}
+PAIRS = {
+    "phalanx --augment none": "hand-written loop",
+    "phalanx --augment none --no-fast-decode": "hand-written loop",
+    "phalanx default (basic: pad-crop + flip)": "hand-written loop, torchvision pad-crop + flip",
+}
 
 
 def loader_endtoend() -> list[str]:
-    lines = ["### Training end to end on JPEG folders (`benchmarks/loader.py --only endtoend`)", "",
-             "A model that costs nothing (`AdaptiveAvgPool2d(8)` + `Linear`), one process, `--num-workers 0`, one "
-             "thread, 160x160 JPEGs to 32 px, batch 64; phalanx's rate is its second epoch's. Ratios per repeat "
-             "against the hand-written loop of the same augmentation. The 2026-11-27 rows ran on commit 21ea2d9, "
-             "before files were read to their stated size.", ""]
+    lines = [
+        "### Training end to end on JPEG folders (`benchmarks/loader.py --only endtoend`)",
+        "",
+        "A model that costs nothing (`AdaptiveAvgPool2d(8)` + `Linear`), one process, `--num-workers 0`, one "
+        "thread, 160x160 JPEGs to 32 px, batch 64; phalanx's rate is its second epoch's. Ratios per repeat "
+        "against the hand-written loop of the same augmentation. The 2026-11-27 rows ran on commit 21ea2d9, "
+        "before files were read to their stated size.",
+        "",
+    ]
     header = ["contender", "images", "samples/s", "/ its hand-written loop, per repeat", "verdict"]
     lines += ["| " + " | ".join([*header, MEASURED]) + " |", "|" + " --- |" * (len(header) + 1)]
     for name in ("loader-endtoend.json", "loader-endtoend-before-read-fix.json"):
@@ -200,9 +284,12 @@ def read_decode() -> list[str]:
     data = load("read_decode.json")
     at = provenance(data, "read_decode.json")
     rows = [[what, f"{us:.1f}"] for what, us in data["us_per_file"].items()]
-    return ["### Reading and decoding one small JPEG (`benchmarks/read_decode.py`)", "",
-            "300 JPEGs of 160x160, best of 7 passes, one thread; \"before\" read each file with `read(256 MiB + 1)`.",
-            ""] + table(["contender", "us a file"], rows, at)
+    return [
+        "### Reading and decoding one small JPEG (`benchmarks/read_decode.py`)",
+        "",
+        '300 JPEGs of 160x160, best of 7 passes, one thread; "before" read each file with `read(256 MiB + 1)`.',
+        "",
+    ] + table(["contender", "us a file"], rows, at)
 
 
 def loader_startup() -> list[str]:
@@ -212,29 +299,42 @@ def loader_startup() -> list[str]:
     for key, run in data["startup"].items():
         files, which = key.split("|")
         rows.append([f"{int(files):,}", which, spread(run["first_step_s"], 1), spread(run["worker_uss_mb"])])
-    return ["### Startup on large folders (`benchmarks/loader.py`)", "",
-            "Folders of 8x8 PNGs in 100 classes, 2 loader workers; \"before\" is commit 0224ace, before the "
-            "input-pipeline work (flat arrays, the manifest). Medians of 3 interleaved repeats.", ""] + table(
-        ["files", "phalanx", "first step (s)", "loader worker USS (MB)"], rows, at)
+    return [
+        "### Startup on large folders (`benchmarks/loader.py`)",
+        "",
+        'Folders of 8x8 PNGs in 100 classes, 2 loader workers; "before" is commit 0224ace, before the '
+        "input-pipeline work (flat arrays, the manifest). Medians of 3 interleaved repeats.",
+        "",
+    ] + table(["files", "phalanx", "first step (s)", "loader worker USS (MB)"], rows, at)
 
 
 def input_rate() -> list[str]:
     data = load("input_rate.json")
     at = provenance(data, "input_rate.json")
-    names = {"loader": "loader.py's JPEGs, a `val/` folder", "other": "torchvision-encoded JPEGs (quality 80), a `val/` folder",
-             "loader.py": "loader.py's own folder and flags"}
+    names = {
+        "loader": "loader.py's JPEGs, a `val/` folder",
+        "other": "torchvision-encoded JPEGs (quality 80), a `val/` folder",
+        "loader.py": "loader.py's own folder and flags",
+    }
     rows = []
     for key, rate in data["rates"].items():
         folder, contender = key.split("|")
         ratio = data["ratios"].get(key)
-        cells = [spread(ratio, 2), verdict(ratio)] if ratio else (["baseline", ""] if contender.startswith("hand")
-                                                                   else ["", ""])
+        cells = (
+            [spread(ratio, 2), verdict(ratio)]
+            if ratio
+            else (["baseline", ""] if contender.startswith("hand") else ["", ""])
+        )
         rows.append([names.get(folder, folder), contender, spread(rate), *cells])
-    lines = ["### Epoch 2's rate against a hand-written loop (`benchmarks/input_rate.py`)", "",
-             "160x160 JPEGs in 10 class folders to 32 px, a model that costs nothing, `--augment none --num-workers 0 "
-             "--batch-size 64`, `OMP_NUM_THREADS=1` unless a row says otherwise; phalanx's epoch 2 from "
-             "`metrics.jsonl`, the loop's own epoch 2 (`read_file` + `decode_jpeg` + `v2.Resize((32, 32))` + "
-             f"normalise). 7 interleaved repeats; the machine's load {data['load_range']}.", ""]
+    lines = [
+        "### Epoch 2's rate against a hand-written loop (`benchmarks/input_rate.py`)",
+        "",
+        "160x160 JPEGs in 10 class folders to 32 px, a model that costs nothing, `--augment none --num-workers 0 "
+        "--batch-size 64`, `OMP_NUM_THREADS=1` unless a row says otherwise; phalanx's epoch 2 from "
+        "`metrics.jsonl`, the loop's own epoch 2 (`read_file` + `decode_jpeg` + `v2.Resize((32, 32))` + "
+        f"normalise). 7 interleaved repeats; the machine's load {data['load_range']}.",
+        "",
+    ]
     return lines + table(["data", "contender", "samples/s", "/ the hand-written loop, per repeat", "verdict"], rows, at)
 
 
@@ -247,96 +347,201 @@ def input_startup() -> list[str]:
         tree = "4577de5" if tree == "this tree" else f"{tree} (before)"
         small, large = data["startup"][f"{key}|2000"], data["startup"][f"{key}|100000"]
         rows.append([tree, manifest, spread(small, 2), spread(large, 2), spread(difference, 2)])
-    lines = ["### The first step with 100,000 files against 2,000 (`benchmarks/input_rate.py`)", "",
-             "24-px JPEGs; seconds from process start to the end of the first optimizer step, 7 interleaved repeats, "
-             "the difference taken per repeat; a cold manifest checks every file, a warm one only lists the folder. "
-             f"\"Before\" is commit f612764, before the manifest's columns and JPEG header walk (4577de5); load {data['load_range']}.",
-             ""]
-    return lines + table(["phalanx", "manifest", "2,000 files (s)", "100,000 files (s)", "100,000 - 2,000 (s)"], rows, at)
+    lines = [
+        "### The first step with 100,000 files against 2,000 (`benchmarks/input_rate.py`)",
+        "",
+        "24-px JPEGs; seconds from process start to the end of the first optimizer step, 7 interleaved repeats, "
+        "the difference taken per repeat; a cold manifest checks every file, a warm one only lists the folder. "
+        f'"Before" is commit f612764, before the manifest\'s columns and JPEG header walk (4577de5); load {data["load_range"]}.',
+        "",
+    ]
+    return lines + table(
+        ["phalanx", "manifest", "2,000 files (s)", "100,000 files (s)", "100,000 - 2,000 (s)"], rows, at
+    )
 
 
 def recipes() -> list[str]:
     data = load("recipes.json")
     at = provenance(data, "recipes.json")
     pct = lambda s: spread(s, 1, 100, "%")  # noqa: E731
-    lines = ["### Accuracy of the training recipes (`benchmarks/recipes.py`)", "",
-             "The built-in digits at 32x32 with 359 training images (1,438 to validate on), smallcnn, 30 epochs, "
-             "three seeds; validation accuracy, mean (min-max).", ""]
+    lines = [
+        "### Accuracy of the training recipes (`benchmarks/recipes.py`)",
+        "",
+        "The built-in digits at 32x32 with 359 training images (1,438 to validate on), smallcnn, 30 epochs, "
+        "three seeds; validation accuracy, mean (min-max).",
+        "",
+    ]
     lines += table(["recipe", "validation accuracy"], [[k, pct(v)] for k, v in data["recipes"].items()], at)
     lines += ["Fine-tuning on the digits 5-9 with 20% of their images, from a model trained on the digits 0-4:", ""]
-    return lines + table(["digits 5-9, 20% to train on", "validation accuracy"],
-                         [[k, pct(v)] for k, v in data["finetune"].items()], at)
+    return lines + table(
+        ["digits 5-9, 20% to train on", "validation accuracy"], [[k, pct(v)] for k, v in data["finetune"].items()], at
+    )
 
 
 def float32() -> list[str]:
     data = load("float32.json")
     at = provenance(data, "float32.json")
     g = lambda v: f"{v:.2g}"  # noqa: E731
-    rows = [[r["kernels"], r["run"], r["batch"], r["momentum"], r["schedule"], g(r["ddp"]), g(r["accum"]), g(r["threads"])]
-            for r in data["rows"]]
-    return ["### float32: DDP against honest regroupings (`benchmarks/float32_rounding.py`)", "",
-            "Largest weight difference from one process x 2B after the run, with ATen's kernels forced to each "
-            "instruction set.", ""] + table(
-        ["kernels", "run", "B", "momentum", "schedule", "DDP 2xB vs 1x2B", "B x2 accumulated vs 2B",
-         "2B, 1 thread vs 2B"], rows, at)
+    rows = [
+        [r["kernels"], r["run"], r["batch"], r["momentum"], r["schedule"], g(r["ddp"]), g(r["accum"]), g(r["threads"])]
+        for r in data["rows"]
+    ]
+    return [
+        "### float32: DDP against honest regroupings (`benchmarks/float32_rounding.py`)",
+        "",
+        "Largest weight difference from one process x 2B after the run, with ATen's kernels forced to each "
+        "instruction set.",
+        "",
+    ] + table(
+        [
+            "kernels",
+            "run",
+            "B",
+            "momentum",
+            "schedule",
+            "DDP 2xB vs 1x2B",
+            "B x2 accumulated vs 2B",
+            "2B, 1 thread vs 2B",
+        ],
+        rows,
+        at,
+    )
 
 
 def deepliif() -> list[str]:
     data = load("deepliif.json")
     at = provenance(data, "deepliif.json")
     s = data["settings"]
-    rows = [[name, spread(c["images_per_s"], 1), spread(data["ratios"][name], 3),
-             "baseline" if name.startswith("DeepLIIF") else verdict(data["ratios"][name]), spread(c["training_only"], 1),
-             spread(c["PSNR"], 2), spread(c["SSIM"], 3)] for name, c in data["contenders"].items()]
-    lines = ["### `--task translate` against DeepLIIF's trainer (`benchmarks/deepliif.py`)", "",
-             f"{s['epochs']} epochs of 800 pairs, {s['size']} px, batch {s['batch']}, ngf/ndf {s['ngf']}, "
-             f"{s['repeats']} interleaved repeats; phalanx validating the last epoch only unless the row says so.", ""]
-    lines += table(["contender", "images/s, epoch end to epoch end", "/ DeepLIIF, per repeat", "verdict",
-                    "images/s, training only", "val PSNR (dB)", "val SSIM"], rows, at)
+    rows = [
+        [
+            name,
+            spread(c["images_per_s"], 1),
+            spread(data["ratios"][name], 3),
+            "baseline" if name.startswith("DeepLIIF") else verdict(data["ratios"][name]),
+            spread(c["training_only"], 1),
+            spread(c["PSNR"], 2),
+            spread(c["SSIM"], 3),
+        ]
+        for name, c in data["contenders"].items()
+    ]
+    lines = [
+        "### `--task translate` against DeepLIIF's trainer (`benchmarks/deepliif.py`)",
+        "",
+        f"{s['epochs']} epochs of 800 pairs, {s['size']} px, batch {s['batch']}, ngf/ndf {s['ngf']}, "
+        f"{s['repeats']} interleaved repeats; phalanx validating the last epoch only unless the row says so.",
+        "",
+    ]
+    lines += table(
+        [
+            "contender",
+            "images/s, epoch end to epoch end",
+            "/ DeepLIIF, per repeat",
+            "verdict",
+            "images/s, training only",
+            "val PSNR (dB)",
+            "val SSIM",
+        ],
+        rows,
+        at,
+    )
     data = load("deepliif_model.json")
     at = provenance(data, "deepliif_model.json")
     s = data["settings"]
-    rows = [[name, spread(c["images_per_s"], 2), spread(data["ratios"][name], 2),
-             "baseline" if name.startswith("DeepLIIF") else verdict(data["ratios"][name]), spread(c["PSNR"], 2),
-             spread(c["seg_PSNR"], 2), spread(c["count_error"], 2)] for name, c in data["contenders"].items()]
-    lines += ["### `--task deepliif` against DeepLIIF's trainer on its own model (`benchmarks/deepliif_model.py`)", "",
-              f"{s['epochs']} epochs of {s['train']} samples of 6 panels, {s['size']} px, batch {s['batch']}, "
-              f"{s['repeats']} interleaved repeats. ({data['note']}.)", ""]
-    return lines + table(["contender", "images/s, epoch end to epoch end", "/ DeepLIIF, per repeat", "verdict",
-                          "val PSNR, modalities (dB)", "val PSNR, segmentation (dB)", "cell count error"], rows, at)
+    rows = [
+        [
+            name,
+            spread(c["images_per_s"], 2),
+            spread(data["ratios"][name], 2),
+            "baseline" if name.startswith("DeepLIIF") else verdict(data["ratios"][name]),
+            spread(c["PSNR"], 2),
+            spread(c["seg_PSNR"], 2),
+            spread(c["count_error"], 2),
+        ]
+        for name, c in data["contenders"].items()
+    ]
+    lines += [
+        "### `--task deepliif` against DeepLIIF's trainer on its own model (`benchmarks/deepliif_model.py`)",
+        "",
+        f"{s['epochs']} epochs of {s['train']} samples of 6 panels, {s['size']} px, batch {s['batch']}, "
+        f"{s['repeats']} interleaved repeats. ({data['note']}.)",
+        "",
+    ]
+    return lines + table(
+        [
+            "contender",
+            "images/s, epoch end to epoch end",
+            "/ DeepLIIF, per repeat",
+            "verdict",
+            "val PSNR, modalities (dB)",
+            "val PSNR, segmentation (dB)",
+            "cell count error",
+        ],
+        rows,
+        at,
+    )
 
 
-SSL_SPEED = ("selfsupervised-speed.json", "selfsupervised-speed-recheck.json",
-             "selfsupervised-speed-simclr-2026-11-27b.json", "selfsupervised-speed-dino-2026-11-27.json")
+SSL_SPEED = (
+    "selfsupervised-speed.json",
+    "selfsupervised-speed-recheck.json",
+    "selfsupervised-speed-simclr-2026-11-27b.json",
+    "selfsupervised-speed-dino-2026-11-27.json",
+)
 
 
 def selfsupervised_speed() -> list[str]:
-    lines = ["### Self-supervised methods against Lightly (`benchmarks/selfsupervised.py --only speed`)", "",
-             "Each method written with Lightly 1.6.0 as its examples write it, in a plain loop and a DDP loop, "
-             "against phalanx `--task M`: smallcnn's backbone, the built-in digits as 32x32 RGB folders (718 to "
-             "train, 360 to validate), batch 128 (2 x 64 under DDP), 2 epochs, one compute thread a process; "
-             "samples/s of the second epoch, kNN accuracy after it, 7 interleaved repeats. The first file is "
-             "the run of all eight; the others re-measured the methods they name.", ""]
-    header = ["world", "method", "Lightly samples/s", "phalanx samples/s", "phalanx / Lightly, per repeat",
-              "verdict", "kNN Lightly", "kNN phalanx"]
+    lines = [
+        "### Self-supervised methods against Lightly (`benchmarks/selfsupervised.py --only speed`)",
+        "",
+        "Each method written with Lightly 1.6.0 as its examples write it, in a plain loop and a DDP loop, "
+        "against phalanx `--task M`: smallcnn's backbone, the built-in digits as 32x32 RGB folders (718 to "
+        "train, 360 to validate), batch 128 (2 x 64 under DDP), 2 epochs, one compute thread a process; "
+        "samples/s of the second epoch, kNN accuracy after it, 7 interleaved repeats. The first file is "
+        "the run of all eight; the others re-measured the methods they name.",
+        "",
+    ]
+    header = [
+        "world",
+        "method",
+        "Lightly samples/s",
+        "phalanx samples/s",
+        "phalanx / Lightly, per repeat",
+        "verdict",
+        "kNN Lightly",
+        "kNN phalanx",
+    ]
     lines += ["| " + " | ".join([*header, MEASURED]) + " |", "|" + " --- |" * (len(header) + 1)]
-    for world, (lightly, ours) in (("1 process", ("Lightly loop", "phalanx")),
-                                   ("2 DDP workers", ("Lightly DDP loop, 2 workers", "phalanx DDP, 2 workers"))):
+    for world, (lightly, ours) in (
+        ("1 process", ("Lightly loop", "phalanx")),
+        ("2 DDP workers", ("Lightly DDP loop, 2 workers", "phalanx DDP, 2 workers")),
+    ):
         for name in SSL_SPEED:
             data = load(name)
             at = provenance(data, name)
             for method, runs in data["speed"].items():
                 ratio = runs[ours]["ratio"]
-                row = [world, method, spread(runs[lightly]["samples_per_s"]), spread(runs[ours]["samples_per_s"]),
-                       spread(ratio, 2), verdict(ratio), f"{100 * runs[lightly]['knn_acc']['median']:.1f}%",
-                       f"{100 * runs[ours]['knn_acc']['median']:.1f}%", f"{at} ({name})"]
+                row = [
+                    world,
+                    method,
+                    spread(runs[lightly]["samples_per_s"]),
+                    spread(runs[ours]["samples_per_s"]),
+                    spread(ratio, 2),
+                    verdict(ratio),
+                    f"{100 * runs[lightly]['knn_acc']['median']:.1f}%",
+                    f"{100 * runs[ours]['knn_acc']['median']:.1f}%",
+                    f"{at} ({name})",
+                ]
                 lines.append("| " + " | ".join(row) + " |")
     return lines + [""]
 
 
 def selfsupervised_knn() -> list[str]:
-    lines = ["### kNN accuracy over seeds (`benchmarks/selfsupervised.py --only knn --seeds 7`)", "",
-             "One process, 2 epochs, seeds 0-6; phalanx minus Lightly on the same seed.", ""]
+    lines = [
+        "### kNN accuracy over seeds (`benchmarks/selfsupervised.py --only knn --seeds 7`)",
+        "",
+        "One process, 2 epochs, seeds 0-6; phalanx minus Lightly on the same seed.",
+        "",
+    ]
     header = ["method", "Lightly loop", "phalanx", "phalanx - Lightly, same seed (points)", "verdict"]
     lines += ["| " + " | ".join([*header, MEASURED]) + " |", "|" + " --- |" * (len(header) + 1)]
     for name in ("selfsupervised-knn.json", "selfsupervised-knn-views.json"):
@@ -347,17 +552,33 @@ def selfsupervised_knn() -> list[str]:
             diffs = [100 * (a - b) for a, b in zip(ours["raw"], lightly["raw"])]
             text = f"{statistics.median(diffs):+.1f} ({min(diffs):+.1f} to {max(diffs):+.1f})"
             same = "parity" if min(diffs) < 0 < max(diffs) else "lead" if min(diffs) > 0 else "behind"
-            lines.append("| " + " | ".join([method, spread(lightly["summary"], 1, 100, "%"),
-                                             spread(ours["summary"], 1, 100, "%"), text, same, at]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        method,
+                        spread(lightly["summary"], 1, 100, "%"),
+                        spread(ours["summary"], 1, 100, "%"),
+                        text,
+                        same,
+                        at,
+                    ]
+                )
+                + " |"
+            )
     return lines + [""]
 
 
 def selfsupervised_transfer() -> list[str]:
-    lines = ["### A SimCLR backbone's transfer (`benchmarks/selfsupervised.py --only transfer`)", "",
-             "The digits with 10% of the training split labelled (144 images), 16 px; a backbone pretrained by "
-             "phalanx (20 epochs) and a random one, each as a linear probe and fine-tuned, 20 epochs, seeds 0-2; "
-             "validation accuracy, median (min-max). The 2026-11-23 rows gave the SimCLR backbone's probes "
-             "ImageNet's normalisation (fixed since).", ""]
+    lines = [
+        "### A SimCLR backbone's transfer (`benchmarks/selfsupervised.py --only transfer`)",
+        "",
+        "The digits with 10% of the training split labelled (144 images), 16 px; a backbone pretrained by "
+        "phalanx (20 epochs) and a random one, each as a linear probe and fine-tuned, 20 epochs, seeds 0-2; "
+        "validation accuracy, median (min-max). The 2026-11-23 rows gave the SimCLR backbone's probes "
+        "ImageNet's normalisation (fixed since).",
+        "",
+    ]
     rows, ats = [], []
     for name in ("selfsupervised-transfer.json", "selfsupervised.json"):
         data = load(name)
@@ -370,11 +591,21 @@ def selfsupervised_transfer() -> list[str]:
     lines += ["| " + " | ".join([*row, at]) + " |" for row, at in zip(rows, ats)] + [""]
     data = load("selfsupervised.json")
     at = provenance(data, "selfsupervised.json")
-    rows = [[name, spread(run["samples_per_s"]), "baseline" if run["ratio"] is None else spread(run["ratio"], 2),
-             "" if run["ratio"] is None else verdict(run["ratio"]), f"{100 * run['knn_acc']['median']:.1f}%"]
-            for name, run in data["speed"].items()]
-    lines += ["SimCLR alone, before the eight methods (10 epochs, all 1,437 images; Lightly's last batch dropped "
-              "and its learning rate stepped per epoch then):", ""]
+    rows = [
+        [
+            name,
+            spread(run["samples_per_s"]),
+            "baseline" if run["ratio"] is None else spread(run["ratio"], 2),
+            "" if run["ratio"] is None else verdict(run["ratio"]),
+            f"{100 * run['knn_acc']['median']:.1f}%",
+        ]
+        for name, run in data["speed"].items()
+    ]
+    lines += [
+        "SimCLR alone, before the eight methods (10 epochs, all 1,437 images; Lightly's last batch dropped "
+        "and its learning rate stepped per epoch then):",
+        "",
+    ]
     return lines + table(["contender", "samples/s", "/ Lightly, per repeat", "verdict", "kNN"], rows, at)
 
 
@@ -384,47 +615,86 @@ def views() -> list[str]:
     rows = []
     for size, runs in data["ms"].items():
         lightly = next(v for k, v in runs.items() if k.startswith("Lightly"))
-        rows.append([f"{size} px", spread(lightly, 1), spread(runs["phalanx"], 1), spread(runs["ratio"], 2),
-                     verdict(runs["ratio"])])
-    return ["### Two views of a batch (`benchmarks/views.py`)", "",
-            f"A batch of {data['batch']} images' two views, one thread, {data['repeats']} repeats; ms a batch; "
-            "Lightly's SimCLRTransform one image at a time.", ""] + table(
-        ["size", "Lightly SimCLRTransform (ms)", "phalanx (ms)", "Lightly / phalanx, per repeat", "verdict"], rows, at)
+        rows.append(
+            [
+                f"{size} px",
+                spread(lightly, 1),
+                spread(runs["phalanx"], 1),
+                spread(runs["ratio"], 2),
+                verdict(runs["ratio"]),
+            ]
+        )
+    return [
+        "### Two views of a batch (`benchmarks/views.py`)",
+        "",
+        f"A batch of {data['batch']} images' two views, one thread, {data['repeats']} repeats; ms a batch; "
+        "Lightly's SimCLRTransform one image at a time.",
+        "",
+    ] + table(
+        ["size", "Lightly SimCLRTransform (ms)", "phalanx (ms)", "Lightly / phalanx, per repeat", "verdict"], rows, at
+    )
 
 
 def detect() -> list[str]:
     data = load("detect.json")
     at = provenance(data, "detect.json")
     reference, ours = data["raw"]["torchvision reference loop"], data["raw"]["phalanx --task detect"]
-    rows = [["torchvision reference loop", spread(reference, 2), "baseline", ""],
-            ["phalanx --task detect", spread(ours, 2), spread(data["ratios"], 3), verdict(data["ratios"])]]
-    return ["### `--task detect` against torchvision's reference loop (`benchmarks/detect.py`)", "",
-            "fasterrcnn_mobilenet_v3_large_320_fpn from scratch, 96 scenes of 64 px at 128 px, batch 4, 3 epochs, "
-            "one compute thread; images/s over the epochs after the first, 7 interleaved repeats.", ""] + table(
-        ["contender", "images/s", "/ reference, per repeat", "verdict"], rows, at)
+    rows = [
+        ["torchvision reference loop", spread(reference, 2), "baseline", ""],
+        ["phalanx --task detect", spread(ours, 2), spread(data["ratios"], 3), verdict(data["ratios"])],
+    ]
+    return [
+        "### `--task detect` against torchvision's reference loop (`benchmarks/detect.py`)",
+        "",
+        "fasterrcnn_mobilenet_v3_large_320_fpn from scratch, 96 scenes of 64 px at 128 px, batch 4, 3 epochs, "
+        "one compute thread; images/s over the epochs after the first, 7 interleaved repeats.",
+        "",
+    ] + table(["contender", "images/s", "/ reference, per repeat", "verdict"], rows, at)
 
 
 def sharded() -> list[str]:
     data = load("sharded.json")
     at = provenance(data, "sharded.json")
     ddp_rate = statistics.median(r[1] for r in data["runs"]["ddp"])
-    rows = [[name, spread([r[0] for r in runs]), spread([r[1] for r in runs], 2),
-             f"{statistics.median(r[1] for r in runs) / ddp_rate:.2f}x"] for name, runs in data["runs"].items()]
-    return ["### `--strategy fsdp` against DDP (`benchmarks/sharded.py`)", "",
-            "2 CPU workers with gloo, 1 core each; a ViT-Base at 32 px in patches of 8 (85.8M weights), AdamW, "
-            "2 images a worker a step, one epoch of 64 images with its checkpoint; 7 interleaved repeats; peak "
-            "resident memory of the largest process.", ""] + table(
-        ["strategy", "peak RSS, largest process (MiB)", "samples/s", "vs ddp"], rows, at)
+    rows = [
+        [
+            name,
+            spread([r[0] for r in runs]),
+            spread([r[1] for r in runs], 2),
+            f"{statistics.median(r[1] for r in runs) / ddp_rate:.2f}x",
+        ]
+        for name, runs in data["runs"].items()
+    ]
+    return [
+        "### `--strategy fsdp` against DDP (`benchmarks/sharded.py`)",
+        "",
+        "2 CPU workers with gloo, 1 core each; a ViT-Base at 32 px in patches of 8 (85.8M weights), AdamW, "
+        "2 images a worker a step, one epoch of 64 images with its checkpoint; 7 interleaved repeats; peak "
+        "resident memory of the largest process.",
+        "",
+    ] + table(["strategy", "peak RSS, largest process (MiB)", "samples/s", "vs ddp"], rows, at)
 
 
 def gpu() -> list[str]:
-    lines = ["### On a GPU (`benchmarks/gpu.py`)", "",
-             "resnet50 at 224 px, batch 128, channels-last, synthetic data in memory, 15 loader workers, every "
-             "contender a fresh process, the order rotating each repeat. \"no input pipeline\": the hand-written "
-             "loop's process, after its timed steps, the same steps on a batch already on the GPU. Where the "
-             "device time allowed fewer than 7 repeats the row says how many.", ""]
-    header = ["setting", "contender", "images/s", "/ hand-written, same repeat", "verdict", "repeats", "peak GiB",
-              "steps timed"]
+    lines = [
+        "### On a GPU (`benchmarks/gpu.py`)",
+        "",
+        "resnet50 at 224 px, batch 128, channels-last, synthetic data in memory, 15 loader workers, every "
+        'contender a fresh process, the order rotating each repeat. "no input pipeline": the hand-written '
+        "loop's process, after its timed steps, the same steps on a batch already on the GPU. Where the "
+        "device time allowed fewer than 7 repeats the row says how many.",
+        "",
+    ]
+    header = [
+        "setting",
+        "contender",
+        "images/s",
+        "/ hand-written, same repeat",
+        "verdict",
+        "repeats",
+        "peak GiB",
+        "steps timed",
+    ]
     lines += ["| " + " | ".join([*header, MEASURED]) + " |", "|" + " --- |" * (len(header) + 1)]
     for name in ("gpu.json", "gpu-fp32.json", "gpu-h200-a.json", "gpu-h200-b.json", "gpu-h100-2026-11-27.json"):
         data = load(name)
@@ -437,12 +707,31 @@ def gpu() -> list[str]:
                 ratio = data["ratios"].get(f"{setting} {contender}")
                 cells = ["baseline", ""] if ratio is None else [spread(ratio, 3), verdict(ratio)]
                 peak = f"{statistics.median(r['peak_gib'] for r in runs):.2f}"
-                lines.append("| " + " | ".join([setting, contender, spread(rates), *cells, str(len(runs)), peak, steps,
-                                                 f"{at} ({name})"]) + " |")
+                lines.append(
+                    "| "
+                    + " | ".join(
+                        [setting, contender, spread(rates), *cells, str(len(runs)), peak, steps, f"{at} ({name})"]
+                    )
+                    + " |"
+                )
                 if "compute_images_per_s" in runs[0]:
-                    lines.append("| " + " | ".join([setting, f"{contender}, no input pipeline",
-                                                     spread([r["compute_images_per_s"] for r in runs]), "", "",
-                                                     str(len(runs)), "", steps, f"{at} ({name})"]) + " |")
+                    lines.append(
+                        "| "
+                        + " | ".join(
+                            [
+                                setting,
+                                f"{contender}, no input pipeline",
+                                spread([r["compute_images_per_s"] for r in runs]),
+                                "",
+                                "",
+                                str(len(runs)),
+                                "",
+                                steps,
+                                f"{at} ({name})",
+                            ]
+                        )
+                        + " |"
+                    )
     return lines + [""]
 
 
@@ -450,17 +739,45 @@ SECTIONS: list[tuple[str, list[Callable[[], list[str]]]]] = [
     ("Training loop", [training_loop, first_step, breakdown_cost, exit_latency, optimizer_step]),
     ("Input pipeline", [loader_throughput, loader_endtoend, input_rate, read_decode, loader_startup, input_startup]),
     ("Recipes and exactness", [recipes, float32]),
-    ("Tasks against their peers", [deepliif, selfsupervised_speed, selfsupervised_knn, selfsupervised_transfer, views,
-                                   detect]),
+    (
+        "Tasks against their peers",
+        [deepliif, selfsupervised_speed, selfsupervised_knn, selfsupervised_transfer, views, detect],
+    ),
     ("Sharded training", [sharded]),
     ("GPU", [gpu]),
 ]
-USED = {"latest.json", "first_step.json", "breakdown_cost.json", "exit_latency.json", "optimizer_step.json",
-        "loader-throughput-small.json", "loader-throughput-large.json", "loader.json", "loader-endtoend.json",
-        "loader-endtoend-before-read-fix.json", "input_rate.json", "input_rate-startup.json", "read_decode.json", "recipes.json", "float32.json", "deepliif.json",
-        "deepliif_model.json", *SSL_SPEED, "selfsupervised-knn.json", "selfsupervised-knn-views.json",
-        "selfsupervised-transfer.json", "selfsupervised.json", "views.json", "detect.json", "sharded.json",
-        "gpu.json", "gpu-fp32.json", "gpu-h200-a.json", "gpu-h200-b.json", "gpu-h100-2026-11-27.json"}
+USED = {
+    "latest.json",
+    "first_step.json",
+    "breakdown_cost.json",
+    "exit_latency.json",
+    "optimizer_step.json",
+    "loader-throughput-small.json",
+    "loader-throughput-large.json",
+    "loader.json",
+    "loader-endtoend.json",
+    "loader-endtoend-before-read-fix.json",
+    "input_rate.json",
+    "input_rate-startup.json",
+    "read_decode.json",
+    "recipes.json",
+    "float32.json",
+    "deepliif.json",
+    "deepliif_model.json",
+    *SSL_SPEED,
+    "selfsupervised-knn.json",
+    "selfsupervised-knn-views.json",
+    "selfsupervised-transfer.json",
+    "selfsupervised.json",
+    "views.json",
+    "detect.json",
+    "sharded.json",
+    "gpu.json",
+    "gpu-fp32.json",
+    "gpu-h200-a.json",
+    "gpu-h200-b.json",
+    "gpu-h100-2026-11-27.json",
+}
 
 HEAD = """# Benchmarks
 
@@ -520,8 +837,11 @@ def render() -> str:
     if unknown:
         lines += ["Result files this page has no table for yet (add one to `benchmarks/tables.py`):", ""]
         lines += [f"- [`{name}`](../benchmarks/results/{name})" for name in unknown] + [""]
-    lines += ["Written as Markdown only, without raw values (their figures are quoted, with their dates, on the "
-              "topic pages):", ""]
+    lines += [
+        "Written as Markdown only, without raw values (their figures are quoted, with their dates, on the "
+        "topic pages):",
+        "",
+    ]
     lines += [f"- [`{name}`](../benchmarks/results/{name})" for name in md_only]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -531,8 +851,10 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["--check"]:
         if PAGE.exists() and PAGE.read_text() == page:
             return 0
-        print("docs/benchmarks.md is not what benchmarks/tables.py writes: run .venv/bin/python benchmarks/tables.py",
-              file=sys.stderr)
+        print(
+            "docs/benchmarks.md is not what benchmarks/tables.py writes: run .venv/bin/python benchmarks/tables.py",
+            file=sys.stderr,
+        )
         return 1
     if argv[1:]:
         print("usage: benchmarks/tables.py [--check]", file=sys.stderr)

@@ -35,8 +35,13 @@ def contenders(size: int) -> dict:
     from phalanx.tasks.selfsupervised.views import two_views
 
     blur = 0.5 if size > 64 else 0.0
-    lightly = SimCLRTransform(input_size=size, gaussian_blur=blur, min_scale=0.08, cj_strength=0.5,
-                              normalize={"mean": [0.5] * 3, "std": [0.25] * 3})
+    lightly = SimCLRTransform(
+        input_size=size,
+        gaussian_blur=blur,
+        min_scale=0.08,
+        cj_strength=0.5,
+        normalize={"mean": [0.5] * 3, "std": [0.25] * 3},
+    )
     ours = two_views(ViewRecipe(size, 3, (0.08, 1.0), True, blur, (0.5,) * 3, (0.25,) * 3))
     images = [torch.randint(0, 256, (3, size, size), dtype=torch.uint8) for _ in range(BATCH)]
     pictures = [TF.to_pil_image(image) for image in images]  # ImageFolder's samples, decoded
@@ -57,15 +62,19 @@ def main() -> int:
     opts = parser.parse_args()
     torch.set_num_threads(1)
     results: dict = {"date": time.strftime("%Y-%m-%d"), "batch": BATCH, "repeats": opts.repeats, "ms": {}}
-    lines = [f"{results['date']}, batch {BATCH}, two views an image, one thread, {opts.repeats} repeats", "",
-             "| size | contender | ms a batch | phalanx's speed-up |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"{results['date']}, batch {BATCH}, two views an image, one thread, {opts.repeats} repeats",
+        "",
+        "| size | contender | ms a batch | phalanx's speed-up |",
+        "| --- | --- | --- | --- |",
+    ]
     for size in SIZES:
         runs = contenders(size)
         for make in runs.values():
             make()  # warm-up
         times: dict[str, list[float]] = {name: [] for name in runs}
         for repeat in range(opts.repeats):
-            order = list(runs)[repeat % 2:] + list(runs)[:repeat % 2]  # the order alternates
+            order = list(runs)[repeat % 2 :] + list(runs)[: repeat % 2]  # the order alternates
             for name in order:
                 start = time.perf_counter()
                 runs[name]()
@@ -74,10 +83,13 @@ def main() -> int:
         ratios = [a / b for a, b in zip(theirs, ours)]
         results["ms"][size] = {**times, "ratio": ratios}
         for name, values in times.items():
-            speedup = "" if values is theirs else \
-                f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-            lines.append(f"| {size} px | {name} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) "
-                         f"| {speedup} |")
+            speedup = (
+                "" if values is theirs else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            )
+            lines.append(
+                f"| {size} px | {name} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) "
+                f"| {speedup} |"
+            )
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results/views.json").write_text(json.dumps(results, indent=1))
     (HERE / "results/views.md").write_text("\n".join(lines) + "\n")

@@ -56,7 +56,7 @@ def _cpu_cgroup_directories() -> list[Path]:
             continue
         root, mount, path = fields[3].rstrip("/"), Path(fields[4]), memberships[mounted]
         # a container sees its own cgroup as the mount's root
-        inner = path[len(root):] if path == root or path.startswith(root + "/") else path
+        inner = path[len(root) :] if path == root or path.startswith(root + "/") else path
         leaf = mount / inner.lstrip("/")
         directories += [leaf, *[p for p in leaf.parents if p == mount or mount in p.parents]]
     return directories

@@ -27,7 +27,10 @@ def import_user_module(name: str, option: str) -> ModuleType:
     except Exception as exc:  # ImportError, or an error raised while importing the user's module
         top = name.split(".")[0]
         # The module itself not found (not a module it imports): say where phalanx looked.
-        hint = f"; phalanx looks in the current directory ({cwd}) and on PYTHONPATH: run from the folder that " \
-            f"holds {top}.py or {top}/, or add that folder to PYTHONPATH" \
-            if isinstance(exc, ModuleNotFoundError) and exc.name == top else ""
+        hint = (
+            f"; phalanx looks in the current directory ({cwd}) and on PYTHONPATH: run from the folder that "
+            f"holds {top}.py or {top}/, or add that folder to PYTHONPATH"
+            if isinstance(exc, ModuleNotFoundError) and exc.name == top
+            else ""
+        )
         raise PhalanxError(f"cannot import module '{name}' ({type(exc).__name__}: {exc}){hint}", option) from None

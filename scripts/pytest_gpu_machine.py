@@ -6,6 +6,7 @@ read from the affinity) are what they are there. Each failure's report is append
 $FAILURES_LOG as it happens: a run stopped at its time limit keeps the reports xdist prints only at
 the end.
 """
+
 import os
 
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")

@@ -36,7 +36,8 @@ def working_directory(tmp_path_factory, monkeypatch):
 
 def _checkout_files() -> set[str]:
     return {str(p.relative_to(REPO)) for top in ("checkpoints", "runs") for p in (REPO / top).rglob("*")} | {
-        p.name for p in REPO.iterdir()}
+        p.name for p in REPO.iterdir()
+    }
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -72,16 +73,27 @@ def phalanx(capsys):
 def run_phalanx(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> Result:
     """Run ``python -m phalanx.cli ARGS`` as a real process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def start_phalanx(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start ``python -m phalanx.cli ARGS`` in the background (text pipes for its output)."""
-    return subprocess.Popen([sys.executable, "-m", "phalanx.cli", *map(str, args)], cwd=cwd, text=True,
-                            env={**os.environ, **USER_MODELS, "PYTHONUNBUFFERED": "1", **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "phalanx.cli", *map(str, args)],
+        cwd=cwd,
+        text=True,
+        env={**os.environ, **USER_MODELS, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def processes_with(marker: str) -> list[int]:
@@ -107,8 +119,7 @@ def snapshot_tree(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under root with its size and mtime: 'nothing written' means this is unchanged."""
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
 
 
 def write_digit_pngs(root: Path, per_class: int | None = None, val: bool = False) -> Path:
@@ -141,8 +152,11 @@ def gate(folder: Path, step: int) -> dict[str, str]:
 
 
 def paused(folder: Path, ranks: int = 1, timeout: float = 180) -> None:
-    wait_until(lambda: all((folder / f"paused-rank{r}").exists() for r in range(ranks)), timeout,
-               f"{ranks} process(es) to pause at the gate")
+    wait_until(
+        lambda: all((folder / f"paused-rank{r}").exists() for r in range(ranks)),
+        timeout,
+        f"{ranks} process(es) to pause at the gate",
+    )
 
 
 def release(folder: Path) -> None:
@@ -193,8 +207,11 @@ def visdom_server(tmp_path_factory):
     port = free_port()
     workdir = tmp_path_factory.mktemp("visdom")
     log = open(workdir / "visdom.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "visdom.server", "-port", str(port), "-bind_local",
-                             "-env_path", str(workdir / "envs")], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "visdom.server", "-port", str(port), "-bind_local", "-env_path", str(workdir / "envs")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     def up() -> bool:
         try:

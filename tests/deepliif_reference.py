@@ -41,11 +41,14 @@ def modules() -> SimpleNamespace:
         util.util = util_util
         models = types.ModuleType("deepliif.models")
         models.__path__ = [str(ROOT / "deepliif" / "models")]
-        sys.modules.update({"deepliif": package, "deepliif.util": util, "deepliif.util.util": util_util,
-                            "deepliif.models": models})
-    return SimpleNamespace(networks=importlib.import_module("deepliif.models.networks"),
-                           model=importlib.import_module("deepliif.models.DeepLIIF_model"),
-                           options=importlib.import_module("deepliif.options"))
+        sys.modules.update(
+            {"deepliif": package, "deepliif.util": util, "deepliif.util.util": util_util, "deepliif.models": models}
+        )
+    return SimpleNamespace(
+        networks=importlib.import_module("deepliif.models.networks"),
+        model=importlib.import_module("deepliif.models.DeepLIIF_model"),
+        options=importlib.import_module("deepliif.options"),
+    )
 
 
 def postprocessing():
@@ -55,7 +58,7 @@ def postprocessing():
     modules()
     if "deepliif.postprocessing" not in sys.modules:
         numba = types.ModuleType("numba")
-        numba.jit = lambda *args, **kwargs: (lambda function: function)
+        numba.jit = lambda *args, **kwargs: lambda function: function
         numba.typed = SimpleNamespace(List=list)
         saved = sys.modules.get("numba")
         sys.modules["numba"] = numba
@@ -75,8 +78,11 @@ def disable_batchnorm_tracking_stats(net):
     import ast
 
     source = (ROOT / "deepliif" / "util" / "__init__.py").read_text()
-    function = next(node for node in ast.parse(source).body
-                    if isinstance(node, ast.FunctionDef) and node.name == "disable_batchnorm_tracking_stats")
+    function = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name == "disable_batchnorm_tracking_stats"
+    )
     namespace = {"torch": torch}
     exec(compile(ast.Module([function], []), "deepliif/util/__init__.py", "exec"), namespace)
     return namespace["disable_batchnorm_tracking_stats"](net)
@@ -85,13 +91,45 @@ def disable_batchnorm_tracking_stats(net):
 def options(**given) -> SimpleNamespace:
     """``deepliif train``'s options as its ``Options`` holds them, with DeepLIIF's defaults, for
     ``DeepLIIFModel`` on the CPU."""
-    opt = dict(gpu_ids=[], is_train=True, checkpoints_dir=".", name="reference", phase="train", preprocess=None,
-               remote_transfer_cmd=None, seg_gen=True, modalities_no=4, input_nc=3, output_nc=3, input_no=1, ngf=64,
-               ndf=64, netG="resnet_9blocks", net_gs="unet_512", netD="n_layers", n_layers_D=4, norm="batch",
-               no_dropout=False, init_type="normal", init_gain=0.02, padding="zero", upsample="convtranspose",
-               gan_mode="vanilla", gan_mode_s="lsgan", lambda_L1=100.0, lambda_feat=100.0, optimizer="adam",
-               lr_g=2e-4, lr_d=2e-4, beta1=0.5, seg_weights=[0.25, 0.15, 0.25, 0.1, 0.25],
-               loss_G_weights=[0.2] * 5, loss_D_weights=[0.2] * 5, continue_train=False, modalities_names=[])
+    opt = dict(
+        gpu_ids=[],
+        is_train=True,
+        checkpoints_dir=".",
+        name="reference",
+        phase="train",
+        preprocess=None,
+        remote_transfer_cmd=None,
+        seg_gen=True,
+        modalities_no=4,
+        input_nc=3,
+        output_nc=3,
+        input_no=1,
+        ngf=64,
+        ndf=64,
+        netG="resnet_9blocks",
+        net_gs="unet_512",
+        netD="n_layers",
+        n_layers_D=4,
+        norm="batch",
+        no_dropout=False,
+        init_type="normal",
+        init_gain=0.02,
+        padding="zero",
+        upsample="convtranspose",
+        gan_mode="vanilla",
+        gan_mode_s="lsgan",
+        lambda_L1=100.0,
+        lambda_feat=100.0,
+        optimizer="adam",
+        lr_g=2e-4,
+        lr_d=2e-4,
+        beta1=0.5,
+        seg_weights=[0.25, 0.15, 0.25, 0.1, 0.25],
+        loss_G_weights=[0.2] * 5,
+        loss_D_weights=[0.2] * 5,
+        continue_train=False,
+        modalities_names=[],
+    )
     opt.update(given)
     return SimpleNamespace(**opt)
 

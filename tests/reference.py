@@ -21,8 +21,15 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_samples, generator=generator)
 
 
-def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: float = 0.0,
-              step_epochs: int = 30, decay_epochs: float = 0.0) -> float:
+def lr_factor(
+    schedule: str,
+    epochs: int,
+    start: float,
+    end: float,
+    warmup: float = 0.0,
+    step_epochs: int = 30,
+    decay_epochs: float = 0.0,
+) -> float:
     """The documented schedule, in epochs of progress: warmup to ``end``, then the schedule at ``start``."""
     if warmup > 0 and start < warmup:
         return min(1.0, end / warmup)
@@ -36,18 +43,37 @@ def lr_factor(schedule: str, epochs: int, start: float, end: float, warmup: floa
     return 1.0
 
 
-def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[int], lr: float, momentum: float = 0.9,
-          weight_decay: float = 5e-4, seed: int = 0, schedule: str = "cosine", ema_decay: float = 0.0,
-          ema: dict[str, torch.Tensor] | None = None, clip_norm: float = 0.0,
-          clip_value: float = 0.0, decay_1d: bool = True, nesterov: bool = False) -> dict[str, torch.Tensor]:
+def train(
+    model: nn.Module,
+    dataset,
+    *,
+    epochs: int,
+    global_batch: int | list[int],
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    seed: int = 0,
+    schedule: str = "cosine",
+    ema_decay: float = 0.0,
+    ema: dict[str, torch.Tensor] | None = None,
+    clip_norm: float = 0.0,
+    clip_value: float = 0.0,
+    decay_1d: bool = True,
+    nesterov: bool = False,
+) -> dict[str, torch.Tensor]:
     """Mean cross-entropy over each global batch of the documented order, plain SGD. With
     ``ema_decay``, ``ema`` (a dict) receives the moving average: ema = d * ema + (1 - d) * weights.
     ``clip_norm``/``clip_value``: the gradient clipped by torch's own functions before each step.
     ``decay_1d`` False: no weight decay for biases and normalisation weights (timm's grouping).
     ``global_batch`` may be a list, one per epoch (a run resumed at another world size)."""
-    groups = [{"params": list(model.parameters())}] if decay_1d else [
-        {"params": [p for p in model.parameters() if p.ndim >= 2]},
-        {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    groups = (
+        [{"params": list(model.parameters())}]
+        if decay_1d
+        else [
+            {"params": [p for p in model.parameters() if p.ndim >= 2]},
+            {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0},
+        ]
+    )
     optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     if ema is not None:
         ema.update({k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -59,7 +85,7 @@ def train(model: nn.Module, dataset, *, epochs: int, global_batch: int | list[in
         order = epoch_order(n, seed, epoch)
         size = global_batch[epoch - 1] if isinstance(global_batch, list) else global_batch
         for start in range(0, n, size):
-            batch = order[start:start + size]
+            batch = order[start : start + size]
             end = min(n, start + size)
             factor = lr_factor(schedule, epochs, epoch - 1 + start / n, epoch - 1 + end / n)
             for group in optimizer.param_groups:
@@ -86,8 +112,7 @@ def max_scaled_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
     """The largest difference of a tensor over its largest magnitude (at least 1): float64 rounding
     grows with the values rounded (DINO's head biases reach 10^3, where 1e-12 absolute is about 4 ulps)."""
     assert a.keys() == b.keys()
-    return max(((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp(min=1)).item()
-               for k in a)
+    return max(((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp(min=1)).item() for k in a)
 
 
 def set_lrs(optimizers, lr: float, factor: float) -> None:
@@ -96,9 +121,19 @@ def set_lrs(optimizers, lr: float, factor: float) -> None:
             group["lr"] = lr * factor
 
 
-def train_adversarial_autoencoder(generator: nn.Module, discriminator: nn.Module, images: torch.Tensor, *, epochs: int,
-                                  global_batch: int, lr: float, betas=(0.5, 0.999), lambda_l1: float = 10.0,
-                                  seed: int = 0, schedule: str = "cosine") -> tuple[dict, dict]:
+def train_adversarial_autoencoder(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    images: torch.Tensor,
+    *,
+    epochs: int,
+    global_batch: int,
+    lr: float,
+    betas=(0.5, 0.999),
+    lambda_l1: float = 10.0,
+    seed: int = 0,
+    schedule: str = "cosine",
+) -> tuple[dict, dict]:
     """The pix2pix recipe as a plain loop: per global batch of the documented order, a discriminator
     step (real vs reconstructed, halved), then a generator step (fool the updated discriminator,
     plus lambda x L1), each Adam with the schedule's LR. Returns both networks' weights."""
@@ -127,12 +162,15 @@ def train_adversarial_autoencoder(generator: nn.Module, discriminator: nn.Module
             opt_g.step()
             for p in discriminator.parameters():
                 p.requires_grad_(True)
-    return ({k: v.detach().clone() for k, v in generator.state_dict().items()},
-            {k: v.detach().clone() for k, v in discriminator.state_dict().items()})
+    return (
+        {k: v.detach().clone() for k, v in generator.state_dict().items()},
+        {k: v.detach().clone() for k, v in discriminator.state_dict().items()},
+    )
 
 
-def train_global_batch_loss(encoder: nn.Module, points: torch.Tensor, *, epochs: int, global_batch: int, lr: float,
-                            seed: int = 0) -> dict[str, torch.Tensor]:
+def train_global_batch_loss(
+    encoder: nn.Module, points: torch.Tensor, *, epochs: int, global_batch: int, lr: float, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """tests/support/phalanx_testtasks.py's GatherTask as a plain loop over whole global batches
     (no gather: one process holds every sample): SGD, constant LR, the centre updated after each step."""
     optimizer = torch.optim.SGD(encoder.parameters(), lr=lr)
@@ -141,10 +179,10 @@ def train_global_batch_loss(encoder: nn.Module, points: torch.Tensor, *, epochs:
     for epoch in range(1, epochs + 1):
         order = epoch_order(n, seed, epoch)
         for start in range(0, n, global_batch):
-            z = encoder(points[order[start:start + global_batch]]) - center
+            z = encoder(points[order[start : start + global_batch]]) - center
             similarity = z @ z.T / 2.0
             similarity.fill_diagonal_(float("-inf"))
-            loss = (torch.logsumexp(similarity, dim=1) + (z ** 2).sum(1) * 0.05).mean()
+            loss = (torch.logsumexp(similarity, dim=1) + (z**2).sum(1) * 0.05).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -152,9 +190,20 @@ def train_global_batch_loss(encoder: nn.Module, points: torch.Tensor, *, epochs:
     return {k: v.detach().clone() for k, v in encoder.state_dict().items()}
 
 
-def train_pix2pix(generator: nn.Module, discriminator: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
-                  epochs: int, global_batch: int, lr: float, betas=(0.5, 0.999), lambda_l1: float = 100.0,
-                  seed: int = 0, schedule: str = "linear") -> tuple[dict, dict]:
+def train_pix2pix(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    epochs: int,
+    global_batch: int,
+    lr: float,
+    betas=(0.5, 0.999),
+    lambda_l1: float = 100.0,
+    seed: int = 0,
+    schedule: str = "linear",
+) -> tuple[dict, dict]:
     """pix2pix as a plain loop (Isola et al. 2017): per global batch of the documented order, the
     discriminator's step on (input, target) against (input, generated), halved; then the
     generator's, fooling the updated discriminator plus lambda x L1, each Adam on the schedule."""
@@ -171,8 +220,9 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, inputs: torch.
             fake = generator(a)
             opt_d.zero_grad()
             pred_real, pred_fake = discriminator(torch.cat([a, b], 1)), discriminator(torch.cat([a, fake.detach()], 1))
-            loss_d = 0.5 * (criterion(pred_real, torch.ones_like(pred_real)) +
-                            criterion(pred_fake, torch.zeros_like(pred_fake)))
+            loss_d = 0.5 * (
+                criterion(pred_real, torch.ones_like(pred_real)) + criterion(pred_fake, torch.zeros_like(pred_fake))
+            )
             loss_d.backward()
             opt_d.step()
             for p in discriminator.parameters():
@@ -183,5 +233,7 @@ def train_pix2pix(generator: nn.Module, discriminator: nn.Module, inputs: torch.
             opt_g.step()
             for p in discriminator.parameters():
                 p.requires_grad_(True)
-    return ({k: v.detach().clone() for k, v in generator.state_dict().items()},
-            {k: v.detach().clone() for k, v in discriminator.state_dict().items()})
+    return (
+        {k: v.detach().clone() for k, v in generator.state_dict().items()},
+        {k: v.detach().clone() for k, v in discriminator.state_dict().items()},
+    )

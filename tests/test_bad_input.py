@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import run_phalanx, snapshot_tree, write_digit_pngs
 from phalanx_testdata import translation_pairs
 
@@ -38,7 +37,8 @@ def world(tmp_path_factory):
         (root / "garbage_pickles" / f"segment_00000{i}.pkl").write_bytes(os.urandom(64))
     (root / "hostile_pickles").mkdir()
     (root / "hostile_pickles" / "segment_000001.pkl").write_bytes(
-        b"cos\nsystem\n(S'touch " + str(root / "pwned").encode() + b"'\ntR.")
+        b"cos\nsystem\n(S'touch " + str(root / "pwned").encode() + b"'\ntR."
+    )
     result = run_phalanx("train", "--epochs", 1, "--checkpoints-dir", root / "ck", "--name", "done")
     assert result.code == 0, result.err
     done = root / "ck" / "done" / "latest.pt"
@@ -62,42 +62,82 @@ CASES = [
     ("dp-batch", ["--gpu-ids", "0", "--gpu-ids", "1", "--batch-size", "1"], "--batch-size", "DataParallel"),
     ("dataroot-missing", ["--dataroot", "{w}/nope"], "--dataroot", "not a directory"),
     ("dataroot-empty", ["--dataroot", "{w}/empty"], "--dataroot", "no train/ folder"),
-    ("dataroot-a-split", ["--dataroot", "{w}/corrupt/train"], "--dataroot", "/corrupt/train/train/<class>/<images> (did "
-     "you mean --dataroot "),
-    ("dataroot-class-folders", ["--dataroot", "{w}/flat"], "--dataroot",
-     "(its folders digit1, digit2 would be the classes of"),
+    (
+        "dataroot-a-split",
+        ["--dataroot", "{w}/corrupt/train"],
+        "--dataroot",
+        "/corrupt/train/train/<class>/<images> (did you mean --dataroot ",
+    ),
+    (
+        "dataroot-class-folders",
+        ["--dataroot", "{w}/flat"],
+        "--dataroot",
+        "(its folders digit1, digit2 would be the classes of",
+    ),
     ("nul-in-a-value", ["--dataroot=a\x00b"], "--dataroot", "holds a NUL character"),
     ("no-class-folders", ["--dataroot", "{w}/noclass"], "--dataroot", "no class folders"),
     ("class-without-images", ["--dataroot", "{w}/emptyclass"], "--dataroot", "digit0x has no images"),
-    ("user-task-unread-option", ["--task", "phalanx_testtasks:GatherTask", "--image-size", "64"], "--image-size",
-     "GatherTask does not read it (the general options a task reads are its `reads`: none)"),
-    ("user-task-unread-model", ["--task", "phalanx_testtasks:GatherTask", "--model", "resnet18"], "--model",
-     "GatherTask does not read it"),
-    ("user-task-builtin-flag", ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"], "--ngf",
-     "is an option of --task translate or --task deepliif; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
-     "--task-option ngf=VALUE"),
+    (
+        "user-task-unread-option",
+        ["--task", "phalanx_testtasks:GatherTask", "--image-size", "64"],
+        "--image-size",
+        "GatherTask does not read it (the general options a task reads are its `reads`: none)",
+    ),
+    (
+        "user-task-unread-model",
+        ["--task", "phalanx_testtasks:GatherTask", "--model", "resnet18"],
+        "--model",
+        "GatherTask does not read it",
+    ),
+    (
+        "user-task-builtin-flag",
+        ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"],
+        "--ngf",
+        "is an option of --task translate or --task deepliif; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
+        "--task-option ngf=VALUE",
+    ),
     ("translate-model", ["--task", "translate", "--model", "resnet18"], "--model", "--task translate does not use it"),
     # unet_16, as --generator's own error suggests at 16 px, with the default 3-layer PatchGAN: torch
     # failed in the first step, the run directory made
-    ("discriminator-too-deep", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "16", "--generator",
-                                "unet_16"], "--d-layers", "leaving 2 pixel(s) of the 3 its last layers need "
-                                "(--image-size 16); use --d-layers 2, or a larger --image-size"),
+    (
+        "discriminator-too-deep",
+        ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "16", "--generator", "unet_16"],
+        "--d-layers",
+        "leaving 2 pixel(s) of the 3 its last layers need "
+        "(--image-size 16); use --d-layers 2, or a larger --image-size",
+    ),
     # 0, each image's own size: torch failed in the first step, the run directory made
-    ("translate-image-size-zero", ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "0"], "--image-size",
-     "--task translate resizes every image to one size; 0 (each image's own) cannot be: give --image-size N"),
-    ("deepliif-image-size-zero", ["--task", "deepliif", "--dataroot", "{w}/pairs", "--image-size", "0", "--lambda-feat",
-                                  "0"], "--image-size", "--task deepliif resizes every image to one size"),
-    ("segment-image-size-zero", ["--task", "segment", "--dataroot", "{w}/empty", "--image-size", "0"], "--image-size",
-     "--task segment resizes every image to one size"),
+    (
+        "translate-image-size-zero",
+        ["--task", "translate", "--dataroot", "{w}/pairs", "--image-size", "0"],
+        "--image-size",
+        "--task translate resizes every image to one size; 0 (each image's own) cannot be: give --image-size N",
+    ),
+    (
+        "deepliif-image-size-zero",
+        ["--task", "deepliif", "--dataroot", "{w}/pairs", "--image-size", "0", "--lambda-feat", "0"],
+        "--image-size",
+        "--task deepliif resizes every image to one size",
+    ),
+    (
+        "segment-image-size-zero",
+        ["--task", "segment", "--dataroot", "{w}/empty", "--image-size", "0"],
+        "--image-size",
+        "--task segment resizes every image to one size",
+    ),
     ("one-class", ["--dataroot", "{w}/oneclass"], "--dataroot", "one class (digit3); a classifier needs two"),
     ("ssl-no-train-folder", ["--task", "simclr", "--dataroot", "{w}/empty"], "--dataroot", "class folders optional"),
     ("unreadable-image", ["--dataroot", "{w}/corrupt"], "--dataroot", "broken.png"),
     ("mnist-not-there", ["--dataset", "mnist", "--dataroot", "{w}/empty"], "--dataroot", "--download"),
     ("dataset-needs-dataroot", ["--dataset", "cifar10"], "--dataroot", "required"),
     ("unknown-model", ["--model", "resnet19"], "--model", "resnet18"),
-    ("model-module-missing", ["--model", "no_such_pkg.nets:make"], "--model",
-     "cannot import module 'no_such_pkg.nets' (ModuleNotFoundError: No module named 'no_such_pkg'); phalanx looks "
-     "in the current directory"),
+    (
+        "model-module-missing",
+        ["--model", "no_such_pkg.nets:make"],
+        "--model",
+        "cannot import module 'no_such_pkg.nets' (ModuleNotFoundError: No module named 'no_such_pkg'); phalanx looks "
+        "in the current directory",
+    ),
     ("model-function-missing", ["--model", "json:no_such_function"], "--model", "no function"),
     ("model-function-fails", ["--model", "json:dumps"], "--model", "TypeError"),
     ("model-not-a-module", ["--model", "os:getcwd"], "--model", "not a torch.nn.Module"),
@@ -106,7 +146,12 @@ CASES = [
     ("lr-zero", ["--lr", "0"], "--lr", "positive"),
     ("val-fraction", ["--val-fraction", "1.5"], "--val-fraction", "must be in (0, 1) (got 1.5)"),
     ("config-does-not-parse", ["--config", "{w}/bad.yaml"], "--config", "does not parse"),
-    ("config-unknown-option", ["--config", "{w}/unknown.yaml"], "--config", "unknown.yaml, line 2: unknown option 'learning_rate'"),
+    (
+        "config-unknown-option",
+        ["--config", "{w}/unknown.yaml"],
+        "--config",
+        "unknown.yaml, line 2: unknown option 'learning_rate'",
+    ),
     ("config-not-a-mapping", ["--config", "{w}/list.json"], "--config", "mapping"),
     ("config-missing", ["--config", "{w}/nope.yaml"], "--config", "cannot read"),
     ("run-dir-taken", ["--name", "done"], "--name", "already holds a run"),
@@ -125,22 +170,47 @@ CASES = [
     ("num-classes-too-few", ["--num-classes", "5"], "--num-classes", "fewer than the 10 classes"),
     ("weights-missing", ["--weights", "{w}/nope.pt"], "--weights", "does not exist"),
     ("weights-foreign", ["--weights", "{w}/garbage.pt"], "--weights", "does not load as weights"),
-    ("weights-name-not-cached", ["--weights", "ResNet18_Weights.IMAGENET1K_V1", "--model", "resnet18"], "--weights",
-     "phalanx does not download"),
+    (
+        "weights-name-not-cached",
+        ["--weights", "ResNet18_Weights.IMAGENET1K_V1", "--model", "resnet18"],
+        "--weights",
+        "phalanx does not download",
+    ),
     ("mean-without-std", ["--mean", "0.5"], "--mean", "--std"),
-    ("mean-of-two-channels-for-one", ["--mean", "0.5,0.5", "--std", "0.5,0.5"], "--mean",
-     "has 2 values for 1-channel images"),
-    ("no-gather-of-byol", ["--task", "byol", "--no-gather"], "--no-gather",  # the flag typed, not --gather
-     "is an option of --task simclr or --task barlowtwins or --task vicreg; this run's task is byol"),
-    ("task-option-and-its-flag", ["--task", "simclr", "--temperature", "0.3", "--task-option", "temperature=0.2"],
-     "--task-option", "temperature is given twice, here and as --temperature; give one"),
+    (
+        "mean-of-two-channels-for-one",
+        ["--mean", "0.5,0.5", "--std", "0.5,0.5"],
+        "--mean",
+        "has 2 values for 1-channel images",
+    ),
+    (
+        "no-gather-of-byol",
+        ["--task", "byol", "--no-gather"],
+        "--no-gather",  # the flag typed, not --gather
+        "is an option of --task simclr or --task barlowtwins or --task vicreg; this run's task is byol",
+    ),
+    (
+        "task-option-and-its-flag",
+        ["--task", "simclr", "--temperature", "0.3", "--task-option", "temperature=0.2"],
+        "--task-option",
+        "temperature is given twice, here and as --temperature; give one",
+    ),
     ("crop-scale-zero", ["--crop-scale", "0"], "--crop-scale", "(0, 1]"),
     ("ema-decay-one", ["--ema-decay", "1"], "--ema-decay", "[0, 1)"),
     ("num-workers-word", ["--num-workers", "many"], "--num-workers", "'auto'"),
-    ("checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file, not a directory"),
+    (
+        "checkpoints-dir-is-a-file",
+        ["--checkpoints-dir", "{w}/bad.yaml"],
+        "--checkpoints-dir",
+        "is a file, not a directory",
+    ),
     ("checkpoints-dir-in-proc", ["--checkpoints-dir", "/proc/x"], "--checkpoints-dir", "cannot write /proc/x"),
-    ("image-size-beyond-memory", ["--dataroot", "{w}/corrupt", "--image-size", "100000"], "--image-size",
-     "a batch of 32 image(s) at 100000 px would take at least"),
+    (
+        "image-size-beyond-memory",
+        ["--dataroot", "{w}/corrupt", "--image-size", "100000"],
+        "--image-size",
+        "a batch of 32 image(s) at 100000 px would take at least",
+    ),
     ("lr-inf", ["--lr", "inf"], "--lr", "finite"),
     ("momentum-nan", ["--momentum", "nan", "--weight-decay", "inf", "--print-config"], "--momentum", "finite"),
     ("warmup-inf", ["--warmup-epochs", "inf", "--print-config"], "--warmup-epochs", "finite"),
@@ -150,13 +220,26 @@ CASES = [
     ("nesterov-without-momentum", ["--nesterov", "--momentum", "0"], "--nesterov", "with a momentum"),
     ("min-lr-above-lr", ["--min-lr", "0.5"], "--min-lr", "0.5 is not below --lr 0.1"),
     ("min-lr-without-cosine", ["--min-lr", "0.01", "--lr-schedule", "linear"], "--min-lr", "linear has no floor"),
-    ("vit-at-another-size", ["--model", "vit_b_16", "--image-size", "32"], "--image-size",
-     "--model vit_b_16 is built for 224 px images and takes no other size (this run's are 32 px)"),
+    (
+        "vit-at-another-size",
+        ["--model", "vit_b_16", "--image-size", "32"],
+        "--image-size",
+        "--model vit_b_16 is built for 224 px images and takes no other size (this run's are 32 px)",
+    ),
     ("probe-norm-without-a-frozen-backbone", ["--probe-norm"], "--probe-norm", "needs --freeze-backbone"),
-    ("sync-bn-with-a-frozen-backbone", ["--freeze-backbone", "--sync-bn"], "--sync-bn", "nothing of theirs to synchronise"),
+    (
+        "sync-bn-with-a-frozen-backbone",
+        ["--freeze-backbone", "--sync-bn"],
+        "--sync-bn",
+        "nothing of theirs to synchronise",
+    ),
     ("local-crops-above-global", ["--task", "swav", "--local-scale", "0.5"], "--local-scale", "at most --global-scale"),
-    ("local-crop-larger-than-image", ["--task", "dino", "--image-size", "16", "--local-size", "40"], "--local-size",
-     "larger than the images' 16 px"),
+    (
+        "local-crop-larger-than-image",
+        ["--task", "dino", "--image-size", "16", "--local-size", "40"],
+        "--local-size",
+        "larger than the images' 16 px",
+    ),
     ("crop-scale-to-dino", ["--task", "dino", "--crop-scale", "0.3"], "--crop-scale", "does not use it"),
 ]
 if not torch.cuda.is_available():
@@ -164,28 +247,53 @@ if not torch.cuda.is_available():
 else:
     CASES.append(("gpu-beyond-count", ["--gpu-ids", str(torch.cuda.device_count())], "--gpu-ids", "does not exist"))
 CASES = [("train", *case) for case in CASES]
-CASES += [("trainlaunch", *case) for case in [
-    ("torchrun-unclosed-quote", ["--use-torchrun", '--nproc_per_node "2'], "--use-torchrun", "No closing quotation"),
-    ("torchrun-unknown-option", ["--use-torchrun", "--nproc_per_node 2 --gpus 2"], "--use-torchrun", "unrecognized"),
-    ("torchrun-bad-value", ["--use-torchrun", "--nproc_per_node two"], "--use-torchrun", "torchrun says"),
-    ("torchrun-script", ["--use-torchrun", "--nproc_per_node 2 train.py"], "--use-torchrun", "options only"),
-    ("torchrun-module", ["--use-torchrun", "-m evil"], "--use-torchrun", "options only"),
-    ("nccl-on-cpu", ["--backend", "nccl"], "--backend", "nccl needs GPUs"),
-    ("sync-bn-compiled-on-cpu", ["--sync-bn", "--compile", "--use-torchrun", "--nproc_per_node 2"], "--compile",
-     "not built yet"),
-    ("sync-bn-fsdp-on-cpu", ["--sync-bn", "--strategy", "fsdp", "--use-torchrun", "--nproc_per_node 2"], "--strategy",
-     "not built yet"),
-    ("launch-epochs-zero", ["--epochs", "0", "--use-torchrun", "--nproc_per_node 2"], "--epochs", "positive"),
-    ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
-    ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),
-    ("torchrun-no-workers", ["--use-torchrun", "--nproc_per_node=0"], "--use-torchrun", "at least 1"),
-    ("torchrun-no-nodes", ["--use-torchrun", "--nnodes 0"], "--use-torchrun", "--nnodes"),
-    ("launch-image-size-beyond-memory", ["--image-size", "100000"], "--image-size", "GiB"),
-    ("launch-checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file"),
-    # refused by both workers alike: said once, as `train` says it (a newcomer got a line per rank)
-    ("launch-dataroot-missing", ["--dataroot", "{w}/nope", "--use-torchrun", "--nproc_per_node 2"], "--dataroot",
-     "nope is not a directory"),
-]]
+CASES += [
+    ("trainlaunch", *case)
+    for case in [
+        (
+            "torchrun-unclosed-quote",
+            ["--use-torchrun", '--nproc_per_node "2'],
+            "--use-torchrun",
+            "No closing quotation",
+        ),
+        (
+            "torchrun-unknown-option",
+            ["--use-torchrun", "--nproc_per_node 2 --gpus 2"],
+            "--use-torchrun",
+            "unrecognized",
+        ),
+        ("torchrun-bad-value", ["--use-torchrun", "--nproc_per_node two"], "--use-torchrun", "torchrun says"),
+        ("torchrun-script", ["--use-torchrun", "--nproc_per_node 2 train.py"], "--use-torchrun", "options only"),
+        ("torchrun-module", ["--use-torchrun", "-m evil"], "--use-torchrun", "options only"),
+        ("nccl-on-cpu", ["--backend", "nccl"], "--backend", "nccl needs GPUs"),
+        (
+            "sync-bn-compiled-on-cpu",
+            ["--sync-bn", "--compile", "--use-torchrun", "--nproc_per_node 2"],
+            "--compile",
+            "not built yet",
+        ),
+        (
+            "sync-bn-fsdp-on-cpu",
+            ["--sync-bn", "--strategy", "fsdp", "--use-torchrun", "--nproc_per_node 2"],
+            "--strategy",
+            "not built yet",
+        ),
+        ("launch-epochs-zero", ["--epochs", "0", "--use-torchrun", "--nproc_per_node 2"], "--epochs", "positive"),
+        ("launch-run-dir-taken", ["--name", "done", "--use-torchrun", "--nproc_per_node 2"], "--name", "already holds"),
+        ("dist-timeout-zero", ["--dist-timeout", "0"], "--dist-timeout", "positive"),
+        ("torchrun-no-workers", ["--use-torchrun", "--nproc_per_node=0"], "--use-torchrun", "at least 1"),
+        ("torchrun-no-nodes", ["--use-torchrun", "--nnodes 0"], "--use-torchrun", "--nnodes"),
+        ("launch-image-size-beyond-memory", ["--image-size", "100000"], "--image-size", "GiB"),
+        ("launch-checkpoints-dir-is-a-file", ["--checkpoints-dir", "{w}/bad.yaml"], "--checkpoints-dir", "is a file"),
+        # refused by both workers alike: said once, as `train` says it (a newcomer got a line per rank)
+        (
+            "launch-dataroot-missing",
+            ["--dataroot", "{w}/nope", "--use-torchrun", "--nproc_per_node 2"],
+            "--dataroot",
+            "nope is not a directory",
+        ),
+    ]
+]
 INFERENCE = [
     ("checkpoint-missing", ["--checkpoint", "{w}/nope.pt"], "--checkpoint", "does not exist"),
     ("checkpoint-truncated", ["--checkpoint", "{w}/truncated.pt"], "--checkpoint", "truncated"),
@@ -195,97 +303,259 @@ INFERENCE = [
     ("checkpoint-json", ["--checkpoint", "{w}/list.json"], "--checkpoint", "a JSON file, not a torch checkpoint"),
     ("checkpoint-text", ["--checkpoint", "{w}/bad.yaml"], "--checkpoint", "a text file, not a torch checkpoint"),
 ]
-CASES += [("evaluate", *case) for case in INFERENCE + [
-    ("no-checkpoint", [], "--checkpoint", "Missing option"),
-    # typed without its option, as other tools take it: the option to write
-    ("checkpoint-as-argument", ["{w}/ck/done/latest.pt"], "--checkpoint",
-     "the checkpoint is given as an option: --checkpoint /"),
-    ("eval-knn-k-of-a-classifier", ["--checkpoint", "{w}/ck/done/latest.pt", "--knn-k", "5"], "--knn-k",
-     "--task classify (this checkpoint's) does not read it"),
-    ("eval-dataroot-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"], "--dataroot",
-     "not a directory"),
-    ("eval-output-is-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
-     "--output", "is the checkpoint itself (--checkpoint); write a results JSON elsewhere"),
-    ("eval-output-links-to-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/link.pt",
-                                         "--overwrite"], "--output", "is the checkpoint itself"),
-    ("eval-output-not-ours", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/list.json"], "--output",
-     "is not a results JSON phalanx wrote; pass --overwrite"),
-    ("eval-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/r.json"],
-     "--output", "/nope does not exist"),
-    ("eval-batch-negative", ["--checkpoint", "{w}/ck/done/latest.pt", "--batch-size", "-1"], "--batch-size",
-     "at least 0"),
-]]
-CASES += [("predict", case[0], case[1] + ["{w}/empty", "--output", "{w}/p.csv"], *case[2:]) for case in INFERENCE] + [
-    ("predict", "predict-no-images", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.csv"],
-     "IMAGES", "no image files"),
-    ("predict", "predict-bad-output", ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.txt"],
-     "--output", ".csv or .jsonl"),
-] + [("predict", name, ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/corrupt", "--output", "{w}/p.csv", *args], *rest)
-     for name, args, *rest in [
-    ("predict-top-k-zero", ["--top-k", "0"], "--top-k", "at least 1"),
-    ("predict-batch-zero", ["--batch-size", "0"], "--batch-size", "at least 1"),
-    ("predict-score-above-one", ["--score-threshold", "2"], "--score-threshold", "between 0 and 1"),
-    # A detector's option on a classifier's checkpoint: refused as train refuses another task's option.
-    ("predict-another-tasks-option", ["--score-threshold", "0.5"], "--score-threshold",
-     "--task classify's predict does not read it"),
-    ("predict-top-k-with-features", ["--features", "--top-k", "3"], "--top-k", "predict --features does not read it"),
-    ("predict-features-to-stdout", ["--features", "--output", "-"], "--output", "- (stdout) takes a table of predictions"),
-    ("predict-tile-overlap-negative", ["--tile-overlap", "-5"], "--tile-overlap", "at least 0"),
-    ("predict-tile-overlap-word", ["--tile-overlap", "wide"], "--tile-overlap", "pixels or auto"),
-    ("predict-output-not-ours", ["--output", "{w}/notes.csv"], "--output", "is not a predictions file phalanx wrote"),
-    ("predict-output-folder-missing", ["--output", "{w}/nope/p.csv"], "--output", "/nope does not exist"),
-]]
-CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for case in INFERENCE] + [
-    ("export", "export-bad-format", ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "onnx", "--output", "{w}/m"],
-     "--format", "onnx"),
-    ("export", "export-output-is-checkpoint", ["--checkpoint", "{w}/ck/done/latest.pt", "--output",
-                                               "{w}/ck/done/latest.pt"], "--output",
-     "is the checkpoint itself (--checkpoint); write an export elsewhere"),
-    ("export", "export-output-not-ours", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/foreign.pt"],
-     "--output", "is not an export phalanx wrote; pass --overwrite"),
-    ("export", "export-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/m.ts"],
-     "--output", "/nope does not exist"),
-    ("export", "export-deepliif-of-a-classifier", ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "deepliif",
-                                                   "--output", "{w}/dl"], "--format",
-     "writes --task deepliif's networks; this checkpoint's task is classify"),
+CASES += [
+    ("evaluate", *case)
+    for case in INFERENCE
+    + [
+        ("no-checkpoint", [], "--checkpoint", "Missing option"),
+        # typed without its option, as other tools take it: the option to write
+        (
+            "checkpoint-as-argument",
+            ["{w}/ck/done/latest.pt"],
+            "--checkpoint",
+            "the checkpoint is given as an option: --checkpoint /",
+        ),
+        (
+            "eval-knn-k-of-a-classifier",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--knn-k", "5"],
+            "--knn-k",
+            "--task classify (this checkpoint's) does not read it",
+        ),
+        (
+            "eval-dataroot-missing",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--dataroot", "{w}/nope"],
+            "--dataroot",
+            "not a directory",
+        ),
+        (
+            "eval-output-is-checkpoint",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
+            "--output",
+            "is the checkpoint itself (--checkpoint); write a results JSON elsewhere",
+        ),
+        (
+            "eval-output-links-to-checkpoint",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/link.pt", "--overwrite"],
+            "--output",
+            "is the checkpoint itself",
+        ),
+        (
+            "eval-output-not-ours",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/list.json"],
+            "--output",
+            "is not a results JSON phalanx wrote; pass --overwrite",
+        ),
+        (
+            "eval-output-folder-missing",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/r.json"],
+            "--output",
+            "/nope does not exist",
+        ),
+        (
+            "eval-batch-negative",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--batch-size", "-1"],
+            "--batch-size",
+            "at least 0",
+        ),
+    ]
 ]
-CASES += [("trainlaunch", "fsdp-sharded-upload", ["--strategy", "fsdp", "--remote-transfer", "s3://bucket/runs"],
-           "--fsdp-checkpoints", "uploading sharded checkpoints is not built yet")]
-CASES += [("consolidate", *case) for case in [
-    ("consolidate-missing", ["--checkpoint", "{w}/nope.pt", "--output", "{w}/whole.pt"], "--checkpoint", "does not exist"),
-    ("consolidate-garbage", ["--checkpoint", "{w}/garbage.pt", "--output", "{w}/whole.pt"], "--checkpoint",
-     "not a torch checkpoint"),
-    ("consolidate-output-exists", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
-     "--output", "exists; give a new file name"),
-    ("consolidate-output-folder-missing", ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/w.pt"],
-     "--output", "/nope does not exist"),
-]]
-CASES += [("scale", *case) for case in [
-    ("scale-workers-zero", ["--workers", "0"], "--workers", "1 or more"),
-    ("scale-workers-word", ["--workers", "two"], "--workers", "expected world sizes"),
-    ("scale-strong-uneven", ["--workers", "2", "--scaling", "strong", "--batch-size", "15"], "--workers",
-     "strong scaling splits --batch-size 15 over 2 workers"),
-    ("scale-steps-zero", ["--steps", "0"], "--steps", "1 or more"),
-    ("scale-repeats-zero", ["--repeats", "0"], "--steps", "--repeats are 1 or more"),
-    ("scale-pickle-dir-taken", ["--scale-pickle-dir", "{w}/ck/done/pickle"], "--scale-pickle-dir",
-     "holds snapshots already"),
-]]
-CASES += [("visualize", *case) for case in [
-    ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
-    ("pickle-dir-file", ["--pickle_dir", "{w}/bad.yaml", "--once"], "--pickle-dir", "is a file, not a folder of snapshots"),
-    ("pickle-dir-file-live", ["--pickle-dir", "{w}/list.json"], "--pickle-dir", "is a file, not a folder of snapshots"),
-    ("pickle-dir-garbage", ["--pickle-dir", "{w}/garbage_pickles", "--once"], "--pickle-dir", "no complete snapshot"),
-    ("pickle-dir-hostile", ["--pickle-dir", "{w}/hostile_pickles", "--once"], "--pickle-dir", "refers to os.system"),
-    ("pickle-dir-empty", ["--pickle-dir", "{w}/empty", "--once"], "--pickle-dir", "no complete snapshot"),
-    ("pickle-dir-not-s3", ["--pickle-dir", "s3:///prefix", "--once"], "--pickle-dir", "s3://bucket"),
-    ("port-zero", ["--pickle-dir", "{w}/empty", "--port", "0"], "--port", "0"),
-    ("interval-zero", ["--pickle-dir", "{w}/empty", "--interval", "0"], "--interval", "0"),
-    ("no-pickle-dir", ["--once"], "--pickle-dir", "Missing option"),
-]]
+CASES += (
+    [("predict", case[0], case[1] + ["{w}/empty", "--output", "{w}/p.csv"], *case[2:]) for case in INFERENCE]
+    + [
+        (
+            "predict",
+            "predict-no-images",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.csv"],
+            "IMAGES",
+            "no image files",
+        ),
+        (
+            "predict",
+            "predict-bad-output",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/images", "--output", "{w}/p.txt"],
+            "--output",
+            ".csv or .jsonl",
+        ),
+    ]
+    + [
+        (
+            "predict",
+            name,
+            ["--checkpoint", "{w}/ck/done/latest.pt", "{w}/corrupt", "--output", "{w}/p.csv", *args],
+            *rest,
+        )
+        for name, args, *rest in [
+            ("predict-top-k-zero", ["--top-k", "0"], "--top-k", "at least 1"),
+            ("predict-batch-zero", ["--batch-size", "0"], "--batch-size", "at least 1"),
+            ("predict-score-above-one", ["--score-threshold", "2"], "--score-threshold", "between 0 and 1"),
+            # A detector's option on a classifier's checkpoint: refused as train refuses another task's option.
+            (
+                "predict-another-tasks-option",
+                ["--score-threshold", "0.5"],
+                "--score-threshold",
+                "--task classify's predict does not read it",
+            ),
+            (
+                "predict-top-k-with-features",
+                ["--features", "--top-k", "3"],
+                "--top-k",
+                "predict --features does not read it",
+            ),
+            (
+                "predict-features-to-stdout",
+                ["--features", "--output", "-"],
+                "--output",
+                "- (stdout) takes a table of predictions",
+            ),
+            ("predict-tile-overlap-negative", ["--tile-overlap", "-5"], "--tile-overlap", "at least 0"),
+            ("predict-tile-overlap-word", ["--tile-overlap", "wide"], "--tile-overlap", "pixels or auto"),
+            (
+                "predict-output-not-ours",
+                ["--output", "{w}/notes.csv"],
+                "--output",
+                "is not a predictions file phalanx wrote",
+            ),
+            ("predict-output-folder-missing", ["--output", "{w}/nope/p.csv"], "--output", "/nope does not exist"),
+        ]
+    ]
+)
+CASES += [("export", case[0], case[1] + ["--output", "{w}/m.ts"], *case[2:]) for case in INFERENCE] + [
+    (
+        "export",
+        "export-bad-format",
+        ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "onnx", "--output", "{w}/m"],
+        "--format",
+        "onnx",
+    ),
+    (
+        "export",
+        "export-output-is-checkpoint",
+        ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
+        "--output",
+        "is the checkpoint itself (--checkpoint); write an export elsewhere",
+    ),
+    (
+        "export",
+        "export-output-not-ours",
+        ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/foreign.pt"],
+        "--output",
+        "is not an export phalanx wrote; pass --overwrite",
+    ),
+    (
+        "export",
+        "export-output-folder-missing",
+        ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/m.ts"],
+        "--output",
+        "/nope does not exist",
+    ),
+    (
+        "export",
+        "export-deepliif-of-a-classifier",
+        ["--checkpoint", "{w}/ck/done/latest.pt", "--format", "deepliif", "--output", "{w}/dl"],
+        "--format",
+        "writes --task deepliif's networks; this checkpoint's task is classify",
+    ),
+]
+CASES += [
+    (
+        "trainlaunch",
+        "fsdp-sharded-upload",
+        ["--strategy", "fsdp", "--remote-transfer", "s3://bucket/runs"],
+        "--fsdp-checkpoints",
+        "uploading sharded checkpoints is not built yet",
+    )
+]
+CASES += [
+    ("consolidate", *case)
+    for case in [
+        (
+            "consolidate-missing",
+            ["--checkpoint", "{w}/nope.pt", "--output", "{w}/whole.pt"],
+            "--checkpoint",
+            "does not exist",
+        ),
+        (
+            "consolidate-garbage",
+            ["--checkpoint", "{w}/garbage.pt", "--output", "{w}/whole.pt"],
+            "--checkpoint",
+            "not a torch checkpoint",
+        ),
+        (
+            "consolidate-output-exists",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/ck/done/latest.pt"],
+            "--output",
+            "exists; give a new file name",
+        ),
+        (
+            "consolidate-output-folder-missing",
+            ["--checkpoint", "{w}/ck/done/latest.pt", "--output", "{w}/nope/w.pt"],
+            "--output",
+            "/nope does not exist",
+        ),
+    ]
+]
+CASES += [
+    ("scale", *case)
+    for case in [
+        ("scale-workers-zero", ["--workers", "0"], "--workers", "1 or more"),
+        ("scale-workers-word", ["--workers", "two"], "--workers", "expected world sizes"),
+        (
+            "scale-strong-uneven",
+            ["--workers", "2", "--scaling", "strong", "--batch-size", "15"],
+            "--workers",
+            "strong scaling splits --batch-size 15 over 2 workers",
+        ),
+        ("scale-steps-zero", ["--steps", "0"], "--steps", "1 or more"),
+        ("scale-repeats-zero", ["--repeats", "0"], "--steps", "--repeats are 1 or more"),
+        (
+            "scale-pickle-dir-taken",
+            ["--scale-pickle-dir", "{w}/ck/done/pickle"],
+            "--scale-pickle-dir",
+            "holds snapshots already",
+        ),
+    ]
+]
+CASES += [
+    ("visualize", *case)
+    for case in [
+        ("pickle-dir-missing", ["--pickle_dir", "{w}/nope", "--once"], "--pickle-dir", "does not exist"),
+        (
+            "pickle-dir-file",
+            ["--pickle_dir", "{w}/bad.yaml", "--once"],
+            "--pickle-dir",
+            "is a file, not a folder of snapshots",
+        ),
+        (
+            "pickle-dir-file-live",
+            ["--pickle-dir", "{w}/list.json"],
+            "--pickle-dir",
+            "is a file, not a folder of snapshots",
+        ),
+        (
+            "pickle-dir-garbage",
+            ["--pickle-dir", "{w}/garbage_pickles", "--once"],
+            "--pickle-dir",
+            "no complete snapshot",
+        ),
+        (
+            "pickle-dir-hostile",
+            ["--pickle-dir", "{w}/hostile_pickles", "--once"],
+            "--pickle-dir",
+            "refers to os.system",
+        ),
+        ("pickle-dir-empty", ["--pickle-dir", "{w}/empty", "--once"], "--pickle-dir", "no complete snapshot"),
+        ("pickle-dir-not-s3", ["--pickle-dir", "s3:///prefix", "--once"], "--pickle-dir", "s3://bucket"),
+        ("port-zero", ["--pickle-dir", "{w}/empty", "--port", "0"], "--port", "0"),
+        ("interval-zero", ["--pickle-dir", "{w}/empty", "--interval", "0"], "--interval", "0"),
+        ("no-pickle-dir", ["--once"], "--pickle-dir", "Missing option"),
+    ]
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES])
+@pytest.mark.parametrize(
+    "command, args, option, words", [c[:1] + c[2:] for c in CASES], ids=[f"{c[0]}:{c[1]}" for c in CASES]
+)
 def test_bad_input_is_one_line_and_writes_nothing(phalanx, world, command, args, option, words):
     before, threads = snapshot_tree(world), os.environ.get("OMP_NUM_THREADS")
     extra = ["--checkpoints-dir", world / "ck"] if command in ("train", "trainlaunch") else []

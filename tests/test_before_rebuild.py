@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import REPO, records
 
 FIXTURES = REPO / "tests" / "fixtures" / "before-rebuild"
@@ -54,7 +53,14 @@ def test_a_translation_checkpoint_predicts(runs, phalanx, tmp_path):
 
     (tmp_path / "in").mkdir()
     Image.new("L", (16, 16), 128).save(tmp_path / "in/a.png")
-    predicted = phalanx("predict", "--checkpoint", runs / "translate/latest.pt", tmp_path / "in", "--output",
-                        tmp_path / "out", "--no-progress")
+    predicted = phalanx(
+        "predict",
+        "--checkpoint",
+        runs / "translate/latest.pt",
+        tmp_path / "in",
+        "--output",
+        tmp_path / "out",
+        "--no-progress",
+    )
     assert predicted.code == 0, predicted.err
     assert [p.name for p in (tmp_path / "out").rglob("*.png")]

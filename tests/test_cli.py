@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import snapshot_tree
-from phalanx.config import RunConfig
+
 from phalanx.checkpoint.rundir import read_metrics
+from phalanx.config import RunConfig
 
 PHALANX = Path(sys.executable).with_name("phalanx")  # the console script, as a user runs it
 
@@ -25,8 +25,15 @@ def test_bare_phalanx_prints_its_help_as_help(phalanx):
 
 def test_each_commands_help_is_grouped_and_says_what_the_option_means_there(phalanx):
     train, launch = phalanx("train", "--help").out, phalanx("trainlaunch", "--help").out
-    for heading in ("Run options:", "Data options:", "Model options:", "Optimisation options:",
-                    "Devices and processes options:", "Output options:", "Remote storage options:"):
+    for heading in (
+        "Run options:",
+        "Data options:",
+        "Model options:",
+        "Optimisation options:",
+        "Devices and processes options:",
+        "Output options:",
+        "Remote storage options:",
+    ):
         assert heading in train and heading in launch
     flat_train, flat_launch = " ".join(train.split()), " ".join(launch.split())
     assert "DataParallel" in flat_train and "Batch size per worker" in flat_launch
@@ -44,8 +51,9 @@ def test_gpu_ids_take_a_comma_list_as_well_as_repeated_flags():
 
 
 def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx, tmp_path):
-    result = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 64, "--image-size", 32,
-                     "--checkpoints-dir", tmp_path)
+    result = phalanx(
+        "train", "--dry-run", "--gpu-ids", "0,1", "--batch-size", 64, "--image-size", 32, "--checkpoints-dir", tmp_path
+    )
     assert result.code == 0, result.err
     assert "DataParallel over cuda:0, cuda:1" in result.out
     assert "batch size: 64 per process, 64 effective" in result.out
@@ -56,8 +64,23 @@ def test_train_dry_run_plans_without_writing_and_warns_about_absent_gpus(phalanx
     if not torch.cuda.is_available():
         assert "warning: --gpu-ids: GPU 0 asked for, but CUDA is not available here" in result.out
     assert list(tmp_path.iterdir()) == []
-    linear = phalanx("train", "--dry-run", "--gpu-ids", "0,1", "--scale-lr", "linear", "--checkpoints-dir", tmp_path,
-                     "--clip-grad", 0.5, "--clip-mode", "value", "--augment", "randaugment", "--no-hflip")
+    linear = phalanx(
+        "train",
+        "--dry-run",
+        "--gpu-ids",
+        "0,1",
+        "--scale-lr",
+        "linear",
+        "--checkpoints-dir",
+        tmp_path,
+        "--clip-grad",
+        0.5,
+        "--clip-mode",
+        "value",
+        "--augment",
+        "randaugment",
+        "--no-hflip",
+    )
     assert "learning rate: 0.2" in linear.out and "; gradients clipped to 0.5 (each element)" in linear.out
     assert "clipped" not in result.out
     # the policy named (the line said "random crop" alone)
@@ -87,8 +110,9 @@ def test_dry_run_says_what_would_happen_to_an_existing_run(phalanx, tmp_path):
         weighed = phalanx("train", "--dry-run", "--name", "ft", "--weights", trained, "--checkpoints-dir", tmp_path)
     assert weighed.code == 0 and f"weights {trained}: 8 tensors loaded, 0 replaced" in weighed.out, weighed.err
     assert not [w for w in warned if "meta" in str(w.message)]  # torch's, of copies into meta tensors: said 8 times
-    other = phalanx("train", "--dry-run", "--name", "ft", "--weights", trained, "--model", "resnet18",
-                    "--checkpoints-dir", tmp_path)
+    other = phalanx(
+        "train", "--dry-run", "--name", "ft", "--weights", trained, "--model", "resnet18", "--checkpoints-dir", tmp_path
+    )
     assert other.code == 2 and other.err.startswith("phalanx: --weights: no tensor in "), other.err
     assert snapshot_tree(tmp_path) == before
 
@@ -103,8 +127,9 @@ def test_print_config_writes_yaml_that_config_reads_back(phalanx, tmp_path, comm
     assert again.out == printed.out
     import yaml
 
-    assert RunConfig.flat(**yaml.safe_load(printed.out)) == RunConfig.flat(lr=0.03, gpu_ids=(0, 1), optimizer="adamw",
-                                                                 name="x y", pickle_dir="p")
+    assert RunConfig.flat(**yaml.safe_load(printed.out)) == RunConfig.flat(
+        lr=0.03, gpu_ids=(0, 1), optimizer="adamw", name="x y", pickle_dir="p"
+    )
 
 
 @pytest.mark.slow
@@ -112,34 +137,60 @@ def test_train_finds_user_modules_in_the_current_directory_as_trainlaunch_does(t
     (tmp_path / "mymodel.py").write_text(
         "import torch.nn as nn\n"
         "def make(num_classes):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n"
+    )
     (tmp_path / "mysave.py").write_text(
-        "def save(path):\n"
-        "    with open('saved.txt', 'a') as fh:\n"
-        "        fh.write(path + '\\n')\n")
+        "def save(path):\n    with open('saved.txt', 'a') as fh:\n        fh.write(path + '\\n')\n"
+    )
     args = ["--model", "mymodel:make", "--remote-transfer-cmd", "mysave.save", "--epochs", 1, "--no-progress"]
-    for command in (["train", "--name", "single"],
-                    ["trainlaunch", "--name", "ddp", "--use-torchrun", "--nproc_per_node 1"]):
-        result = subprocess.run([str(PHALANX), *command, *map(str, args)], cwd=tmp_path, capture_output=True,
-                                text=True, timeout=240)
+    for command in (
+        ["train", "--name", "single"],
+        ["trainlaunch", "--name", "ddp", "--use-torchrun", "--nproc_per_node 1"],
+    ):
+        result = subprocess.run(
+            [str(PHALANX), *command, *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
         assert result.returncode == 0, result.stderr
     saved = (tmp_path / "saved.txt").read_text().split()
     assert {"checkpoints/single/latest.pt", "checkpoints/ddp/latest.pt"} <= set(saved)
-    assert [r["epoch"] for r in read_metrics(tmp_path / "checkpoints/single/metrics.jsonl") if r["kind"] == "val"] == [1]
+    assert [r["epoch"] for r in read_metrics(tmp_path / "checkpoints/single/metrics.jsonl") if r["kind"] == "val"] == [
+        1
+    ]
 
 
 def test_a_dry_run_allocates_no_network_and_no_generated_images_too_large_for_memory(phalanx, tmp_path):
     # Both used to be allocated for real: a fuzzed dry run took 24 GB and the OOM killer.
-    huge = phalanx("train", "--dry-run", "--task", "simclr", "--hidden-dim", 1000000, "--projection-dim", 1000000,
-                   "--checkpoints-dir", tmp_path)
+    huge = phalanx(
+        "train",
+        "--dry-run",
+        "--task",
+        "simclr",
+        "--hidden-dim",
+        1000000,
+        "--projection-dim",
+        1000000,
+        "--checkpoints-dir",
+        tmp_path,
+    )
     assert huge.code == 0 and "network projector: Sequential, 1,000,131,000,000 parameters" in huge.out
     large = phalanx("train", "--dry-run", "--image-size", 3000, "--checkpoints-dir", tmp_path)
     assert large.code == 2 and large.err.startswith("phalanx: --image-size: the built-in digits at 3000 px")
     # Synthetic data is bounded by the machine's memory: a million images at 512 px (3 TiB) is refused.
-    synthetic = phalanx("train", "--dry-run", "--dataset", "synthetic", "--synthetic-samples", 1000000,
-                        "--image-size", 512, "--checkpoints-dir", tmp_path)
+    synthetic = phalanx(
+        "train",
+        "--dry-run",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        1000000,
+        "--image-size",
+        512,
+        "--checkpoints-dir",
+        tmp_path,
+    )
     assert synthetic.code == 2 and synthetic.err.startswith(
-        "phalanx: --synthetic-samples: synthetic data (1000000 images at 512 px) would take 2930 GiB in memory")
+        "phalanx: --synthetic-samples: synthetic data (1000000 images at 512 px) would take 2930 GiB in memory"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -156,37 +207,56 @@ def test_task_option_beats_a_config_files_key_and_a_files_false_flag_is_named_by
     refused = phalanx("train", "--config", tmp_path / "g.yaml", "--print-config")
     assert refused.code == 2 and refused.err.strip() == (
         f"phalanx: --config {tmp_path / 'g.yaml'}, line 2: gather: is an option of --task simclr or --task barlowtwins "
-        "or --task vicreg; this run's task is byol"), refused.err
+        "or --task vicreg; this run's task is byol"
+    ), refused.err
 
 
 def test_flags_of_timm_torchvision_and_lightning_are_answered_with_phalanxs_name_for_them(phalanx):
     # click's own suggestion guesses from the letters ("--amp": did you mean --name?); where the
     # command has the thing under another name, the line names it, and only there.
-    cases = [("train", ["--amp"], "No such option '--amp': phalanx's is --precision bf16 (or fp16"),
-             ("train", ["--gradient_clip_val", "1"], "No such option '--gradient_clip_val': phalanx's is --clip-grad MAX"),
-             ("trainlaunch", ["-b", "8"], "No such option '-b': phalanx's is --batch-size"),
-             ("train", ["--test-only"], "No such option '--test-only': phalanx's is phalanx evaluate --checkpoint PATH"),
-             ("train", ["--precision", "bf16-mixed"], "--precision: 'bf16-mixed' is phalanx's bf16 (one of fp32"),
-             ("train", ["--precision=16-mixed"], "--precision: '16-mixed' is phalanx's fp16 (one of fp32"),
-             ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
-             ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?"),  # evaluate has no --precision
-             # --label-smoothing is classify's: no answer for segment's run, nor a guess at it
-             ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'."),
-             # DINO's and Lightly's names, for the task that has the option (the default task has none)
-             ("train", ["--task", "dino", "--use_bn_in_head"], "No such option '--use_bn_in_head': phalanx's is --head-norm"),
-             ("train", ["--task", "moco", "--memory-bank-size", "8"], "No such option '--memory-bank-size': phalanx's is "
-              "--queue-size"),
-             # click's guess, less other tasks' options (DINO's --warmup-teacher-temp is no answer for classify)
-             ("train", ["--momentum-teacher", "0.9"], "No such option '--momentum-teacher'. Did you mean '--momentum'?"),
-             ("scale", ["--gan-mod", "x"], "No such option '--gan-mod'."),  # --gan-mode is DeepLIIF's
-             ("train", ["--task", "deepliif", "--gan-mod", "x"], "No such option '--gan-mod'. (Did you mean one of: "
-              "'--gan-mode', '--gan-mode-s'?)"),
-             # torchrun's and Lightning's process counts: where this command takes them
-             ("scale", ["--nodes", "-1"], "No such option '--nodes': phalanx scale's world sizes are --workers"),
-             ("trainlaunch", ["--nnodes", "2"], "No such option '--nnodes': it is torchrun's: give it inside "
-              "--use-torchrun"),
-             ("train", ["--num_nodes", "2"], "No such option '--num_nodes': several processes or nodes are phalanx "
-              "trainlaunch's")]
+    cases = [
+        ("train", ["--amp"], "No such option '--amp': phalanx's is --precision bf16 (or fp16"),
+        ("train", ["--gradient_clip_val", "1"], "No such option '--gradient_clip_val': phalanx's is --clip-grad MAX"),
+        ("trainlaunch", ["-b", "8"], "No such option '-b': phalanx's is --batch-size"),
+        ("train", ["--test-only"], "No such option '--test-only': phalanx's is phalanx evaluate --checkpoint PATH"),
+        ("train", ["--precision", "bf16-mixed"], "--precision: 'bf16-mixed' is phalanx's bf16 (one of fp32"),
+        ("train", ["--precision=16-mixed"], "--precision: '16-mixed' is phalanx's fp16 (one of fp32"),
+        ("evaluate", ["--test-only"], "No such option '--test-only'."),  # evaluate is what it asks for
+        ("evaluate", ["--amp"], "No such option '--amp'. Did you mean '--ema'?"),  # evaluate has no --precision
+        # --label-smoothing is classify's: no answer for segment's run, nor a guess at it
+        ("train", ["--task", "segment", "--smoothing", "0.1"], "No such option '--smoothing'."),
+        # DINO's and Lightly's names, for the task that has the option (the default task has none)
+        (
+            "train",
+            ["--task", "dino", "--use_bn_in_head"],
+            "No such option '--use_bn_in_head': phalanx's is --head-norm",
+        ),
+        (
+            "train",
+            ["--task", "moco", "--memory-bank-size", "8"],
+            "No such option '--memory-bank-size': phalanx's is --queue-size",
+        ),
+        # click's guess, less other tasks' options (DINO's --warmup-teacher-temp is no answer for classify)
+        ("train", ["--momentum-teacher", "0.9"], "No such option '--momentum-teacher'. Did you mean '--momentum'?"),
+        ("scale", ["--gan-mod", "x"], "No such option '--gan-mod'."),  # --gan-mode is DeepLIIF's
+        (
+            "train",
+            ["--task", "deepliif", "--gan-mod", "x"],
+            "No such option '--gan-mod'. (Did you mean one of: '--gan-mode', '--gan-mode-s'?)",
+        ),
+        # torchrun's and Lightning's process counts: where this command takes them
+        ("scale", ["--nodes", "-1"], "No such option '--nodes': phalanx scale's world sizes are --workers"),
+        (
+            "trainlaunch",
+            ["--nnodes", "2"],
+            "No such option '--nnodes': it is torchrun's: give it inside --use-torchrun",
+        ),
+        (
+            "train",
+            ["--num_nodes", "2"],
+            "No such option '--num_nodes': several processes or nodes are phalanx trainlaunch's",
+        ),
+    ]
     for command, args, line in cases:
         result = phalanx(command, *args)
         lines = result.err.strip().splitlines()

@@ -11,9 +11,11 @@ from conftest import REPO
 
 PACKAGE = REPO / "phalanx"
 # A word spelled as a task's name with another meaning, where it is meant so.
-OTHER_MEANINGS = {("records/snapshots.py", "segment"): "a part of a run's snapshot history",
-                  ("visualize/sources.py", "segment"): "a part of a run's snapshot history",
-                  ("config/sections.py", "deepliif"): "the DeepLIIF project, whose --remote flag phalanx accepts"}
+OTHER_MEANINGS = {
+    ("records/snapshots.py", "segment"): "a part of a run's snapshot history",
+    ("visualize/sources.py", "segment"): "a part of a run's snapshot history",
+    ("config/sections.py", "deepliif"): "the DeepLIIF project, whose --remote flag phalanx accepts",
+}
 # The registry lists the task folders by name: a new built-in task is its folder and one line there.
 REGISTRY = "config/registry.py"
 
@@ -28,16 +30,29 @@ def words_in_code(path: Path) -> list[tuple[int, str]]:
     """(line, word) of every identifier part and every word of a string in the module's code:
     docstrings and comments are prose and are left out."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             found += [(node.lineno, word.lower()) for word in re.findall(r"[A-Za-z0-9]+", node.value)]
-        names = [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) else \
-            [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
-            [a.asname or a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+        names = (
+            [node.id]
+            if isinstance(node, ast.Name)
+            else [node.attr]
+            if isinstance(node, ast.Attribute)
+            else [node.name]
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            else [a.asname or a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         found += [(node.lineno, part.lower()) for name in names for part in name.split("_")]
     return found
 
@@ -50,8 +65,11 @@ def test_no_module_outside_tasks_names_a_built_in_task():
         relative = path.relative_to(PACKAGE).as_posix()
         if relative.startswith("tasks/") or relative == REGISTRY:
             continue
-        leaks += [f"phalanx/{relative}:{line}: {word}" for line, word in words_in_code(path)
-                  if word in names and (relative, word) not in OTHER_MEANINGS]
+        leaks += [
+            f"phalanx/{relative}:{line}: {word}"
+            for line, word in words_in_code(path)
+            if word in names and (relative, word) not in OTHER_MEANINGS
+        ]
     assert not leaks, "\n".join(leaks)
 
 
@@ -92,25 +110,48 @@ def test_every_hook_of_the_task_contract_is_typed_and_none_with_any():
     assert "Any" not in (PACKAGE / "tasks" / "base.py").read_text()
 
 
-DECLARED = ("loss_names", "metrics", "primary_model", "best_metric", "ema_models", "metric_labels",
-            "manual_optimization", "find_unused_parameters")
+DECLARED = (
+    "loss_names",
+    "metrics",
+    "primary_model",
+    "best_metric",
+    "ema_models",
+    "metric_labels",
+    "manual_optimization",
+    "find_unused_parameters",
+)
 
 
 def assignments_to_declarations(text: str) -> list[str]:
     """``self.<declaration> = ...`` anywhere in ``text``: a declaration changed on the instance."""
     found = []
     for node in ast.walk(ast.parse(text)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-        found += [f"{node.lineno}: self.{t.attr}" for t in targets if isinstance(t, ast.Attribute)
-                  and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in DECLARED]
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
+        found += [
+            f"{node.lineno}: self.{t.attr}"
+            for t in targets
+            if isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name)
+            and t.value.id == "self"
+            and t.attr in DECLARED
+        ]
     return found
 
 
 def test_declarations_are_made_once_and_never_changed_on_the_instance():
     # translate set loss_names/primary_model/ema_models in build_data, ssl best_metric, detect
     # loss_names in build_models: what the trainer read depended on the order of the calls.
-    paths = [*sorted((PACKAGE / "tasks").glob("*.py")), *sorted((REPO / "examples").rglob("*.py")),
-             REPO / "tests" / "support" / "phalanx_testtasks.py"]
+    paths = [
+        *sorted((PACKAGE / "tasks").glob("*.py")),
+        *sorted((REPO / "examples").rglob("*.py")),
+        REPO / "tests" / "support" / "phalanx_testtasks.py",
+    ]
     changed = [f"{path.name}:{line}" for path in paths for line in assignments_to_declarations(path.read_text())]
     assert not changed, changed
     assert assignments_to_declarations("class T:\n    def build_data(self):\n        self.loss_names = ('a',)\n")
@@ -132,8 +173,18 @@ def test_a_declaration_follows_the_data_and_is_frozen(tmp_path):
 
     for i in range(4):  # input | target 1 | target 2, side by side
         Image.fromarray((torch.rand(8, 24, 3) * 255).to(torch.uint8).numpy()).save(root / f"{i}.png")
-    task = task_class("translate")(from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"),
-                                                 "image_size": 8, "generator": "unet_8", "d_layers": 1}, "test"))
+    task = task_class("translate")(
+        from_mapping(
+            {
+                "task": "translate",
+                "dataroot": str(tmp_path / "pairs"),
+                "image_size": 8,
+                "generator": "unet_8",
+                "d_layers": 1,
+            },
+            "test",
+        )
+    )
     class_view = (task.primary_model, task.loss_names)
     declared = task.declare(task.build_data(), {})
     assert declared.primary_model == "generator1" and declared.ema_models == ("generator1", "generator2")
@@ -153,19 +204,22 @@ def test_the_config_is_frozen_sections_that_read_and_write_flat_as_before():
     import pytest
     import torch
 
-    from phalanx.distributed import devices
-    from phalanx.train import optim
     from phalanx.config import FIELDS, RunConfig, from_mapping
     from phalanx.data import sources, transforms
+    from phalanx.distributed import devices
     from phalanx.errors import PhalanxError
+    from phalanx.train import optim
 
     # The flat configuration of a format-2 checkpoint (before tasks and sections): read into
     # sections, written back flat, every key as it was.
     old = torch.load(REPO / "tests" / "fixtures" / "v2" / "latest.pt", weights_only=True)["config"]
     cfg = from_mapping(old, "test")
     assert cfg.optim.lr == old["lr"] and cfg.schedule.epochs == old["epochs"] == 1 and cfg.optim.batch_size == 64
-    general = {k: list(v) if isinstance(v, tuple) else v for k, v in old.items()
-               if k in FIELDS and k not in ("dataroot", "task_options")}
+    general = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in old.items()
+        if k in FIELDS and k not in ("dataroot", "task_options")
+    }
     assert cfg.to_dict().keys() == FIELDS.keys() and {k: cfg.to_dict()[k] for k in general} == general
     assert cfg.task_options["label_smoothing"] == old["label_smoothing"] == 0.1  # a task's option, then flat
     assert RunConfig.flat(**cfg.to_dict()) == cfg == RunConfig.from_json(cfg.to_json())
@@ -175,9 +229,14 @@ def test_the_config_is_frozen_sections_that_read_and_write_flat_as_before():
     with pytest.raises(PhalanxError, match="--weight-decay: expected a finite number"):
         cfg.replace(weight_decay=float("inf"))  # a section checks its own fields when it is made
     # Helpers take the section they read, not the whole run.
-    for helper, section in ((optim.lr_factor, "ScheduleOptions"), (optim.build_optimizer, "OptimOptions"),
-                            (transforms.resolve, "DataOptions"), (transforms.normalisation, "DataOptions"),
-                            (transforms.build, "DataOptions"), (sources.load, "DataOptions"),
-                            (devices.local_rank_device, "DeviceOptions")):
+    for helper, section in (
+        (optim.lr_factor, "ScheduleOptions"),
+        (optim.build_optimizer, "OptimOptions"),
+        (transforms.resolve, "DataOptions"),
+        (transforms.normalisation, "DataOptions"),
+        (transforms.build, "DataOptions"),
+        (sources.load, "DataOptions"),
+        (devices.local_rank_device, "DeviceOptions"),
+    ):
         annotations = [str(a) for a in helper.__annotations__.values()]
         assert section in annotations and "RunConfig" not in " ".join(annotations), helper.__name__

@@ -7,18 +7,33 @@ from __future__ import annotations
 import json
 import warnings
 
+import deepliif_reference as reference
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
-import deepliif_reference as reference
-from phalanx.errors import PhalanxError
 from conftest import records, run_phalanx
 from phalanx_testdata import deepliif_samples
+from PIL import Image
 
-SMALL = ["--task", "deepliif", "--image-size", 32, "--net-g", "resnet_2blocks", "--net-gs", "unet_32", "--ngf", 4,
-         "--ndf", 4, "--d-layers", 2, "--no-progress"]
+from phalanx.errors import PhalanxError
+
+SMALL = [
+    "--task",
+    "deepliif",
+    "--image-size",
+    32,
+    "--net-g",
+    "resnet_2blocks",
+    "--net-gs",
+    "unet_32",
+    "--ngf",
+    4,
+    "--ndf",
+    4,
+    "--d-layers",
+    2,
+    "--no-progress",
+]
 
 
 def panels(folder) -> torch.Tensor:
@@ -26,9 +41,9 @@ def panels(folder) -> torch.Tensor:
     in float32, as the data set hands them over, then widened)."""
     found = []
     for path in sorted(folder.glob("*.png")):
-        pixels = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / np.float32(127.5) - np.float32(1))
+        pixels = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / np.float32(127.5) - np.float32(1)
         side = pixels.shape[0]
-        found.append([pixels[:, i * side:(i + 1) * side].transpose(2, 0, 1) for i in range(pixels.shape[1] // side)])
+        found.append([pixels[:, i * side : (i + 1) * side].transpose(2, 0, 1) for i in range(pixels.shape[1] // side)])
     return torch.tensor(np.array(found)).double()
 
 
@@ -55,12 +70,15 @@ def random_vgg(torch_home) -> torch.nn.Sequential:
     return features
 
 
-@pytest.mark.parametrize("name, norm, padding, size, ngf", [
-    ("resnet_9blocks", "batch", "zero", 32, 4),  # deepliif train's defaults
-    ("resnet_6blocks", "instance", "reflect", 32, 4),
-    ("unet_32", "none", "zero", 64, 4),
-    ("unet_512", "batch", "zero", 512, 1),  # the segmentation generators' default, at its size
-])
+@pytest.mark.parametrize(
+    "name, norm, padding, size, ngf",
+    [
+        ("resnet_9blocks", "batch", "zero", 32, 4),  # deepliif train's defaults
+        ("resnet_6blocks", "instance", "reflect", 32, 4),
+        ("unet_32", "none", "zero", 64, 4),
+        ("unet_512", "batch", "zero", 512, 1),  # the segmentation generators' default, at its size
+    ],
+)
 def test_deepliifs_files_load_into_phalanxs_networks_which_compute_the_same(tmp_path, name, norm, padding, size, ngf):
     from phalanx.tasks.deepliif.nets import discriminator, generator
 
@@ -81,8 +99,9 @@ def test_deepliifs_files_load_into_phalanxs_networks_which_compute_the_same(tmp_
 
 
 @pytest.mark.slow
-def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deepliifs_own_step_does(tmp_path, phalanx,
-                                                                                                  monkeypatch):
+def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deepliifs_own_step_does(
+    tmp_path, phalanx, monkeypatch
+):
     """float64, instance norm, no dropout, the VGG loss on: DeepLIIF's model writes its files, phalanx
     starts from them (--weights DIR) and trains 2 steps of 4 samples as one process and as 2 DDP
     workers x 2; DeepLIIF's ``optimize_parameters`` takes the same 2 steps. Every weight and the
@@ -92,8 +111,17 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     random_vgg(tmp_path / "torch")
-    opt = reference.options(ngf=4, ndf=4, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, norm="instance",
-                            no_dropout=True, checkpoints_dir=str(tmp_path), name="deepliif")
+    opt = reference.options(
+        ngf=4,
+        ndf=4,
+        netG="resnet_2blocks",
+        net_gs="unet_32",
+        n_layers_D=2,
+        norm="instance",
+        no_dropout=True,
+        checkpoints_dir=str(tmp_path),
+        name="deepliif",
+    )
     torch.manual_seed(0)
     model = reference.modules().model.DeepLIIFModel(opt)
     nets = {name: getattr(model, f"net{name}").double() for name in model.model_names}
@@ -104,11 +132,39 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     start = {name: {k: v.clone() for k, v in net.state_dict().items()} for name, net in nets.items()}
 
     data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 4, "val": 2})
-    common = [*SMALL, "--dataroot", data, "--norm", "instance", "--no-dropout", "--augment", "none", "--precision",
-              "fp64", "--lr-schedule", "constant", "--epochs", 2, "--weights", tmp_path / "deepliif",
-              "--checkpoints-dir", tmp_path / "ck", "--log-every", 1]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 2, *common, "--use-torchrun",
-                      "--nproc-per-node=2", env={"TORCH_HOME": str(tmp_path / "torch")})
+    common = [
+        *SMALL,
+        "--dataroot",
+        data,
+        "--norm",
+        "instance",
+        "--no-dropout",
+        "--augment",
+        "none",
+        "--precision",
+        "fp64",
+        "--lr-schedule",
+        "constant",
+        "--epochs",
+        2,
+        "--weights",
+        tmp_path / "deepliif",
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--log-every",
+        1,
+    ]
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--batch-size",
+        2,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={"TORCH_HOME": str(tmp_path / "torch")},
+    )
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
     assert single.code == 0, single.err
@@ -118,7 +174,9 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     for _ in range(2):
         model.set_input({"A": samples[:, 0], "B": [samples[:, k] for k in range(1, 6)], "A_paths": []})
         model.optimize_parameters()
-    saved = {run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")}
+    saved = {
+        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
+    }
     for name, net in nets.items():
         ours = saved["single"][name]
         frozen = {key for key, _ in _named_frozen(name, opt, freeze_inert_biases)}
@@ -129,8 +187,9 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
                 assert (ours[key] - value).abs().max() < 1e-10, (name, key, (ours[key] - value).abs().max())
             assert (saved["ddp"][name][key] - ours[key]).abs().max() < 1e-12, (name, key)
     last = records(tmp_path / "ck" / "single", "train")[-1]
-    for loss in [f"{kind}_{i}" for i in range(1, 5) for kind in ("G_GAN", "G_L1", "G_VGG", "D_real", "D_fake")] + \
-            [f"{kind}_S" for kind in ("G_GAN", "G_L1", "D_real", "D_fake")]:
+    for loss in [f"{kind}_{i}" for i in range(1, 5) for kind in ("G_GAN", "G_L1", "G_VGG", "D_real", "D_fake")] + [
+        f"{kind}_S" for kind in ("G_GAN", "G_L1", "D_real", "D_fake")
+    ]:
         assert last[loss] == pytest.approx(float(getattr(model, f"loss_{loss}")), rel=1e-9, abs=1e-12), loss
 
 
@@ -157,19 +216,46 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     from phalanx.tasks.deepliif.cells import count
 
     data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 8, "val": 2}, layout="plain")
-    run = phalanx("train", *SMALL, "--dataroot", data, "--lambda-feat", 0, "--norm", "instance", "--epochs", 1,
-                  "--batch-size", 4, "--checkpoints-dir", tmp_path / "ck", "--name", "plain")
+    run = phalanx(
+        "train",
+        *SMALL,
+        "--dataroot",
+        data,
+        "--lambda-feat",
+        0,
+        "--norm",
+        "instance",
+        "--epochs",
+        1,
+        "--batch-size",
+        4,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--name",
+        "plain",
+    )
     assert run.code == 0, run.err
     assert "plain layout, 4 modalities + segmentation" in run.out
     checkpoint = tmp_path / "ck" / "plain" / "latest.pt"
     trained = load_trained(str(checkpoint))
-    val = {folder: torch.tensor(np.array([np.asarray(Image.open(p)) for p in sorted((data / "val" / folder).glob("*.png"))]),
-                                dtype=torch.float32).permute(0, 3, 1, 2) / 127.5 - 1 for folder in ("A", "B4", "seg")}
+    val = {
+        folder: torch.tensor(
+            np.array([np.asarray(Image.open(p)) for p in sorted((data / "val" / folder).glob("*.png"))]),
+            dtype=torch.float32,
+        ).permute(0, 3, 1, 2)
+        / 127.5
+        - 1
+        for folder in ("A", "B4", "seg")
+    }
     with torch.no_grad():
         outputs = trained.task.generate(trained.models, val["A"])
-    errors = [abs(count(pixels((s + 1) / 2), pixels((k + 1) / 2), "10x")["num_total"] -
-                  count(pixels((t + 1) / 2), pixels((u + 1) / 2), "10x")["num_total"])
-              for s, k, t, u in zip(outputs[4], outputs[3], val["seg"], val["B4"])]
+    errors = [
+        abs(
+            count(pixels((s + 1) / 2), pixels((k + 1) / 2), "10x")["num_total"]
+            - count(pixels((t + 1) / 2), pixels((u + 1) / 2), "10x")["num_total"]
+        )
+        for s, k, t, u in zip(outputs[4], outputs[3], val["seg"], val["B4"])
+    ]
     assert records(tmp_path / "ck" / "plain", "val")[-1]["cell_count_error"] == sum(errors) / len(errors)
     table = phalanx("evaluate", "--checkpoint", checkpoint).out.splitlines()  # rows named as predict's folders
     assert [line.split()[0] for line in table[-6:]] == ["Hema", "DAPI", "Lap2", "Marker", "Seg", "mean"], table
@@ -181,7 +267,8 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
     counted = json.loads((tmp_path / "out" / "cells.json").read_text())
     seg, marker = (np.asarray(Image.open(tmp_path / "out" / folder / "wide.png")) for folder in ("Seg", "Marker"))
     overlaid, refined, theirs = reference.postprocessing().compute_final_results(
-        np.asarray(Image.open(wide)), seg.astype(np.int64), marker, "10x")
+        np.asarray(Image.open(wide)), seg.astype(np.int64), marker, "10x"
+    )
     assert counted == [{"image": "wide.png", **{k: theirs[k] for k in counted[0] if k != "image"}}]
     assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegOverlaid" / "wide.png")), overlaid)
     assert np.array_equal(np.asarray(Image.open(tmp_path / "out" / "SegRefined" / "wide.png")), refined)
@@ -199,8 +286,10 @@ def test_plain_layout_trains_predicts_any_size_and_exports_a_directory_deepliif_
 
         patch.setattr(native, "traced_bytes", lambda *args: pytest.fail("traced for a refused export"))
         again = phalanx("export", "--checkpoint", checkpoint, "--format", "deepliif", "--output", tmp_path / "model")
-    assert again.code == 2 and again.err.strip() == (f"phalanx: --output: {tmp_path / 'model' / 'latest_net_G1.pth'} "
-                                                     "exists; --overwrite replaces the model files there"), again.err
+    assert again.code == 2 and again.err.strip() == (
+        f"phalanx: --output: {tmp_path / 'model' / 'latest_net_G1.pth'} "
+        "exists; --overwrite replaces the model files there"
+    ), again.err
     ref = reference.modules()
     opt = ref.options.Options(path_file=str(tmp_path / "model" / "train_opt.txt"), mode="test")
     assert (opt.netG, opt.net_gs, opt.norm, opt.modalities_no) == ("resnet_2blocks", "unet_32", "instance", 4)
@@ -254,16 +343,34 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
     (tmp_path / "whole").mkdir()
     (tmp_path / "slides").mkdir()
     Image.fromarray(picture).save(tmp_path / "whole" / "slide.png")
-    tifffile.imwrite(tmp_path / "slides" / "slide.ome.tif", picture, tile=(32, 32), compression="zlib", photometric="rgb")
+    tifffile.imwrite(
+        tmp_path / "slides" / "slide.ome.tif", picture, tile=(32, 32), compression="zlib", photometric="rgb"
+    )
     tifffile.imwrite(tmp_path / "slides" / "slide.tif", picture)  # would be written as slide.ome.tif too
     whole = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "whole", "--output", tmp_path / "out-whole")
     assert whole.code == 0, whole.err
-    twice = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64, "--output",
-                    tmp_path / "out-slide")
+    twice = phalanx(
+        "predict",
+        "--checkpoint",
+        checkpoint,
+        tmp_path / "slides",
+        "--region-size",
+        64,
+        "--output",
+        tmp_path / "out-slide",
+    )
     assert twice.code == 2 and "two slides would both be written as slide.ome.tif" in twice.err, twice.err
     (tmp_path / "slides" / "slide.tif").unlink()
-    regions = phalanx("predict", "--checkpoint", checkpoint, tmp_path / "slides", "--region-size", 64,
-                      "--output", tmp_path / "out-slide")
+    regions = phalanx(
+        "predict",
+        "--checkpoint",
+        checkpoint,
+        tmp_path / "slides",
+        "--region-size",
+        64,
+        "--output",
+        tmp_path / "out-slide",
+    )
     assert regions.code == 0, regions.err
     for folder in ("Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined"):
         with tifffile.TiffFile(tmp_path / "out-slide" / folder / "slide.ome.tif") as tiff:
@@ -273,14 +380,27 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
     slide, image = (json.loads((tmp_path / out / "cells.json").read_text()) for out in ("out-slide", "out-whole"))
     assert slide == [{**image[0], "image": "slide.ome.tif"}] and image[0]["num_total"] > 10, image
     assert sorted(p.name for p in (tmp_path / "out-slide").iterdir()) == sorted(
-        ["Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined", "cells.csv", "cells.json"])
+        ["Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined", "cells.csv", "cells.json"]
+    )
     cut = tmp_path / "cut" / "cut.tif"  # a slide whose tiles end early: one line, nothing written
     cut.parent.mkdir()
     cut.write_bytes((tmp_path / "slides" / "slide.ome.tif").read_bytes()[:5000])
-    failed = phalanx("predict", "--checkpoint", checkpoint, cut, tmp_path / "whole", "--region-size", 64,
-                     "--output", tmp_path / "out-cut")  # skipped, the other image predicted
-    assert failed.code == 0 and failed.err.startswith(f"phalanx: warning: skipped {cut}: cannot read it region by "
-                                                      "region (") and len(failed.err.splitlines()) == 1, failed.err
+    failed = phalanx(
+        "predict",
+        "--checkpoint",
+        checkpoint,
+        cut,
+        tmp_path / "whole",
+        "--region-size",
+        64,
+        "--output",
+        tmp_path / "out-cut",
+    )  # skipped, the other image predicted
+    assert (
+        failed.code == 0
+        and failed.err.startswith(f"phalanx: warning: skipped {cut}: cannot read it region by region (")
+        and len(failed.err.splitlines()) == 1
+    ), failed.err
     assert "1 image(s) predicted, 1 skipped" in failed.out
     assert not list((tmp_path / "out-cut").rglob("*.tif")) and not list((tmp_path / "out-cut").glob(".*"))
     assert (tmp_path / "out-cut" / "Seg" / "whole" / "slide.png").exists()
@@ -294,19 +414,27 @@ def test_bad_deepliif_input_is_named_in_one_line_before_training(tmp_path, phala
     other = tmp_path / "other"
     other.mkdir()
     for k in range(1, 5):  # generators of another width
-        torch.save(generator("resnet_2blocks", 3, 3, 8, "batch", True, "zero").state_dict(), other / f"latest_net_G{k}.pth")
+        torch.save(
+            generator("resnet_2blocks", 3, 3, 8, "batch", True, "zero").state_dict(), other / f"latest_net_G{k}.pth"
+        )
     for k in range(5):
-        torch.save(generator("unet_32", 3, 3, 8, "batch", True, "reflect").state_dict(), other / f"latest_net_GS{k}.pth")
+        torch.save(
+            generator("unet_32", 3, 3, 8, "batch", True, "reflect").state_dict(), other / f"latest_net_GS{k}.pth"
+        )
     (other / "train_opt.txt").write_text("                      ngf: 8\n")
-    cases = [([], "--lambda-feat", "vgg19-dcbb9e9d.pth"),
-             (["--lambda-feat", 0, "--weights", tmp_path], "--weights", "no file for generator(s) G1"),
-             (["--lambda-feat", 0, "--weights", other], "--weights", "its train_opt.txt says ngf 8"),
-             (["--lambda-feat", 0, "--seg-weights", "0.5,0.5"], "--seg-weights", "need 5"),
-             (["--lambda-feat", 0, "--loss-g-weights", "0.2,0.2,0.2,0.2,0.1,0.1"], "--loss-g-weights", "has 6"),
-             (["--lambda-feat", 0, "--net-gs", "unet_16"], "--net-gs", "start at unet_32"),
-             (["--lambda-feat", 0, "--modalities", 3], "--dataroot", "6 panels where 5 are expected")]
+    cases = [
+        ([], "--lambda-feat", "vgg19-dcbb9e9d.pth"),
+        (["--lambda-feat", 0, "--weights", tmp_path], "--weights", "no file for generator(s) G1"),
+        (["--lambda-feat", 0, "--weights", other], "--weights", "its train_opt.txt says ngf 8"),
+        (["--lambda-feat", 0, "--seg-weights", "0.5,0.5"], "--seg-weights", "need 5"),
+        (["--lambda-feat", 0, "--loss-g-weights", "0.2,0.2,0.2,0.2,0.1,0.1"], "--loss-g-weights", "has 6"),
+        (["--lambda-feat", 0, "--net-gs", "unet_16"], "--net-gs", "start at unet_32"),
+        (["--lambda-feat", 0, "--modalities", 3], "--dataroot", "6 panels where 5 are expected"),
+    ]
     for extra, option, words in cases:
-        result = phalanx("train", *SMALL, "--dataroot", data, "--checkpoints-dir", tmp_path / "ck", "--overwrite", *extra)
+        result = phalanx(
+            "train", *SMALL, "--dataroot", data, "--checkpoints-dir", tmp_path / "ck", "--overwrite", *extra
+        )
         assert result.code == 2 and option in result.err and words in result.err, (extra, result.err)
         assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
 
@@ -335,8 +463,10 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
         served = reference.disable_batchnorm_tracking_stats(net.eval())  # as `deepliif serialize` does
         torch.jit.trace(served, torch.zeros(1, 3, 32, 32)).save(str(scripted / f"{old_name}.pt"))
     for folder in (old, scripted, zero):
-        models = {name: generator("resnet_2blocks" if name[1] != "S" else "unet_32", 3, 3, 2, "batch", False, "zero")
-                  for name in written}
+        models = {
+            name: generator("resnet_2blocks" if name[1] != "S" else "unet_32", 3, 3, 2, "batch", False, "zero")
+            for name in written
+        }
         notes = load_model_dir(models, folder, list(written), ["D1", "D2", "DS0", "DS1", "DS2"], 2)
         assert "they start from DeepLIIF's initialisation" in notes[-1]
         # (these checks once sat inside the pytest.raises block below, after the raise: never run)
@@ -347,8 +477,11 @@ def test_a_released_models_names_and_torchscript_files_load_as_deepliif_means_th
                 assert torch.equal(models[name].state_dict()[key], value), (folder.name, name, key)
     checkpoint = tmp_path / "latest.pt"  # a phalanx checkpoint given where a directory is taken: how to make one
     checkpoint.write_bytes(b"")
-    with pytest.raises(PhalanxError, match=r"latest.pt is not a directory .*; `phalanx export --checkpoint .*latest.pt "
-                                           r"--format deepliif --output DIR` writes one from a phalanx checkpoint$"):
+    with pytest.raises(
+        PhalanxError,
+        match=r"latest.pt is not a directory .*; `phalanx export --checkpoint .*latest.pt "
+        r"--format deepliif --output DIR` writes one from a phalanx checkpoint$",
+    ):
         load_model_dir(models, checkpoint, list(written), [], 2)
 
 
@@ -362,7 +495,7 @@ def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.n
     y, x = np.mgrid[0:side, 0:side]
     for _ in range(28):
         cy, cx, radius = rng.integers(-2, side + 2), rng.integers(-2, side + 2), rng.choice([1, 1.5, 2, 2.5, 3, 4, 6])
-        inside = (y - cy) ** 2 + (x - cx) ** 2 <= radius ** 2
+        inside = (y - cy) ** 2 + (x - cx) ** 2 <= radius**2
         if rng.random() < 0.15:
             inside &= (y - cy) ** 2 + (x - cx) ** 2 > (radius / 2) ** 2  # a ring
         level = rng.choice([255, 200, 125, 118, 90])  # some just above, some just below red + blue > 120
@@ -370,7 +503,7 @@ def cell_images(seed: int, side: int = 80) -> tuple[np.ndarray, np.ndarray, np.n
         seg[inside] = [(level, 0, 0), (0, 0, level), (level, 0, level // 3), (level, 120, 0)][colour]
     for _ in range(8):  # specks of 1 or 2 pixels: noise below noise_thresh
         cy, cx = rng.integers(1, side - 2, 2)
-        seg[cy, cx:cx + rng.integers(1, 3)] = (255, 0, 0)
+        seg[cy, cx : cx + rng.integers(1, 3)] = (255, 0, 0)
     marker = np.clip(rng.normal(40, 30, (side, side, 3)), 0, 255).astype(np.uint8)
     for _ in range(6):
         marker[rng.integers(0, side), rng.integers(0, side)] = 250
@@ -384,13 +517,20 @@ def test_cell_counts_and_outlines_equal_deepliifs_compute_final_results(seed):
 
     postprocessing = reference.postprocessing()
     seg, marker, orig = cell_images(seed)
-    settings = [{}, {"size_thresh": None}, {"size_thresh": 6, "marker_thresh": 100}, {"marker_thresh": "default"},
-                {"seg_thresh": 150, "size_thresh_upper": 40}, {"noise_thresh": 1}]
+    settings = [
+        {},
+        {"size_thresh": None},
+        {"size_thresh": 6, "marker_thresh": 100},
+        {"marker_thresh": "default"},
+        {"seg_thresh": 150, "size_thresh_upper": 40},
+        {"noise_thresh": 1},
+    ]
     for given in settings:
         for resolution in ("40x", resolution_of(256), resolution_of(128)):
             # seg as int64: numba adds uint8 pixels in 64 bits; the plain-Python stand-in would wrap at 256
-            overlaid, refined, theirs = postprocessing.compute_final_results(orig, seg.astype(np.int64), marker,
-                                                                             resolution, **given)
+            overlaid, refined, theirs = postprocessing.compute_final_results(
+                orig, seg.astype(np.int64), marker, resolution, **given
+            )
             images = {"input": orig}
             ours = count(seg, marker, resolution, **given, images_of=images)
             assert ours == theirs, (seed, given, resolution)
@@ -411,9 +551,13 @@ def test_a_slide_counted_block_by_block_equals_the_whole_image(tmp_path, seed):
     seg, marker, orig = cell_images(seed, side=96)
     y, x = np.mgrid[0:96, 0:96]
     distance = (y - 40) ** 2 + (x - 50) ** 2
-    seg[(distance <= 22 ** 2) & (distance > 15 ** 2)] = (200, 0, 0)  # a ring across blocks, cells in its hole
+    seg[(distance <= 22**2) & (distance > 15**2)] = (200, 0, 0)  # a ring across blocks, cells in its hole
     seg[64:66, :] = (0, 0, 255)  # a cell from edge to edge, cutting the background in two
-    seg[72:, 20], seg[72:, 40], seg[72, 20:41] = (255, 0, 0), (255, 0, 0), (255, 0, 0)  # background only the bottom edge holds
+    seg[72:, 20], seg[72:, 40], seg[72, 20:41] = (
+        (255, 0, 0),
+        (255, 0, 0),
+        (255, 0, 0),
+    )  # background only the bottom edge holds
     for step in range(30):  # cells joined only diagonally, across block borders
         seg[2 + step, 60 + step] = seg[30 - step, 20 + step] = (0, 0, 230)
     settings = [{}, {"marker_thresh": "default"}, {"size_thresh": None, "size_thresh_upper": 50}]
@@ -423,16 +567,22 @@ def test_a_slide_counted_block_by_block_equals_the_whole_image(tmp_path, seed):
         outputs.write("Marker", 0, 0, marker)
         slide = SlideCells(outputs, "Seg", "Marker", block, seg_thresh=120, noise_thresh=4)
         for top, left, height, width in slide.blocks():
-            slide.add_block(top, left, seg[top:top + height, left:left + width],
-                            marker[top:top + height, left:left + width])
+            slide.add_block(
+                top, left, seg[top : top + height, left : left + width], marker[top : top + height, left : left + width]
+            )
         found = slide.found()
         for given in settings:
             images = {"input": orig}
             theirs = count(seg, marker, "40x", **given, images_of=images)
-            scoring, counted, positive = slide.score(found, "40x", given.get("size_thresh", "default"),
-                                                     given.get("marker_thresh"), given.get("size_thresh_upper"))
+            scoring, counted, positive = slide.score(
+                found,
+                "40x",
+                given.get("size_thresh", "default"),
+                given.get("marker_thresh"),
+                given.get("size_thresh_upper"),
+            )
             assert scoring == theirs, (block, given)
-            slide.outline(found, counted, positive, lambda t, l, h, w: orig[t:t + h, l:l + w], "over", "refined")
+            slide.outline(found, counted, positive, lambda t, left, h, w: orig[t : t + h, left : left + w], "over", "refined")
             assert np.array_equal(outputs.read("over", 0, 0, 96, 96), images["overlaid"]), (block, given)
             assert np.array_equal(outputs.read("refined", 0, 0, 96, 96), images["refined"]), (block, given)
     assert count(seg, marker, size_thresh=None)["num_total"] > 5  # cells worth counting
@@ -445,16 +595,37 @@ def test_in_eval_mode_batchnorm_takes_each_images_statistics_as_deepliifs_infere
     from phalanx.config import RunConfig
     from phalanx.tasks.deepliif.task import DeepLIIFTask
 
-    opt = reference.options(ngf=2, ndf=2, netG="resnet_2blocks", net_gs="unet_32", n_layers_D=2, no_dropout=True,
-                            checkpoints_dir=str(tmp_path), name="model", lambda_feat=0.0)
+    opt = reference.options(
+        ngf=2,
+        ndf=2,
+        netG="resnet_2blocks",
+        net_gs="unet_32",
+        n_layers_D=2,
+        no_dropout=True,
+        checkpoints_dir=str(tmp_path),
+        name="model",
+        lambda_feat=0.0,
+    )
     random_vgg_features()  # DeepLIIF's training model builds its VGG loss
     torch.manual_seed(0)
     (tmp_path / "model").mkdir()
     model = reference.modules().model.DeepLIIFModel(opt)
     model.save_networks("latest")
-    task = DeepLIIFTask(RunConfig.flat(task="deepliif", image_size=32, task_options={
-        "net_g": "resnet_2blocks", "net_gs": "unet_32", "ngf": 2, "ndf": 2, "d_layers": 2, "dropout": False,
-        "lambda_feat": 0.0}))
+    task = DeepLIIFTask(
+        RunConfig.flat(
+            task="deepliif",
+            image_size=32,
+            task_options={
+                "net_g": "resnet_2blocks",
+                "net_gs": "unet_32",
+                "ngf": 2,
+                "ndf": 2,
+                "d_layers": 2,
+                "dropout": False,
+                "lambda_feat": 0.0,
+            },
+        )
+    )
     info = {"channels": 3, "modalities": 4, "seg": True}
     task.restore_info(info)
     ours = task.build_models(type("Data", (), {"info": info})())

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import USER_MODELS, records, run_phalanx, snapshot_tree
 from phalanx_testdata import digit_scenes
 
@@ -34,8 +33,30 @@ def detector(scenes, tmp_path_factory):
 
     runs = tmp_path_factory.mktemp("detector")
     for name, lr, epochs in (("trained", 0.02, 5), ("untrained", 1e-9, 1)):  # in this process: no start-up to wait for
-        assert main([str(a) for a in ("train", *DETECTOR, "--dataroot", scenes, "--epochs", epochs, "--batch-size", 8,
-                                      "--lr", lr, "--checkpoints-dir", runs, "--name", name)]) == 0
+        assert (
+            main(
+                [
+                    str(a)
+                    for a in (
+                        "train",
+                        *DETECTOR,
+                        "--dataroot",
+                        scenes,
+                        "--epochs",
+                        epochs,
+                        "--batch-size",
+                        8,
+                        "--lr",
+                        lr,
+                        "--checkpoints-dir",
+                        runs,
+                        "--name",
+                        name,
+                    )
+                ]
+            )
+            == 0
+        )
     return runs
 
 
@@ -66,13 +87,21 @@ def _direct_coco(checkpoint, scenes) -> list[float]:
     results = []
     with torch.no_grad():
         for image in truth["images"]:
-            pixels = torch.tensor(list(Image.open(scenes / "val/images" / image["file_name"]).getdata()),
-                                  dtype=torch.float32).view(image["height"], image["width"], 3).permute(2, 0, 1) / 255
+            pixels = (
+                torch.tensor(
+                    list(Image.open(scenes / "val/images" / image["file_name"]).getdata()), dtype=torch.float32
+                )
+                .view(image["height"], image["width"], 3)
+                .permute(2, 0, 1)
+                / 255
+            )
             found = model([pixels])[0]
-            for (x0, y0, x1, y1), score, label in zip(found["boxes"].tolist(), found["scores"].tolist(),
-                                                      found["labels"].tolist()):
-                results.append({"image_id": image["id"], "category_id": label, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                                "score": score})
+            for (x0, y0, x1, y1), score, label in zip(
+                found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()
+            ):
+                results.append(
+                    {"image_id": image["id"], "category_id": label, "bbox": [x0, y0, x1 - x0, y1 - y0], "score": score}
+                )
     with contextlib.redirect_stdout(io.StringIO()):
         coco = COCO(str(truth_file))
         scored = COCOeval(coco, coco.loadRes(results), "bbox")
@@ -83,16 +112,33 @@ def _direct_coco(checkpoint, scenes) -> list[float]:
 
 
 @pytest.mark.slow
-def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_image(detector, scenes, tmp_path,
-                                                                                      phalanx):
+def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_image(
+    detector, scenes, tmp_path, phalanx
+):
     best = detector / "trained/best.pt"
     one = phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json")
     assert one.code == 0, one.err
     assert "COCO's summary (its AP, AP50, AP75 are training's val_mAP, val_mAP50, val_mAP75)" in one.out
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                          "phalanx.cli", "evaluate", "--checkpoint", str(best), "--output", str(tmp_path / "two.json")],
-                         env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "phalanx.cli",
+            "evaluate",
+            "--checkpoint",
+            str(best),
+            "--output",
+            str(tmp_path / "two.json"),
+        ],
+        env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     one_result, two_result = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert two_result["world_size"] == 2 and one_result["images"] == two_result["images"] == 41  # none twice
@@ -103,15 +149,17 @@ def test_evaluate_gives_one_map_at_any_world_size_equal_to_pycocotools_on_every_
     # --dataroot: a folder read as one split (DIR/val/ here, no train/ needed)
     (tmp_path / "other").mkdir()
     (tmp_path / "other/val").symlink_to(scenes / "val")
-    other = phalanx("evaluate", "--checkpoint", best, "--dataroot", tmp_path / "other", "--output",
-                    tmp_path / "other.json")
+    other = phalanx(
+        "evaluate", "--checkpoint", best, "--dataroot", tmp_path / "other", "--output", tmp_path / "other.json"
+    )
     assert other.code == 0, other.err
     assert json.loads((tmp_path / "other.json").read_text())["coco"] == one_result["coco"]
 
 
 @pytest.mark.slow
-def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torchscript(detector, scenes, tmp_path,
-                                                                                          phalanx):
+def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torchscript(
+    detector, scenes, tmp_path, phalanx
+):
     import contextlib
     import io
 
@@ -119,8 +167,16 @@ def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torch
     from pycocotools.cocoeval import COCOeval
 
     # Images with their annotations.json: predict's JSON takes its image ids, and pycocotools scores it as it is.
-    result = phalanx("predict", "--checkpoint", detector / "trained/best.pt", scenes / "val/images", "--output",
-                     tmp_path / "d.json", "--score-threshold", 0)
+    result = phalanx(
+        "predict",
+        "--checkpoint",
+        detector / "trained/best.pt",
+        scenes / "val/images",
+        "--output",
+        tmp_path / "d.json",
+        "--score-threshold",
+        0,
+    )
     assert result.code == 0, result.err
     rows = json.loads((tmp_path / "d.json").read_text())
     assert rows and {"image_id", "file_name", "category_id", "category", "bbox", "score"} <= rows[0].keys()
@@ -137,25 +193,68 @@ def test_detections_are_predicted_as_coco_json_and_the_detector_exports_as_torch
     assert exported.code == 0, exported.err
     # Loaded in a fresh process exactly as its FILE.json says (import torchvision first; a tuple back).
     usage = json.loads((tmp_path / "det.ts.json").read_text())["usage"].replace("FILE", "sys.argv[1]")
-    code = (f"import sys; {usage.replace('[image]', '[torch.rand(3, 64, 64)]')}; "
-            "assert 'phalanx' not in sys.modules; print(sorted(detections[0]), losses)")
+    code = (
+        f"import sys; {usage.replace('[image]', '[torch.rand(3, 64, 64)]')}; "
+        "assert 'phalanx' not in sys.modules; print(sorted(detections[0]), losses)"
+    )
     shown = subprocess.run([sys.executable, "-c", code, str(tmp_path / "det.ts")], capture_output=True, text=True)
     assert shown.returncode == 0 and "boxes" in shown.stdout, shown.stderr[-1000:]
-    program = phalanx("export", "--checkpoint", detector / "trained/best.pt", "--format", "exported-program",
-                      "--output", tmp_path / "det.pt2")
+    program = phalanx(
+        "export",
+        "--checkpoint",
+        detector / "trained/best.pt",
+        "--format",
+        "exported-program",
+        "--output",
+        tmp_path / "det.pt2",
+    )
     assert program.code == 2 and "exports as torchscript only" in program.err and not (tmp_path / "det.pt2").exists()
 
 
 @pytest.mark.slow
 def test_torchvisions_own_detector_and_segmenter_train_a_step(tmp_path, phalanx):
     small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
-    result = phalanx("train", "--task", "detect", "--dataroot", small, "--epochs", 1, "--batch-size", 2,
-                     "--image-size", 64, "--checkpoints-dir", tmp_path / "ck", "--name", "det", "--no-progress")
+    result = phalanx(
+        "train",
+        "--task",
+        "detect",
+        "--dataroot",
+        small,
+        "--epochs",
+        1,
+        "--batch-size",
+        2,
+        "--image-size",
+        64,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--name",
+        "det",
+        "--no-progress",
+    )
     assert result.code == 0, result.err
-    assert torch.load(tmp_path / "ck/det/latest.pt", weights_only=True)["config"]["model"] == \
-        "fasterrcnn_mobilenet_v3_large_320_fpn"
-    result = phalanx("train", "--task", "segment", "--dataroot", small, "--epochs", 1, "--batch-size", 2,
-                     "--image-size", 64, "--checkpoints-dir", tmp_path / "ck", "--name", "seg", "--no-progress")
+    assert (
+        torch.load(tmp_path / "ck/det/latest.pt", weights_only=True)["config"]["model"]
+        == "fasterrcnn_mobilenet_v3_large_320_fpn"
+    )
+    result = phalanx(
+        "train",
+        "--task",
+        "segment",
+        "--dataroot",
+        small,
+        "--epochs",
+        1,
+        "--batch-size",
+        2,
+        "--image-size",
+        64,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--name",
+        "seg",
+        "--no-progress",
+    )
     assert result.code == 0, result.err
 
 
@@ -170,14 +269,32 @@ def test_a_coco_pretrained_detector_from_the_hub_cache_fine_tunes_on_new_categor
     hub = tmp_path / "torch"
     monkeypatch.setenv("TORCH_HOME", str(hub))
     small = digit_scenes(tmp_path / "data", {"train": 4, "val": 2})
-    missing = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name, "--checkpoints-dir",
-                      tmp_path / "ck")
+    missing = phalanx(
+        "train", "--task", "detect", "--dataroot", small, "--weights", name, "--checkpoints-dir", tmp_path / "ck"
+    )
     assert missing.code == 2 and "phalanx does not download" in missing.err
     (hub / "hub/checkpoints").mkdir(parents=True)
     torch.save(coco.state_dict(), hub / "hub/checkpoints" / os.path.basename(get_weight(name).url))
-    result = phalanx("train", "--task", "detect", "--dataroot", small, "--weights", name, "--image-size", 64,
-                     "--epochs", 1, "--batch-size", 2, "--lr", 1e-12, "--checkpoints-dir", tmp_path / "ck",
-                     "--no-progress")  # a learning rate that leaves the loaded weights as they were
+    result = phalanx(
+        "train",
+        "--task",
+        "detect",
+        "--dataroot",
+        small,
+        "--weights",
+        name,
+        "--image-size",
+        64,
+        "--epochs",
+        1,
+        "--batch-size",
+        2,
+        "--lr",
+        1e-12,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--no-progress",
+    )  # a learning rate that leaves the loaded weights as they were
     assert result.code == 0, result.err
     # The box predictor is for 3 categories + background now: replaced, and said so.
     assert "replaced (another shape, trained anew" in result.out and "cls_score.weight 91x1024 -> 4x1024" in result.out
@@ -202,18 +319,35 @@ def test_a_segmenter_learns_and_its_miou_is_the_same_with_one_or_two_ranks(scene
     best = tmp_path / "trained/best.pt"
     one = phalanx("evaluate", "--checkpoint", best, "--output", tmp_path / "one.json")
     assert one.code == 0, one.err
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                          "phalanx.cli", "evaluate", "--checkpoint", str(best), "--output", str(tmp_path / "two.json")],
-                         env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "phalanx.cli",
+            "evaluate",
+            "--checkpoint",
+            str(best),
+            "--output",
+            str(tmp_path / "two.json"),
+        ],
+        env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     one_result, two_result = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert one_result["confusion_matrix"] == two_result["confusion_matrix"] and one_result["images"] == 41
     # evaluate says which pixels it scored (validation's, not predict's full-size masks)
     assert "centre-cropped" in one_result["scored_at"] and "scored on masks resized" in one.out
     assert one_result["metrics"]["mIoU"] == two_result["metrics"]["mIoU"] == pytest.approx(max(miou), abs=1e-12)
-    other = phalanx("evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output",
-                    tmp_path / "other.json")  # the split itself as --dataroot
+    other = phalanx(
+        "evaluate", "--checkpoint", best, "--dataroot", scenes / "val", "--output", tmp_path / "other.json"
+    )  # the split itself as --dataroot
     assert other.code == 0, other.err
     assert json.loads((tmp_path / "other.json").read_text())["metrics"]["mIoU"] == one_result["metrics"]["mIoU"]
     predicted = phalanx("predict", "--checkpoint", best, scenes / "val/images/0001.png", "--output", tmp_path / "out")
@@ -240,18 +374,36 @@ def _broken(root, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task, case, words", [
-    ("detect", "box-outside", "box [50, 50, 30, 30] is not inside the 64x64 image"),
-    ("detect", "unknown-category", "has category 9, which annotations.json does not declare"),
-    ("segment", "mask-size", "0002.png: is 64x64 but masks/0002.png is 32x32"),
-    ("segment", "mask-value", "masks/0002.png with class 7, beyond the 4 classes"),
-])
-def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_skipped(tmp_path, task, case, words,
-                                                                                       phalanx):
+@pytest.mark.parametrize(
+    "task, case, words",
+    [
+        ("detect", "box-outside", "box [50, 50, 30, 30] is not inside the 64x64 image"),
+        ("detect", "unknown-category", "has category 9, which annotations.json does not declare"),
+        ("segment", "mask-size", "0002.png: is 64x64 but masks/0002.png is 32x32"),
+        ("segment", "mask-value", "masks/0002.png with class 7, beyond the 4 classes"),
+    ],
+)
+def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_skipped(
+    tmp_path, task, case, words, phalanx
+):
     data, _ = _broken(tmp_path, case)
-    options = ["--task", task, "--model", f"phalanx_testmodels:tiny_{'detector' if task == 'detect' else 'segmenter'}",
-               "--dataroot", data, "--epochs", 1, "--batch-size", 4, "--image-size", 64, "--no-progress",
-               "--checkpoints-dir", tmp_path / "ck"]
+    options = [
+        "--task",
+        task,
+        "--model",
+        f"phalanx_testmodels:tiny_{'detector' if task == 'detect' else 'segmenter'}",
+        "--dataroot",
+        data,
+        "--epochs",
+        1,
+        "--batch-size",
+        4,
+        "--image-size",
+        64,
+        "--no-progress",
+        "--checkpoints-dir",
+        tmp_path / "ck",
+    ]
     if task == "segment":
         options += ["--num-classes", 4]
     result = run_phalanx("train", *options, env=USER_MODELS)

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -53,8 +52,10 @@ def links(page: Path) -> list[str]:
 
 def test_the_slug_is_githubs():
     assert slug("`phalanx train`: DistributedDataParallel") == "phalanx-train-distributeddataparallel"
-    assert slug("Image-to-image translation: `--task translate` (pix2pix, DeepLIIF)") == \
-        "image-to-image-translation---task-translate-pix2pix-deepliif"
+    assert (
+        slug("Image-to-image translation: `--task translate` (pix2pix, DeepLIIF)")
+        == "image-to-image-translation---task-translate-pix2pix-deepliif"
+    )
     assert slug("DINO's default head on the built-in digits") == "dinos-default-head-on-the-built-in-digits"
 
 
@@ -82,7 +83,7 @@ def runnable_blocks() -> list[tuple[str, str]]:
                 fence = lines[index + 1]
                 assert fence.startswith("```"), f"{page}: {RUNNABLE} is not right before a code fence"
                 end = next(i for i in range(index + 2, len(lines)) if lines[i].startswith("```"))
-                blocks.append((f"{page.relative_to(REPO)}:{index + 2}", "\n".join(lines[index + 2:end])))
+                blocks.append((f"{page.relative_to(REPO)}:{index + 2}", "\n".join(lines[index + 2 : end])))
     return blocks
 
 
@@ -94,40 +95,56 @@ def test_pages_mark_blocks_to_run():
 def test_a_runnable_block_runs(where, script, tmp_path):
     # In an empty folder, with the venv's console scripts first on PATH, as a user who activated it.
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PHALANX_REPO": str(REPO),
-           "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, f"{where} exited {done.returncode}:\n{script}\n--- stdout\n{done.stdout[-3000:]}" \
-                                 f"\n--- stderr\n{done.stderr[-3000:]}"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PHALANX_REPO": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (
+        f"{where} exited {done.returncode}:\n{script}\n--- stdout\n{done.stdout[-3000:]}"
+        f"\n--- stderr\n{done.stderr[-3000:]}"
+    )
 
 
 def test_the_readme_is_short_and_writes_what_ci_runs():
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 300
     ci = (REPO / ".ci" / "run").read_text()
-    for command in ("bash scripts/setup.sh && .venv/bin/phalanx train",
-                    "bash scripts/setup.sh --test && .venv/bin/python -m pytest"):
+    for command in (
+        "bash scripts/setup.sh && .venv/bin/phalanx train",
+        "bash scripts/setup.sh --test && .venv/bin/python -m pytest",
+    ):
         assert f"```bash\n{command}\n```" in readme and f"\n{command}\n" in ci, command
 
 
 # Work periods counted or narrated ("the fourth GPU session", "this round"): a page says what was
 # measured, when, on what, at which commit.
-NARRATION = re.compile(r"\b(sessions?|this round|round \d|earlier that (evening|day|morning)|"
-                       r"(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
-                       r"thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
-                       r"twenty-\w+) (gpu )?(session|round|period))\b", re.I)
+NARRATION = re.compile(
+    r"\b(sessions?|this round|round \d|earlier that (evening|day|morning)|"
+    r"(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+    r"thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
+    r"twenty-\w+) (gpu )?(session|round|period))\b",
+    re.I,
+)
 
 
 def test_no_page_counts_work_periods():
-    found = [f"{page.relative_to(REPO)}: {m.group(0)!r}" for page in PAGES
-             for m in NARRATION.finditer(re.sub(r"test session|session's own|pytest session", "", page.read_text()))]
+    found = [
+        f"{page.relative_to(REPO)}: {m.group(0)!r}"
+        for page in PAGES
+        for m in NARRATION.finditer(re.sub(r"test session|session's own|pytest session", "", page.read_text()))
+    ]
     assert not found, found
 
 
 def test_benchmarks_page_is_what_the_script_writes():
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "tables.py"), "--check"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tables.py"), "--check"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -137,8 +154,9 @@ def test_benchmark_tables_say_when_on_what_and_at_which_commit():
     for path in sorted((REPO / "benchmarks" / "results").glob("*.json")):
         found = json.loads(path.read_text()).get("provenance", {})
         assert all(found.get(key) for key in ("date", "commit", "machine")), path.name
-        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", found["date"]) and re.fullmatch(r"[0-9a-f]{7,40}", found["commit"]), \
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", found["date"]) and re.fullmatch(r"[0-9a-f]{7,40}", found["commit"]), (
             path.name
+        )
 
 
 def test_the_benchmarks_script_is_deterministic():

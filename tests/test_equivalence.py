@@ -14,11 +14,9 @@ import contextlib
 from pathlib import Path
 
 import pytest
-
-import torch
-
-from conftest import USER_MODELS, records, run_phalanx
 import reference
+import torch
+from conftest import USER_MODELS, records, run_phalanx
 
 # The float32 run is short (a 10% training split: 11 steps of 16): over a whole epoch, momentum
 # 0.9 at LR 0.1 amplifies any rounding into a heavy tail (3.6e-7 to 1.7e-3 between regroupings of
@@ -33,9 +31,11 @@ FLOAT32_FACTOR = 4
 FLOAT32_ULPS = 16
 
 
-def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0,
-                      ema_decay=0.0, ema=None, **clip):
+def reference_weights(
+    model_factory, *, epochs, global_batch, lr, momentum=0.9, schedule="cosine", seed=0, ema_decay=0.0, ema=None, **clip
+):
     import phalanx_testmodels  # noqa: F401  (tests/support, on sys.path through conftest)
+
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
 
@@ -45,8 +45,19 @@ def reference_weights(model_factory, *, epochs, global_batch, lr, momentum=0.9, 
     train = data.train
     if next(model.parameters()).dtype == torch.float64:
         train = [(x.double(), y) for x, y in (train[i] for i in range(len(train)))]
-    return reference.train(model, train, epochs=epochs, global_batch=global_batch, lr=lr, momentum=momentum,
-                           schedule=schedule, seed=seed, ema_decay=ema_decay, ema=ema, **clip)
+    return reference.train(
+        model,
+        train,
+        epochs=epochs,
+        global_batch=global_batch,
+        lr=lr,
+        momentum=momentum,
+        schedule=schedule,
+        seed=seed,
+        ema_decay=ema_decay,
+        ema=ema,
+        **clip,
+    )
 
 
 def weights(path):
@@ -63,10 +74,32 @@ def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp
     # Two epochs (a reshuffle between them), the default cosine schedule, momentum, weight decay,
     # a short last batch; DDP with --scale-lr linear must give the single process's learning rate;
     # the weights' moving average (--ema-decay) is the same on every rank.
-    common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--ema-decay", 0.9, "--checkpoints-dir", tmp_path,
-              "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, "--lr", 0.05, "--scale-lr", "linear",
-                      *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+    common = [
+        "--model",
+        "phalanx_testmodels:double",
+        "--epochs",
+        2,
+        "--ema-decay",
+        0.9,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--batch-size",
+        16,
+        "--lr",
+        0.05,
+        "--scale-lr",
+        "linear",
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env=USER_MODELS,
+    )
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 32, *common)
     assert single.code == 0, single.err
@@ -76,8 +109,9 @@ def test_float64_ddp_one_process_and_the_hand_written_loop_agree_to_rounding(tmp
         state = torch.load(tmp_path / run / "latest.pt")
         assert reference.max_difference(state["model"], expected) < 1e-12
         assert reference.max_difference(state["ema"]["model"], ema) < 1e-12
-    assert [r["lr"] for r in records(tmp_path / "ddp", "train")] == \
-        [r["lr"] for r in records(tmp_path / "single", "train")]
+    assert [r["lr"] for r in records(tmp_path / "ddp", "train")] == [
+        r["lr"] for r in records(tmp_path / "single", "train")
+    ]
 
 
 @pytest.mark.slow
@@ -86,9 +120,23 @@ def test_float64_ddp_with_gradient_accumulation_equals_one_big_batch_and_skips_t
 
     # 2 workers x 8 samples x 2 accumulated micro-batches = one step of 32.
     record = tmp_path / "record"
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:double", "--epochs", 1, "--batch-size", 8,
-                         "--grad-accum", 2, "--checkpoints-dir", tmp_path, "--no-progress",
-                         "--use-torchrun", "--nproc-per-node=2", env={**USER_MODELS, "PHALANX_TEST_RECORD": str(record)})
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:double",
+        "--epochs",
+        1,
+        "--batch-size",
+        8,
+        "--grad-accum",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(record)},
+    )
     assert result.code == 0, result.err
     expected = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1)
     assert reference.max_difference(weights(tmp_path / "experiment/latest.pt"), expected) < 1e-12
@@ -114,23 +162,45 @@ def test_clipped_gradients_and_undecayed_1d_parameters_equal_torchs_in_the_hand_
     # --no-norm-bias-decay (timm's grouping: biases and BatchNorm weights without weight decay) in
     # one process and under FSDP; the reference groups the parameters itself. --nesterov in one process.
     common = ["--model", "phalanx_testmodels:double", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"]
-    norm = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0,
-                             decay_1d=False)
-    value = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1,
-                              nesterov=True)  # and --nesterov
+    norm = reference_weights(
+        phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0, decay_1d=False
+    )
+    value = reference_weights(
+        phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1, nesterov=True
+    )  # and --nesterov
     plain = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1)
-    assert reference.max_difference(value, reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32,
-                                                             lr=0.1, clip_value=0.1)) > 1e-6
+    assert (
+        reference.max_difference(
+            value, reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_value=0.1)
+        )
+        > 1e-6
+    )
     decayed = reference_weights(phalanx_testmodels.double, epochs=1, global_batch=32, lr=0.1, clip_norm=1.0)
     assert min(reference.max_difference(norm, plain), reference.max_difference(value, plain)) > 1e-3  # they bind
     assert reference.max_difference(norm, decayed) > 1e-6  # the 1-D parameters' decay matters
-    runs = {"norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1, "--no-norm-bias-decay"],
-            "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value", "--nesterov"]}
+    runs = {
+        "norm": ["--batch-size", 16, "--grad-accum", 2, "--clip-grad", 1, "--no-norm-bias-decay"],
+        "value": ["--batch-size", 32, "--clip-grad", 0.1, "--clip-mode", "value", "--nesterov"],
+    }
     for name, flags in runs.items():
         result = phalanx("train", "--name", name, *flags, *common)
         assert result.code == 0, result.err
-    sharded = run_phalanx("trainlaunch", "--name", "fsdp", "--strategy", "fsdp", "--batch-size", 16, "--clip-grad", 1,
-                          "--no-norm-bias-decay", *common, "--use-torchrun", "--nproc-per-node=2", env=USER_MODELS)
+    sharded = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "fsdp",
+        "--strategy",
+        "fsdp",
+        "--batch-size",
+        16,
+        "--clip-grad",
+        1,
+        "--no-norm-bias-decay",
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env=USER_MODELS,
+    )
     assert sharded.code == 0, sharded.err
     for name, expected in (("norm", norm), ("value", value), ("fsdp", norm)):
         assert reference.max_difference(weights(tmp_path / name / "latest.pt"), expected) < 1e-12, name
@@ -148,13 +218,24 @@ def torch_threads(count: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("momentum, schedule", [(0, "constant"), (0.9, "cosine")])
-def test_float32_ddp_differs_from_one_process_only_by_the_rounding_of_a_regrouped_sum(tmp_path, phalanx,
-                                                                                        momentum, schedule):
+def test_float32_ddp_differs_from_one_process_only_by_the_rounding_of_a_regrouped_sum(
+    tmp_path, phalanx, momentum, schedule
+):
     # Batch 8 per worker: the most steps, the most rounding. The split leaves a short last step
     # (180 = 11 x 16 + 4), where each rank's share of the loss must be weighed right.
-    common = [*FLOAT32_RUN, "--momentum", momentum, "--lr-schedule", schedule, "--checkpoints-dir", tmp_path,
-              "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun", "--nproc-per-node=2")
+    common = [
+        *FLOAT32_RUN,
+        "--momentum",
+        momentum,
+        "--lr-schedule",
+        schedule,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun", "--nproc-per-node=2"
+    )
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 16, *common).code == 0
     # The same batches of 16, their gradients summed in other orders: as two and four accumulated

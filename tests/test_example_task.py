@@ -30,13 +30,21 @@ def digits_as_pngs(folder, count: int) -> list:
 def test_the_example_task_trains_predicts_and_exports(tmp_path, phalanx):
     from PIL import Image
 
-    trained = phalanx("train", "--task", AAE, "--epochs", 1, "--checkpoints-dir", tmp_path / "runs", "--name", "aae",
-                      "--no-progress")
+    trained = phalanx(
+        "train", "--task", AAE, "--epochs", 1, "--checkpoints-dir", tmp_path / "runs", "--name", "aae", "--no-progress"
+    )
     assert trained.code == 0, trained.err
     inputs = digits_as_pngs(tmp_path / "digits", 5)
     (tmp_path / "out").mkdir()
-    predicted = phalanx("predict", "--checkpoint", tmp_path / "runs" / "aae", tmp_path / "digits",
-                        "--output", tmp_path / "out" / "reconstructed", "--no-progress")
+    predicted = phalanx(
+        "predict",
+        "--checkpoint",
+        tmp_path / "runs" / "aae",
+        tmp_path / "digits",
+        "--output",
+        tmp_path / "out" / "reconstructed",
+        "--no-progress",
+    )
     assert predicted.code == 0, predicted.err
     assert "5 image(s) predicted, 0 skipped" in predicted.out, predicted.out
     written = sorted(p.relative_to(tmp_path / "out" / "reconstructed") for p in (tmp_path / "out").rglob("*.png"))
@@ -56,15 +64,20 @@ def test_the_example_task_trains_predicts_and_exports(tmp_path, phalanx):
 
 def test_the_example_predicts_what_its_generator_makes(tmp_path, phalanx):
     # The PNG is the generator's output for the prepared image, denormalised: not a copy of the input.
+    from adversarial_autoencoder import generator, prepare  # examples/tasks, on the path by conftest
     from PIL import Image
 
-    from adversarial_autoencoder import generator, prepare  # examples/tasks, on the path by conftest
-
-    assert phalanx("train", "--task", AAE, "--epochs", 1, "--checkpoints-dir", tmp_path, "--name", "aae",
-                   "--no-progress").code == 0
+    assert (
+        phalanx(
+            "train", "--task", AAE, "--epochs", 1, "--checkpoints-dir", tmp_path, "--name", "aae", "--no-progress"
+        ).code
+        == 0
+    )
     [path] = digits_as_pngs(tmp_path / "digits", 1)
-    assert phalanx("predict", "--checkpoint", tmp_path / "aae", path, "--output", tmp_path / "out",
-                   "--no-progress").code == 0
+    assert (
+        phalanx("predict", "--checkpoint", tmp_path / "aae", path, "--output", tmp_path / "out", "--no-progress").code
+        == 0
+    )
     checkpoint = torch.load(tmp_path / "aae" / "latest.pt", weights_only=True)
     network = generator(16)
     network.load_state_dict(checkpoint["model"])

@@ -12,11 +12,10 @@ import subprocess
 import sys
 
 import pytest
+import reference
 import torch
-
 from conftest import REPO, USER_MODELS, records, run_phalanx
 from test_equivalence import reference_weights, weights
-import reference
 
 
 @pytest.mark.slow
@@ -30,9 +29,21 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
     gradients are averaged in float32. The weights are sharded on the CPU workers' mesh where the
     machine has an accelerator (said to be CUDA here: the GPU machine's failure of 2026-11-27)."""
     env = {**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-                           str(REPO / "tests/support/fsdp_ranks.py"), str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            str(REPO / "tests/support/fsdp_ranks.py"),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
     assert [found["mesh_devices"] for found in ranks] == [{"cpu"}, {"cpu"}]  # not the accelerator's (CUDA's)
@@ -46,9 +57,12 @@ def test_each_rank_holds_half_of_every_network_and_a_checkpoint_holds_them_whole
         reloaded = ranks[0][name]["reloaded"]
         assert all(torch.equal(whole[k], reloaded[k]) for k in whole), name
         moments = ranks[0][name]["whole"]["optimizer"]["state"]
-        assert sum(v.numel() for s in moments.values() for k, v in s.items() if k != "step") == \
-            2 * ranks[0][name]["total"], name
-        dropped = [k for k, v in ranks[1][name]["whole"]["model"].items() if v is None]  # rank 1 keeps no gathered weight
+        assert (
+            sum(v.numel() for s in moments.values() for k, v in s.items() if k != "step") == 2 * ranks[0][name]["total"]
+        ), name
+        dropped = [
+            k for k, v in ranks[1][name]["whole"]["model"].items() if v is None
+        ]  # rank 1 keeps no gathered weight
         assert dropped == ranks[1][name]["parameters"], name
     own, validated = zip(*(found["resnet18"]["statistics"] for found in ranks))
     assert not torch.equal(own[0], own[1])  # each rank's batch moved its statistics its own way...
@@ -71,14 +85,34 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     consolidate` makes one file that evaluates as the run's last validation did."""
     import phalanx_testmodels
 
-    common = ["--model", "phalanx_testmodels:double", "--epochs", 2, "--batch-size", 16, "--save-epoch-freq", 1,
-              "--checkpoints-dir", tmp_path, "--no-progress"]
+    common = [
+        "--model",
+        "phalanx_testmodels:double",
+        "--epochs",
+        2,
+        "--batch-size",
+        16,
+        "--save-epoch-freq",
+        1,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     # A SIGTERM to rank 0 in the 30th step of epoch 1 (of 45): every rank stops at one step, each
     # saves its shard, and the resumed run ends where the loop does. Shards no checkpoint names (a
     # write cut short, an old save) are gone after the resumed run's first save.
     stopping = ["--task", "phalanx_testtasks:StoppingClassify"]  # classify, and a SIGTERM at a chosen step
-    sharded = ["trainlaunch", "--name", "fsdp", "--strategy", "fsdp", *stopping, *common, "--use-torchrun",
-               "--nproc-per-node=2"]
+    sharded = [
+        "trainlaunch",
+        "--name",
+        "fsdp",
+        "--strategy",
+        "fsdp",
+        *stopping,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+    ]
     stopped = run_phalanx(*sharded, env={**USER_MODELS, "PHALANX_TEST_STOP_STEP": "30"})
     assert stopped.code == 143 and "stopped by SIGTERM at step 30" in stopped.err, stopped.err
     assert "FSDP rank 0/2" in stopped.out
@@ -104,23 +138,59 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
         (tmp_path / run).mkdir()
         shutil.copy(tmp_path / source / "epoch_0001.pt", tmp_path / run / "latest.pt")
         if source == "fsdp":  # a sharded checkpoint is its file and its shards
-            shutil.copytree(tmp_path / "fsdp/shards/epoch0001-step00000045",
-                            tmp_path / run / "shards/epoch0001-step00000045")
+            shutil.copytree(
+                tmp_path / "fsdp/shards/epoch0001-step00000045", tmp_path / run / "shards/epoch0001-step00000045"
+            )
     one = phalanx("train", "--name", "to-one", *stopping, *common, "--resume", "auto")
     assert one.code == 0, one.err
-    assert reference.max_difference(weights(tmp_path / "to-one/latest.pt"), reference_weights(
-        phalanx_testmodels.double, epochs=2, global_batch=[32, 16], lr=0.1)) < 1e-12
-    ddp = run_phalanx("trainlaunch", "--name", "to-ddp", *stopping, *common, "--resume", "auto", "--use-torchrun",
-                      "--nproc-per-node=2", env=USER_MODELS)
+    assert (
+        reference.max_difference(
+            weights(tmp_path / "to-one/latest.pt"),
+            reference_weights(phalanx_testmodels.double, epochs=2, global_batch=[32, 16], lr=0.1),
+        )
+        < 1e-12
+    )
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "to-ddp",
+        *stopping,
+        *common,
+        "--resume",
+        "auto",
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env=USER_MODELS,
+    )
     assert ddp.code == 0, ddp.err
     assert reference.max_difference(weights(tmp_path / "to-ddp/latest.pt"), expected) < 1e-12
-    two = run_phalanx("trainlaunch", "--name", "to-fsdp", "--strategy", "fsdp", "--grad-accum", 2, *common,
-                      "--no-reshard-after-forward", "--fsdp-checkpoints", "whole", "--resume", "auto", "--use-torchrun",
-                      "--nproc-per-node=2", env=USER_MODELS)
+    two = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "to-fsdp",
+        "--strategy",
+        "fsdp",
+        "--grad-accum",
+        2,
+        *common,
+        "--no-reshard-after-forward",
+        "--fsdp-checkpoints",
+        "whole",
+        "--resume",
+        "auto",
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env=USER_MODELS,
+    )
     assert two.code == 0, two.err
     assert "model" in torch.load(tmp_path / "to-fsdp/latest.pt", weights_only=True)  # gathered whole by rank 0
-    assert reference.max_difference(weights(tmp_path / "to-fsdp/latest.pt"), reference_weights(
-        phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1)) < 1e-12
+    assert (
+        reference.max_difference(
+            weights(tmp_path / "to-fsdp/latest.pt"),
+            reference_weights(phalanx_testmodels.double, epochs=2, global_batch=[32, 64], lr=0.1),
+        )
+        < 1e-12
+    )
 
     made = phalanx("consolidate", "--checkpoint", tmp_path / "fsdp/latest.pt", "--output", tmp_path / "whole.pt")
     assert made.code == 0, made.err
@@ -129,14 +199,18 @@ def test_fsdp_trains_what_the_hand_written_loop_does_and_resumes_at_another_worl
     assert all(torch.equal(whole["model"][k], straight[k]) for k in straight) and "sharded" not in whole
     # its optimizer state numbered as the optimizer numbers it: the one process's (the same training) to rounding
     alone = torch.load(tmp_path / "single/latest.pt", weights_only=True)["optimizers"]["model"]
-    assert [g["params"] for g in whole["optimizers"]["model"]["param_groups"]] == [g["params"] for g in alone["param_groups"]]
+    assert [g["params"] for g in whole["optimizers"]["model"]["param_groups"]] == [
+        g["params"] for g in alone["param_groups"]
+    ]
     for index, moments in alone["state"].items():
         assert reference.max_difference(whole["optimizers"]["model"]["state"][index], moments) < 1e-12, index
     # a sharded checkpoint copied in part is one line, for inference and for a resume alike
     shutil.copytree(tmp_path / "fsdp", tmp_path / "part", ignore=shutil.ignore_patterns("pickle", "metrics.jsonl"))
     (tmp_path / "part/shards/epoch0002-step00000090/__1_0.distcp").unlink()
-    for command in (["evaluate", "--checkpoint", tmp_path / "part/latest.pt"],
-                    ["train", "--name", "part", *stopping, *common, "--epochs", 3, "--resume", "auto"]):
+    for command in (
+        ["evaluate", "--checkpoint", tmp_path / "part/latest.pt"],
+        ["train", "--name", "part", *stopping, *common, "--epochs", 3, "--resume", "auto"],
+    ):
         broken = phalanx(*command)
         assert broken.code == 2 and len(broken.err.strip().splitlines()) == 1, broken.err
         assert "epoch0002-step00000090 do not load: __1_0.distcp is missing" in broken.err, broken.err
@@ -164,14 +238,27 @@ def test_dry_run_says_what_each_rank_holds_under_each_strategy(phalanx):
 
     weights = sum(p.numel() for p in SmallCNN(10, 1).parameters())
     whole, largest = weights * 4 * 4, ((64 * 16 * 128 + 128) + (32 * 64 * 9 + 64)) * 4 * 2
-    plan = phalanx("trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--use-torchrun",
-                   "--nproc-per-node=4")
+    plan = phalanx(
+        "trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--use-torchrun", "--nproc-per-node=4"
+    )
     assert plan.code == 0, plan.err
-    assert (f"memory per rank for weights, gradients and optimizer state (adam; activations not counted): ddp "
-            f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + up to {largest / 2**20:.2f} "
-            "MiB gathered whole while a network runs") in plan.out, plan.out
-    mixed = phalanx("trainlaunch", "--dry-run", "--strategy", "fsdp", "--optimizer", "adam", "--precision", "bf16",
-                    "--use-torchrun", "--nproc-per-node=4")
+    assert (
+        f"memory per rank for weights, gradients and optimizer state (adam; activations not counted): ddp "
+        f"{whole / 2**20:.2f} MiB; fsdp over 4 ranks {-(-whole // 4) / 2**20:.2f} MiB + up to {largest / 2**20:.2f} "
+        "MiB gathered whole while a network runs"
+    ) in plan.out, plan.out
+    mixed = phalanx(
+        "trainlaunch",
+        "--dry-run",
+        "--strategy",
+        "fsdp",
+        "--optimizer",
+        "adam",
+        "--precision",
+        "bf16",
+        "--use-torchrun",
+        "--nproc-per-node=4",
+    )
     assert f"+ up to {largest / 2 / 2**20:.2f} MiB gathered" in mixed.out, mixed.out  # blocks gathered in bfloat16
 
 
@@ -185,7 +272,9 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_trains_the_same():
 
     def network():
         torch.manual_seed(0)
-        block = lambda a, b: nn.Sequential(nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.ReLU(), nn.Dropout(0.3))
+        def block(a, b):
+            return nn.Sequential(nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.ReLU(), nn.Dropout(0.3))
+
         return nn.Sequential(block(3, 8), block(8, 8), block(8, 8), nn.Flatten(), nn.Linear(8 * 8 * 8, 4)).double()
 
     def kept_bytes(model):
@@ -221,4 +310,6 @@ def test_consolidate_copies_a_whole_checkpoint_and_never_writes_over_a_file(tmp_
     assert copy["optimizers"]["model"]["param_groups"] == source["optimizers"]["model"]["param_groups"]
     before = (tmp_path / "one.pt").read_bytes()
     again = phalanx("consolidate", "--checkpoint", tmp_path / "experiment/latest.pt", "--output", tmp_path / "one.pt")
-    assert again.code == 2 and "exists; give a new file name" in again.err and (tmp_path / "one.pt").read_bytes() == before
+    assert (
+        again.code == 2 and "exists; give a new file name" in again.err and (tmp_path / "one.pt").read_bytes() == before
+    )

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import near_ties, records, run_phalanx, write_digit_pngs
 
 
@@ -47,31 +46,73 @@ def test_ddp_evaluate_counts_every_image_once_and_equals_one_process(trained, tm
     single = run_phalanx("evaluate", "--checkpoint", trained / "latest.pt", "--output", tmp_path / "one.json")
     assert single.code == 0, single.err
     # `-m phalanx`, as timm's and torchvision's scripts are launched (phalanx/__main__.py)
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "phalanx",
-                          "evaluate", "--checkpoint", str(trained / "latest.pt"), "--output", str(tmp_path / "two.json")],
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "phalanx",
+            "evaluate",
+            "--checkpoint",
+            str(trained / "latest.pt"),
+            "--output",
+            str(tmp_path / "two.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert ddp.returncode == 0, ddp.stderr
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["images"] == one["images"] == 359
     # Exact, but for near-ties of the two best logits (none, here), which other batches may flip.
-    flips = sum(abs(a - b) for row_a, row_b in zip(one["confusion_matrix"], two["confusion_matrix"])
-                for a, b in zip(row_a, row_b))
+    flips = sum(
+        abs(a - b)
+        for row_a, row_b in zip(one["confusion_matrix"], two["confusion_matrix"])
+        for a, b in zip(row_a, row_b)
+    )
     assert flips <= 2 * near_ties(trained / "latest.pt")
     assert ddp.stdout.count("top-1") == 1  # rank 0 reports
 
 
 def test_evaluate_on_a_folder_maps_classes_by_name(phalanx, tmp_path):
     data = write_digit_pngs(tmp_path / "data", per_class=15)
-    assert phalanx("train", "--dataroot", data, "--image-size", 16, "--augment", "none", "--epochs", 4,
-                   "--checkpoints-dir", tmp_path / "ck", "--no-progress").code == 0
+    assert (
+        phalanx(
+            "train",
+            "--dataroot",
+            data,
+            "--image-size",
+            16,
+            "--augment",
+            "none",
+            "--epochs",
+            4,
+            "--checkpoints-dir",
+            tmp_path / "ck",
+            "--no-progress",
+        ).code
+        == 0
+    )
     test = tmp_path / "test"
     for digit in (3, 7):  # a test folder with two of the ten classes
         (test / f"digit{digit}").mkdir(parents=True)
         for image in sorted((data / "train" / f"digit{digit}").iterdir())[:5]:
             (test / f"digit{digit}" / image.name).write_bytes(image.read_bytes())
-    result = phalanx("evaluate", "--checkpoint", tmp_path / "ck/experiment/latest.pt", "--dataroot", test,
-                     "--output", tmp_path / "r.json")
+    result = phalanx(
+        "evaluate",
+        "--checkpoint",
+        tmp_path / "ck/experiment/latest.pt",
+        "--dataroot",
+        test,
+        "--output",
+        tmp_path / "r.json",
+    )
     assert result.code == 0, result.err
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["images"] == 10
@@ -81,8 +122,18 @@ def test_evaluate_on_a_folder_maps_classes_by_name(phalanx, tmp_path):
 def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, phalanx, tmp_path):
     folder = write_digit_pngs(tmp_path / "images", per_class=3) / "train"
     (folder / "digit3" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
-    result = phalanx("predict", "--checkpoint", trained / "latest.pt", folder, "--output", tmp_path / "p.jsonl",
-                     "--top-k", 3, "--batch-size", 8)
+    result = phalanx(
+        "predict",
+        "--checkpoint",
+        trained / "latest.pt",
+        folder,
+        "--output",
+        tmp_path / "p.jsonl",
+        "--top-k",
+        3,
+        "--batch-size",
+        8,
+    )
     assert result.code == 0, result.err
     assert "broken.png" in result.err and "skipped" in result.err and "30 image(s) predicted, 1 skipped" in result.out
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
@@ -92,8 +143,9 @@ def test_predict_writes_every_readable_image_and_skips_a_corrupt_one(trained, ph
     csv = phalanx("predict", "--checkpoint", trained / "latest.pt", folder / "digit1", "--output", tmp_path / "p.csv")
     assert csv.code == 0 and (tmp_path / "p.csv").read_text().startswith("path,class,probability,top_k\n")
     # --output -: the same rows as JSON lines on stdout, for a pipe; what predict says goes to stderr
-    piped = phalanx("predict", "--checkpoint", trained / "latest.pt", folder, "--output", "-", "--top-k", 3,
-                    "--batch-size", 8)
+    piped = phalanx(
+        "predict", "--checkpoint", trained / "latest.pt", folder, "--output", "-", "--top-k", 3, "--batch-size", 8
+    )
     assert piped.code == 0 and [json.loads(line) for line in piped.out.splitlines()] == rows, piped.out[-500:]
     assert "30 image(s) predicted, 1 skipped; wrote stdout" in piped.err and not (tmp_path / "-").exists()
 
@@ -130,8 +182,9 @@ def test_predict_features_are_the_input_of_the_classifiers_last_layer(trained, p
     names = (tmp_path / "features.txt").read_text().splitlines()
     assert [Path(n).name for n in names] == [f"{i}.png" for i in range(5)]
     assert np.allclose(predicted, expected, atol=1e-5)
-    wrong = phalanx("predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features", "--output",
-                    tmp_path / "f.csv")
+    wrong = phalanx(
+        "predict", "--checkpoint", trained / "latest.pt", tmp_path, "--features", "--output", tmp_path / "f.csv"
+    )
     assert wrong.code == 2 and "must end in .npy" in wrong.err
 
 
@@ -140,13 +193,22 @@ def test_predict_features_of_a_probe_are_the_backbones_before_the_probes_norm(ph
 
     from phalanx.models.weights import ProbeNorm
 
-    assert phalanx("train", "--freeze-backbone", "--probe-norm", "--epochs", 1, "--checkpoints-dir", tmp_path,
-                   "--no-progress").code == 0
+    assert (
+        phalanx(
+            "train", "--freeze-backbone", "--probe-norm", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"
+        ).code
+        == 0
+    )
     images = tmp_path / "images"
     images.mkdir()
     predicted, expected = features_and_their_reference(
-        phalanx, tmp_path / "experiment/latest.pt", images, 3, 1,
-        lambda model: next(m for m in model.modules() if isinstance(m, ProbeNorm)))
+        phalanx,
+        tmp_path / "experiment/latest.pt",
+        images,
+        3,
+        1,
+        lambda model: next(m for m in model.modules() if isinstance(m, ProbeNorm)),
+    )
     assert predicted.shape == (3, 128) and np.allclose(predicted, expected, atol=1e-5)
 
 

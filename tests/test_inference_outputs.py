@@ -9,13 +9,24 @@ import json
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import snapshot_tree
 from phalanx_testdata import digit_scenes, translation_pairs
+from PIL import Image
 
-TRANSLATOR = ["--task", "translate", "--image-size", 16, "--generator", "unet_16", "--ngf", 4, "--ndf", 4,
-              "--d-layers", 2]
+TRANSLATOR = [
+    "--task",
+    "translate",
+    "--image-size",
+    16,
+    "--generator",
+    "unet_16",
+    "--ngf",
+    4,
+    "--ndf",
+    4,
+    "--d-layers",
+    2,
+]
 SEGMENTER = ["--task", "segment", "--model", "phalanx_testmodels:tiny_segmenter", "--image-size", 16]
 
 
@@ -67,16 +78,22 @@ def test_a_file_phalanx_wrote_is_replaced_and_any_other_only_with_overwrite(clas
     images = _images(tmp_path / "images", ["a.png", "b.png"], size=(8, 8))
     for output in ("p.csv", "p.jsonl", "f.npy"):  # predict's own files, written twice
         for _ in range(2):
-            again = phalanx("predict", "--checkpoint", classifier, images, "--output", tmp_path / output,
-                            *(["--features"] if output.endswith(".npy") else []))
+            again = phalanx(
+                "predict",
+                "--checkpoint",
+                classifier,
+                images,
+                "--output",
+                tmp_path / output,
+                *(["--features"] if output.endswith(".npy") else []),
+            )
             assert again.code == 0, again.err
     for _ in range(2):  # an export and its FILE.json, written twice
         exported = phalanx("export", "--checkpoint", classifier, "--output", tmp_path / "model.ts")
         assert exported.code == 0, exported.err
 
 
-def test_images_that_share_a_name_in_other_folders_each_keep_their_own_output(translator, segmenter, phalanx,
-                                                                              tmp_path):
+def test_images_that_share_a_name_in_other_folders_each_keep_their_own_output(translator, segmenter, phalanx, tmp_path):
     data = tmp_path / "data"
     for split in ("train", "val"):
         _images(data / split / "images", ["a.png", "b.png"], seed=len(split))
@@ -96,25 +113,37 @@ def test_images_that_share_a_name_in_other_folders_each_keep_their_own_output(tr
     assert "would both be written as a.png" in clash.err and snapshot_tree(tmp_path) == before
 
 
-def test_translate_tiles_overlap_a_quarter_of_the_training_size_and_panels_are_named(translator, phalanx, tmp_path,
-                                                                                     monkeypatch):
+def test_translate_tiles_overlap_a_quarter_of_the_training_size_and_panels_are_named(
+    translator, phalanx, tmp_path, monkeypatch
+):
     from phalanx.tasks.translate import inference as translate
 
     overlaps = []
     real = translate.tiled
-    monkeypatch.setattr(translate, "tiled", lambda g, image, size, overlap: overlaps.append(overlap) or
-                        real(g, image, size, overlap))
+    monkeypatch.setattr(
+        translate, "tiled", lambda g, image, size, overlap: overlaps.append(overlap) or real(g, image, size, overlap)
+    )
     _images(tmp_path / "in", ["big.png"], size=(40, 40))
     _images(tmp_path / "in", ["panel.png"], size=(16, 32))  # input | target, as the training data
-    result = phalanx("predict", "--checkpoint", translator, tmp_path / "in", "--output", tmp_path / "out",
-                     "--no-progress")
+    result = phalanx(
+        "predict", "--checkpoint", translator, tmp_path / "in", "--output", tmp_path / "out", "--no-progress"
+    )
     assert result.code == 0, result.err
     assert overlaps == [4, 4]  # a quarter of the 16 px tiles, not 15 of them (a tile every pixel)
-    warning, = result.err.strip().splitlines()
+    (warning,) = result.err.strip().splitlines()
     assert "1 image(s) are 2 square panels side by side" in warning and "panel.png" in warning
     overlaps.clear()
-    clamped = phalanx("predict", "--checkpoint", translator, tmp_path / "in/big.png", "--output", tmp_path / "out2",
-                      "--tile-overlap", 16, "--no-progress")
+    clamped = phalanx(
+        "predict",
+        "--checkpoint",
+        translator,
+        tmp_path / "in/big.png",
+        "--output",
+        tmp_path / "out2",
+        "--tile-overlap",
+        16,
+        "--no-progress",
+    )
     assert clamped.code == 0, clamped.err
     assert overlaps == [8] and "--tile-overlap 16 is not smaller than the 16 px tiles" in clamped.err
     assert "using 8" in clamped.err

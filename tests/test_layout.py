@@ -18,8 +18,13 @@ PACKAGE = REPO / "phalanx"
 def test_the_import_contracts_hold():
     lint = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
     assert lint, "import-linter is a test dependency (scripts/setup.sh --test installs it)"
-    done = subprocess.run([lint, "--config", str(REPO / "setup.cfg")], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [lint, "--config", str(REPO / "setup.cfg")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout + done.stderr
 
 
@@ -65,11 +70,13 @@ def test_a_new_built_in_task_is_its_folder_and_one_line_of_the_registry(tmp_path
         "from ...config.registry import TaskInfo\n"
         "from .options import EchoOptions\n\n"
         'SPECS = (TaskInfo("echo", "Echo (--task echo)", "a classifier by another name", EchoOptions,\n'
-        '                  "phalanx.tasks.echo.task:EchoTask"),)\n')
+        '                  "phalanx.tasks.echo.task:EchoTask"),)\n'
+    )
     (folder / "options.py").write_text(
         "from __future__ import annotations\n\nfrom dataclasses import dataclass\n\nfrom ...config.fields import option\n\n\n"
         "@dataclass(frozen=True)\nclass EchoOptions:\n"
-        '    loudness: int = option(1, "How loud the echo is.", metavar="N")\n')
+        '    loudness: int = option(1, "How loud the echo is.", metavar="N")\n'
+    )
     (folder / "task.py").write_text(
         "import torch\nfrom torch import nn\n\nfrom ...data import SeededView, load_digits\n"
         "from ..base import Task, TaskData\nfrom .options import EchoOptions\n\n\n"
@@ -85,24 +92,55 @@ def test_a_new_built_in_task_is_its_folder_and_one_line_of_the_registry(tmp_path
         '        return {"loss": (echoed - images.flatten(1)).pow(2).mean(1)}\n\n'
         "    def validation_step(self, models, images, ctx):\n"
         '        error = (models["model"](images.flatten(1)) - images.flatten(1)).pow(2).mean(1)\n'
-        '        return {"loss": error.sum(), "samples": torch.tensor(float(len(images)))}\n')
+        '        return {"loss": error.sum(), "samples": torch.tensor(float(len(images)))}\n'
+    )
     registry = copy / "config" / "registry.py"
     before = registry.read_text()
     after = before.replace('"segment")', '"segment",\n            "echo")', 1)
     assert after != before
     registry.write_text(after)
-    changed = sorted(str(p.relative_to(tmp_path)) for p in copy.rglob("*.py")
-                     if not (PACKAGE / p.relative_to(copy)).is_file()
-                     or (PACKAGE / p.relative_to(copy)).read_bytes() != p.read_bytes())
-    assert changed == ["phalanx/config/registry.py", "phalanx/tasks/echo/__init__.py", "phalanx/tasks/echo/options.py",
-                       "phalanx/tasks/echo/task.py"]
+    changed = sorted(
+        str(p.relative_to(tmp_path))
+        for p in copy.rglob("*.py")
+        if not (PACKAGE / p.relative_to(copy)).is_file()
+        or (PACKAGE / p.relative_to(copy)).read_bytes() != p.read_bytes()
+    )
+    assert changed == [
+        "phalanx/config/registry.py",
+        "phalanx/tasks/echo/__init__.py",
+        "phalanx/tasks/echo/options.py",
+        "phalanx/tasks/echo/task.py",
+    ]
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    shown = subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--task", "echo", "--help"], cwd=tmp_path,
-                           capture_output=True, text=True, env=env)
+    shown = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli", "train", "--task", "echo", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert shown.returncode == 0 and "Echo (--task echo)" in shown.stdout and "--loudness" in shown.stdout, shown.stderr
-    trained = subprocess.run([sys.executable, "-m", "phalanx.cli", "train", "--task", "echo", "--loudness", "2",
-                              "--epochs", "1", "--no-progress", "--checkpoints-dir", str(tmp_path / "ck")],
-                             cwd=tmp_path, capture_output=True, text=True, env=env)
+    trained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx.cli",
+            "train",
+            "--task",
+            "echo",
+            "--loudness",
+            "2",
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--checkpoints-dir",
+            str(tmp_path / "ck"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert trained.returncode == 0 and "phalanx: task echo; digits, echoed" in trained.stdout, trained.stderr
 
 
@@ -112,11 +150,23 @@ def test_any_module_imports_first_in_a_fresh_process():
     deep in one, imported first in a process of its own."""
     from phalanx.config.registry import PACKAGES
 
-    first = ["phalanx.cli", "phalanx.config", "phalanx.config.registry", "phalanx.train.run", "phalanx.inference.predict",
-             "phalanx.visualize", "phalanx.launch.torchrun", "phalanx.tasks.selfsupervised.losses",
-             *(f"phalanx.tasks.{package}" for package in PACKAGES)]
+    first = [
+        "phalanx.cli",
+        "phalanx.config",
+        "phalanx.config.registry",
+        "phalanx.train.run",
+        "phalanx.inference.predict",
+        "phalanx.visualize",
+        "phalanx.launch.torchrun",
+        "phalanx.tasks.selfsupervised.losses",
+        *(f"phalanx.tasks.{package}" for package in PACKAGES),
+    ]
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
     for name in first:
-        done = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = subprocess.run(
+            [sys.executable, "-c", code, name],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert done.returncode == 0, (name, done.stderr[-600:])

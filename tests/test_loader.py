@@ -12,15 +12,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from phalanx_testdata import photo
 
 from phalanx import cores
 from phalanx.config import RunConfig
-from phalanx.data import build_datasets, loader_workers
-from phalanx.data import manifest
+from phalanx.data import build_datasets, loader_workers, manifest
 from phalanx.data.images import DRAFT_MIN_SIDE, DRAFT_REDUCTION, PathTable, decode, jpeg_size
 from phalanx.data.transforms import Prepare
 from phalanx.errors import PhalanxError
-from phalanx_testdata import photo
 
 # Stated in the README ("Input pipeline"): a reduced-scale JPEG decode differs from a full decode
 # plus antialiased resize by at most this much, in [0, 1] units, after the pipeline's resize.
@@ -29,8 +28,9 @@ MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224),
-                                                 (1200, 900, 100)])
+@pytest.mark.parametrize(
+    "width, height, size", [(160, 160, 32), (500, 375, 64), (500, 375, 224), (640, 480, 224), (1200, 900, 100)]
+)
 def test_fast_jpeg_decoding_gives_the_reference_image_within_tolerance(width, height, size):
     from torchvision.io import decode_jpeg
 
@@ -131,8 +131,9 @@ def test_jpegs_decode_as_torchvisions_decode_jpeg_does_pixel_for_pixel(monkeypat
             data = photo(64, 48, seed)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                expected = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                                       mode=getattr(ImageReadMode, name))
+                expected = decode_jpeg(
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=getattr(ImageReadMode, name)
+                )
             assert expected.shape == ((3 if mode == "RGB" else 1), 48, 64)
             assert torch.equal(decode(data, mode, None, fast=True), expected)
             assert torch.equal(op_path(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode), expected)
@@ -162,11 +163,12 @@ def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it
             return read(), tracemalloc.get_traced_memory()[1] - before
         except ValueError:
             return None, tracemalloc.get_traced_memory()[1] - before
+
     try:
         for size in (0, 1, 5000, images.READ_ON_BYTES + 7, 300_000):
             path = tmp_path / f"{size}.bin"
             path.write_bytes(os.urandom(size))
-            data, peak = allocated_by(lambda: images.read_bounded(path))
+            data, peak = allocated_by(lambda path=path: images.read_bounded(path))
             assert data == path.read_bytes()
             # A read of the limit (256 MiB) allocated that much for every image.
             assert peak < 2 * size + 4 * images.READ_ON_BYTES, (size, peak)
@@ -193,9 +195,11 @@ def test_a_file_is_read_whole_without_allocating_the_limit_and_refused_beyond_it
                     fh.write(b"x" * count)
                 except BrokenPipeError:  # the reader stopped at the limit
                     pass
+
         writers.append(threading.Thread(target=write, daemon=True))
         writers[-1].start()
         return fifo
+
     assert images.read_bounded(fifo_of(200_000)) == b"x" * 200_000
     monkeypatch.setattr(images, "MAX_FILE_BYTES", 1000)
     (tmp_path / "limit").write_bytes(bytes(1000))
@@ -306,7 +310,7 @@ def test_basic_augmentation_of_small_images_is_a_padded_crop_and_a_flip(monkeypa
     for draw in range(span * span * 2):
         monkeypatch.setattr(torch, "randint", lambda *args, draw=draw, **kwargs: torch.tensor(draw))
         top, left, flipped = draw // (2 * span), draw // 2 % span, draw % 2 == 1
-        expected = torch.nn.functional.pad(image, (2,) * 4)[:, top:top + 8, left:left + 8]
+        expected = torch.nn.functional.pad(image, (2,) * 4)[:, top : top + 8, left : left + 8]
         expected = prepare.scale(expected.flip(-1) if flipped else expected)
         assert torch.equal(augment(image), expected), draw
 
@@ -396,9 +400,11 @@ def test_a_cgroup_v2_quota_is_the_smallest_up_the_hierarchy(tmp_path, monkeypatc
     (mount / "kubepods/pod10").mkdir(parents=True)
     (mount / "kubepods/pod10/cpu.max").write_text("10000 100000\n")
     escaped = str(mount).replace(" ", "\\040")
-    proc = {"/proc/self/cgroup": "0::/kubepods/pod1/ctr\n",
-            "/proc/self/mountinfo": "22 1 0:20 / /sys rw - sysfs sysfs rw\n"
-                                    f"35 22 0:30 {mount_root} {escaped} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"}
+    proc = {
+        "/proc/self/cgroup": "0::/kubepods/pod1/ctr\n",
+        "/proc/self/mountinfo": "22 1 0:20 / /sys rw - sysfs sysfs rw\n"
+        f"35 22 0:30 {mount_root} {escaped} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+    }
     real = cores._read
     monkeypatch.setattr(cores, "_read", lambda path: proc[path] if str(path) in proc else real(path))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from phalanx_testdata import photo
 
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, manifest
-from phalanx_testdata import photo
 
 
 @pytest.fixture(autouse=True)
@@ -55,12 +55,22 @@ def jpegs_of_many_encoders() -> dict[str, bytes]:
     from torchvision.io import encode_jpeg
 
     pixels = np.asarray(Image.open(io.BytesIO(photo(96, 64, 3))))
-    out = {"photo": photo(96, 64, 0), "torchvision": encode_jpeg(torch.from_numpy(pixels).permute(2, 0, 1).contiguous(),
-                                                                 quality=80).numpy().tobytes()}
-    options = {"q95 444": {"quality": 95, "subsampling": 0}, "progressive": {"progressive": True},
-               "optimised": {"optimize": True}, "restart markers": {"restart_marker_blocks": 1},
-               "comment": {"comment": b"a comment"}, "dpi": {"dpi": (300, 300)},
-               "icc": {"icc_profile": b"\0" * 3000}, "exif": {"exif": Image.Exif().tobytes()}}
+    out = {
+        "photo": photo(96, 64, 0),
+        "torchvision": encode_jpeg(torch.from_numpy(pixels).permute(2, 0, 1).contiguous(), quality=80)
+        .numpy()
+        .tobytes(),
+    }
+    options = {
+        "q95 444": {"quality": 95, "subsampling": 0},
+        "progressive": {"progressive": True},
+        "optimised": {"optimize": True},
+        "restart markers": {"restart_marker_blocks": 1},
+        "comment": {"comment": b"a comment"},
+        "dpi": {"dpi": (300, 300)},
+        "icc": {"icc_profile": b"\0" * 3000},
+        "exif": {"exif": Image.Exif().tobytes()},
+    }
     for name, kwargs in options.items():
         buffer = io.BytesIO()
         Image.fromarray(pixels).save(buffer, "JPEG", **kwargs)
@@ -87,7 +97,7 @@ def test_the_jpeg_header_walk_passes_what_pil_opens_and_leaves_the_rest_to_pil(t
     for trial in range(1500):
         data = bytearray(list(encoded.values())[trial % len(encoded)])
         if trial % 3 == 0:  # cut short
-            data = data[:int(rng.integers(2, min(len(data), 700)))]
+            data = data[: int(rng.integers(2, min(len(data), 700)))]
         else:  # bytes of the header changed
             for _ in range(int(rng.integers(1, 4))):
                 data[int(rng.integers(2, min(len(data), 400)))] = int(rng.integers(0, 256))
@@ -133,14 +143,19 @@ def test_a_manifest_of_the_older_format_is_not_trusted(tmp_path, monkeypatch):
     root = png_folder(tmp_path / "data", per_class=4)
     manifest.checked(root / "train")
     cache = next((tmp_path / "cache").glob("manifest-*.json"))
-    old = {"version": 1, "root": str((root / "train").resolve()),
-           "files": {f"class0/{i:05d}.png": [0, 0, "SyntaxError"] for i in range(4)}}
+    old = {
+        "version": 1,
+        "root": str((root / "train").resolve()),
+        "files": {f"class0/{i:05d}.png": [0, 0, "SyntaxError"] for i in range(4)},
+    }
     cache.write_text(json.dumps(old))
     calls = []
     monkeypatch.setattr(manifest, "check_file", lambda path: calls.append(path))
     assert not manifest.checked(root / "train").broken and len(calls) == 12
-    for broken_record in ('{"version": 2, "root": "%s", "paths": [1], "sizes": [], "mtimes": [], "broken": {}}',
-                          "not json"):
+    for broken_record in (
+        '{"version": 2, "root": "%s", "paths": [1], "sizes": [], "mtimes": [], "broken": {}}',
+        "not json",
+    ):
         cache.write_text(broken_record % str((root / "train").resolve()) if "%" in broken_record else broken_record)
         calls.clear()
         assert len(manifest.checked(root / "train").paths) == 12 and len(calls) == 12

@@ -35,15 +35,19 @@ def test_every_mutant_resolves_in_this_tree():
 def test_a_module_moved_into_a_package_changes_no_target(tmp_path):
     mutants = _mutants()
     (tmp_path / "phalanx" / "tasks").mkdir(parents=True)
-    source = ("LIMIT = 3\n\n\nclass Trainer:\n    @property\n    def scale(self):\n        return 1 / 2\n\n"
-              "    def step(self):\n        if self.scale:\n            return LIMIT\n\n\ndef main():\n    return 0\n")
+    source = (
+        "LIMIT = 3\n\n\nclass Trainer:\n    @property\n    def scale(self):\n        return 1 / 2\n\n"
+        "    def step(self):\n        if self.scale:\n            return LIMIT\n\n\ndef main():\n    return 0\n"
+    )
     (tmp_path / "phalanx" / "trainer.py").write_text(source)
     (tmp_path / "phalanx" / "tasks" / "classify.py").write_text("def main():\n    return 1\n")
-    chosen = [mutants.Mutant("a", "Trainer.scale", "1 / 2", "1 / 3", ()),
-              mutants.Mutant("b", "Trainer.step", "        if self.scale:\n", "        if False:\n", ()),
-              mutants.Mutant("c", "LIMIT", "= 3", "= 4", ()),
-              mutants.Mutant("d", "main@trainer", "return 0", "return 2", ()),
-              mutants.Mutant("e", "main@tasks.classify", "return 1", "return 2", ())]
+    chosen = [
+        mutants.Mutant("a", "Trainer.scale", "1 / 2", "1 / 3", ()),
+        mutants.Mutant("b", "Trainer.step", "        if self.scale:\n", "        if False:\n", ()),
+        mutants.Mutant("c", "LIMIT", "= 3", "= 4", ()),
+        mutants.Mutant("d", "main@trainer", "return 0", "return 2", ()),
+        mutants.Mutant("e", "main@tasks.classify", "return 1", "return 2", ()),
+    ]
     before = [mutants.resolve(m, *mutants.definitions(tmp_path)) for m in chosen]
     (tmp_path / "phalanx" / "trainer").mkdir()
     shutil.move(tmp_path / "phalanx" / "trainer.py", tmp_path / "phalanx" / "trainer" / "__init__.py")
@@ -61,8 +65,11 @@ def test_an_ambiguous_or_missing_target_is_refused(tmp_path):
     (tmp_path / "phalanx" / "a.py").write_text("def main():\n    return 0\n")
     (tmp_path / "phalanx" / "b.py").write_text("def main():\n    return 0\n")
     found, texts = mutants.definitions(tmp_path)
-    for target, before, said in [("main", "return 0", "names 2 definitions"), ("mian", "return 0", "no definition"),
-                                 ("main@a", "return 1", "0 times, not once")]:
+    for target, before, said in [
+        ("main", "return 0", "names 2 definitions"),
+        ("mian", "return 0", "no definition"),
+        ("main@a", "return 1", "0 times, not once"),
+    ]:
         try:
             mutants.resolve(mutants.Mutant("x", target, before, "", ()), found, texts)
         except mutants.Unresolved as problem:

@@ -32,10 +32,14 @@ def stepped(kind: str, fused: bool, grads: list[torch.Tensor]) -> list[torch.Ten
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
 def test_fused_steps_equal_torchs_loop_even_for_a_gradient_in_another_layout(kind):
     shapes = [(8, 3, 3, 3), (8,), (4, 8), (4,)]
-    grads = [torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-             for i, shape in enumerate(shapes)]
+    grads = [
+        torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i, shape in enumerate(shapes)
+    ]
     fused, loop = stepped(kind, True, grads), stepped(kind, False, grads)
-    for ours, reference in zip(fused, loop):  # float64: 6e-17 apart here (Adam rounds in another order); 1e-12: a wide margin
+    for ours, reference in zip(
+        fused, loop
+    ):  # float64: 6e-17 apart here (Adam rounds in another order); 1e-12: a wide margin
         torch.testing.assert_close(ours, reference, rtol=0, atol=1e-12)  # (a wrong layout: off by 0.4)
     assert fused[0].is_contiguous(memory_format=torch.channels_last)
 
@@ -54,8 +58,11 @@ def test_fused_sgd_takes_a_parameter_whose_first_gradient_comes_late():
     # torch 2.14's fused SGD fails on that mix; phalanx's step gives the late one a zero buffer.
     def run(fused: bool) -> list[torch.Tensor]:
         params = [torch.nn.Parameter(torch.ones(4, dtype=torch.float64) * (i + 1)) for i in range(2)]
-        optimizer = build_optimizer(OptimOptions(optimizer="sgd"), params, 0.1) if fused else \
-            torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=False)
+        optimizer = (
+            build_optimizer(OptimOptions(optimizer="sgd"), params, 0.1)
+            if fused
+            else torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=False)
+        )
         for k in range(4):
             params[0].grad = torch.full((4,), 0.5 + k, dtype=torch.float64)
             params[1].grad = torch.full((4,), 2.0 - k, dtype=torch.float64) if k >= 2 else None
@@ -92,21 +99,37 @@ def test_a_resume_that_switches_channels_last_steps_as_torchs_loop(kind):
     # --channels-last may change at a resume: the loaded momentum (or moments) keep the checkpoint's
     # layout; a fused step would read them as the parameter's (off by 0.3 for SGD, measured).
     def resumed(fused: bool) -> torch.Tensor:
-        weight = torch.nn.Parameter(torch.randn(8, 3, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+        weight = torch.nn.Parameter(
+            torch.randn(8, 3, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        )
         options = OptimOptions(optimizer=kind)
-        first = build_optimizer(options, [weight], 0.1) if fused else \
-            torch.optim.SGD([weight], lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=False) if kind == "sgd" else \
-            torch.optim.Adam([weight], lr=0.1, weight_decay=5e-4, foreach=False)
+        first = (
+            build_optimizer(options, [weight], 0.1)
+            if fused
+            else torch.optim.SGD([weight], lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=False)
+            if kind == "sgd"
+            else torch.optim.Adam([weight], lr=0.1, weight_decay=5e-4, foreach=False)
+        )
         weight.grad = torch.linspace(-1, 1, weight.numel(), dtype=torch.float64).view(weight.shape)
         step(first, torch.amp.GradScaler("cpu", enabled=False))
         saved = first.state_dict()
         moved = torch.nn.Parameter(weight.detach().contiguous(memory_format=torch.channels_last))
-        second = build_optimizer(options, [moved], 0.1) if fused else type(first)([moved], **{
-            k: v for k, v in first.defaults.items() if k in ("lr", "momentum", "weight_decay")}, foreach=False)
+        second = (
+            build_optimizer(options, [moved], 0.1)
+            if fused
+            else type(first)(
+                [moved],
+                **{k: v for k, v in first.defaults.items() if k in ("lr", "momentum", "weight_decay")},
+                foreach=False,
+            )
+        )
         second.load_state_dict(saved)
         keep_implementation(second)
-        moved.grad = torch.linspace(1, -1, moved.numel(), dtype=torch.float64).view(moved.shape).contiguous(
-            memory_format=torch.channels_last)
+        moved.grad = (
+            torch.linspace(1, -1, moved.numel(), dtype=torch.float64)
+            .view(moved.shape)
+            .contiguous(memory_format=torch.channels_last)
+        )
         step(second, torch.amp.GradScaler("cpu", enabled=False))
         return moved.detach()
 
@@ -122,7 +145,7 @@ def test_gradients_are_clipped_unscaled_under_a_gradscaler():
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
     optimizer = torch.optim.SGD([weight], lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     start = weight.detach().clone()
     scaler.scale((weight * torch.arange(5.0, dtype=torch.float64)).sum() * 10).backward()  # gradient norm 54.8
     clip_gradients(optimizer, scaler, RunConfig.flat(clip_grad=2.0).optim)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx, write_digit_pngs
+
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
 
@@ -27,13 +27,30 @@ def recorded(folder: Path) -> dict[str, list[list[str]]]:
 
 @pytest.mark.slow
 def test_augmentation_is_seeded_per_sample_the_same_on_any_rank_and_new_each_epoch(tmp_path, phalanx, monkeypatch):
-    common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
-              "--no-progress"]
+    common = [
+        "--model",
+        "phalanx_testmodels:recorder",
+        *AUGMENTED,
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     for name in ("a", "b"):
         monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / f"rec-{name}"))
         assert phalanx("train", "--name", name, *common).code == 0
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", *common, "--batch-size", 16, "--use-torchrun", "--nproc_per_node 2",
-                      env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-ddp")})
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        *common,
+        "--batch-size",
+        16,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-ddp")},
+    )
     assert ddp.code == 0, ddp.err
     (a,), (b,) = recorded(tmp_path / "rec-a").values(), recorded(tmp_path / "rec-b").values()
     assert a == b  # bitwise reproducible
@@ -55,10 +72,29 @@ def _plain_ids():
 
 @pytest.mark.slow
 def test_a_mid_epoch_resume_continues_the_same_augmented_stream(tmp_path, phalanx, monkeypatch):
-    common = ["--model", "phalanx_testmodels:recorder", *AUGMENTED, "--epochs", 2, "--checkpoints-dir", tmp_path,
-              "--no-progress", "--log-every", 1, "--mixup-alpha", 0.4, "--random-erasing", 0.5]
-    cut = start_phalanx("train", "--name", "cut", *common,
-                        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), **gate(tmp_path / "gate", 20)})
+    common = [
+        "--model",
+        "phalanx_testmodels:recorder",
+        *AUGMENTED,
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        1,
+        "--mixup-alpha",
+        0.4,
+        "--random-erasing",
+        0.5,
+    ]
+    cut = start_phalanx(
+        "train",
+        "--name",
+        "cut",
+        *common,
+        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), **gate(tmp_path / "gate", 20)},
+    )
     try:
         paused(tmp_path / "gate")  # in the 20th step of epoch 1 (of 45)
         cut.send_signal(signal.SIGTERM)
@@ -91,8 +127,18 @@ def test_dataset_normalisation_is_computed_once_saved_and_correct(phalanx, tmp_p
     plain = build_datasets(RunConfig.flat(normalize="dataset"), None).train
     stacked = torch.stack([plain[i][0] for i in range(len(plain))])
     assert abs(stacked.mean().item()) < 1e-4 and abs(stacked.std().item() - 1) < 1e-3
-    resumed = phalanx("train", "--normalize", "dataset", "--epochs", 2, "--resume", "auto", "--checkpoints-dir",
-                      tmp_path, "--no-progress")
+    resumed = phalanx(
+        "train",
+        "--normalize",
+        "dataset",
+        "--epochs",
+        2,
+        "--resume",
+        "auto",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert resumed.code == 0, resumed.err
 
 
@@ -110,8 +156,9 @@ def test_evaluation_crops_the_centre_and_never_squashes(tmp_path):
         image.save(folder / f"{i}.png")
     (tmp_path / "data/train/other").mkdir()
     Image.new("RGB", (20, 20)).save(tmp_path / "data/train/other/0.png")
-    data = build_datasets(RunConfig.flat(dataroot=str(tmp_path / "data"), image_size=16, normalize="none",
-                                    val_fraction=0.4), None)
+    data = build_datasets(
+        RunConfig.flat(dataroot=str(tmp_path / "data"), image_size=16, normalize="none", val_fraction=0.4), None
+    )
     image = data.train[0][0] if data.train[0][1] == 0 else data.train[1][0]
     assert image.shape == (3, 16, 16)
     # All green (a squash would keep red and blue bands at the sides; antialiasing blurs the edge a little).
@@ -144,8 +191,17 @@ def test_an_evaluation_crop_fraction_outside_its_range_is_one_line(phalanx, tmp_
 def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bit(phalanx, tmp_path):
     digits = write_digit_pngs(tmp_path / "ten", per_class=40)  # RGB PNGs of the ten digits
     # A model with BatchNorm: a frozen backbone keeps its running statistics too.
-    common = ["--model", "phalanx_testmodels:batchnorm", "--image-size", 16, "--augment", "none", "--checkpoints-dir",
-              tmp_path, "--no-progress"]
+    common = [
+        "--model",
+        "phalanx_testmodels:batchnorm",
+        "--image-size",
+        16,
+        "--augment",
+        "none",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     assert phalanx("train", "--dataroot", digits, "--epochs", 4, "--name", "pretrained", *common).code == 0
     pretrained = torch.load(tmp_path / "pretrained/latest.pt")["model"]
     three = tmp_path / "three" / "train"  # new classes: the digits 0-2 under other names
@@ -153,10 +209,25 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
         (three / f"class{digit}").mkdir(parents=True)
         for image in sorted((digits / "train" / f"digit{digit}").iterdir()):
             (three / f"class{digit}" / image.name).write_bytes(image.read_bytes())
-    result = phalanx("train", "--dataroot", three.parent, "--weights", tmp_path / "pretrained/latest.pt",
-                     "--freeze-backbone", "--head-lr-mult", 3, "--epochs", 3, "--name", "tuned", *common)
+    result = phalanx(
+        "train",
+        "--dataroot",
+        three.parent,
+        "--weights",
+        tmp_path / "pretrained/latest.pt",
+        "--freeze-backbone",
+        "--head-lr-mult",
+        3,
+        "--epochs",
+        3,
+        "--name",
+        "tuned",
+        *common,
+    )
     assert result.code == 0, result.err
-    assert "7 tensors loaded, 2 replaced (trained on other classes, trained anew: net.5.weight 10x32 -> 3x32" in result.out
+    assert (
+        "7 tensors loaded, 2 replaced (trained on other classes, trained anew: net.5.weight 10x32 -> 3x32" in result.out
+    )
     assert "backbone frozen, training net.5 only" in result.out
     tuned = torch.load(tmp_path / "tuned/latest.pt")
     assert any("running_mean" in key for key in tuned["model"])
@@ -177,21 +248,52 @@ def test_fine_tuning_loads_the_backbone_replaces_the_head_and_freezes_bit_for_bi
 def test_a_head_trained_on_other_classes_of_the_same_number_starts_anew(phalanx, tmp_path):
     assert phalanx("train", "--epochs", 1, "--name", "digits", "--checkpoints-dir", tmp_path, "--no-progress").code == 0
     folder = write_digit_pngs(tmp_path / "data", per_class=5)  # ten classes too, but named digit0..digit9
-    result = phalanx("train", "--dataroot", folder, "--image-size", 8, "--weights", tmp_path / "digits/latest.pt",
-                     "--epochs", 1, "--name", "tuned", "--checkpoints-dir", tmp_path, "--no-progress")
+    result = phalanx(
+        "train",
+        "--dataroot",
+        folder,
+        "--image-size",
+        8,
+        "--weights",
+        tmp_path / "digits/latest.pt",
+        "--epochs",
+        1,
+        "--name",
+        "tuned",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
-    assert "6 tensors loaded, 2 replaced (trained on other classes, trained anew: classifier.3.weight 10x128" \
-        in result.out
+    assert (
+        "6 tensors loaded, 2 replaced (trained on other classes, trained anew: classifier.3.weight 10x128" in result.out
+    )
     # RGB images: the stem is of another shape, not "trained on other classes" (as it was said)
     from PIL import Image
 
     for path in folder.rglob("*.png"):
         Image.open(path).convert("RGB").save(path)
-    rgb = phalanx("train", "--dataroot", folder, "--image-size", 8, "--weights", tmp_path / "digits/latest.pt",
-                  "--epochs", 1, "--name", "rgb", "--checkpoints-dir", tmp_path, "--no-progress")
+    rgb = phalanx(
+        "train",
+        "--dataroot",
+        folder,
+        "--image-size",
+        8,
+        "--weights",
+        tmp_path / "digits/latest.pt",
+        "--epochs",
+        1,
+        "--name",
+        "rgb",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert rgb.code == 0, rgb.err
-    assert "5 tensors loaded, 3 replaced (the head's for other classes, the rest of another shape, trained anew: " \
-           "features.0.weight 32x1x3x3 -> 32x3x3x3, classifier.3.weight" in rgb.out, rgb.out
+    assert (
+        "5 tensors loaded, 3 replaced (the head's for other classes, the rest of another shape, trained anew: "
+        "features.0.weight 32x1x3x3 -> 32x3x3x3, classifier.3.weight" in rgb.out
+    ), rgb.out
 
 
 @pytest.mark.slow
@@ -199,15 +301,28 @@ def test_torchvision_weights_come_from_the_hub_cache_or_fail_in_one_line(phalanx
     import torchvision
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
-    missing = phalanx("train", "--model", "resnet18", "--weights", "ResNet18_Weights.IMAGENET1K_V1",
-                      "--checkpoints-dir", tmp_path)
+    missing = phalanx(
+        "train", "--model", "resnet18", "--weights", "ResNet18_Weights.IMAGENET1K_V1", "--checkpoints-dir", tmp_path
+    )
     assert missing.code == 2 and len(missing.err.strip().splitlines()) == 1
     cached = tmp_path / "torch-home/hub/checkpoints/resnet18-f37072fd.pth"
     assert f"put https://download.pytorch.org/models/resnet18-f37072fd.pth at {cached}" in missing.err
     cached.parent.mkdir(parents=True)
     torch.save(torchvision.models.resnet18(num_classes=1000).state_dict(), cached)  # stands in for the download
-    result = phalanx("train", "--model", "resnet18", "--weights", "ResNet18_Weights.IMAGENET1K_V1", "--epochs", 1,
-                     "--batch-size", 128, "--checkpoints-dir", tmp_path, "--no-progress")
+    result = phalanx(
+        "train",
+        "--model",
+        "resnet18",
+        "--weights",
+        "ResNet18_Weights.IMAGENET1K_V1",
+        "--epochs",
+        1,
+        "--batch-size",
+        128,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
     assert "120 tensors loaded, 2 replaced (another shape, trained anew: fc.weight 1000x512 -> 10x512" in result.out
     assert torch.load(tmp_path / "experiment/latest.pt")["data"]["mean"] == [0.485, 0.456, 0.406]  # auto: imagenet
@@ -218,12 +333,32 @@ def test_mixing_and_erasing_change_the_images_the_model_sees(phalanx, tmp_path, 
 
     def seen(name, *extra):
         monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / f"record-{name}"))
-        result = phalanx("train", "--model", "phalanx_testmodels:recorder", "--name", name, "--epochs", 1,
-                         "--augment", "none", "--image-size", 16, "--val-fraction", 0.9, "--checkpoints-dir", tmp_path,
-                         "--no-progress", *extra)
+        result = phalanx(
+            "train",
+            "--model",
+            "phalanx_testmodels:recorder",
+            "--name",
+            name,
+            "--epochs",
+            1,
+            "--augment",
+            "none",
+            "--image-size",
+            16,
+            "--val-fraction",
+            0.9,
+            "--checkpoints-dir",
+            tmp_path,
+            "--no-progress",
+            *extra,
+        )
         assert result.code == 0, result.err
-        return [line[2:] for path in (tmp_path / f"record-{name}").iterdir() for line in path.read_text().splitlines()
-                if line.startswith("T ")]
+        return [
+            line[2:]
+            for path in (tmp_path / f"record-{name}").iterdir()
+            for line in path.read_text().splitlines()
+            if line.startswith("T ")
+        ]
 
     train = build_datasets(RunConfig.flat(image_size=16, augment="none", val_fraction=0.9), None).train
     images = {sample_id(train[i][0]) for i in range(len(train))}
@@ -241,8 +376,21 @@ def test_label_smoothing_changes_the_loss_and_channels_last_reaches_the_model(ph
     plain, smooth = (records(tmp_path / n, "train")[0]["loss"] for n in ("plain", "smooth"))
     assert plain != smooth  # the same first batch and weights: only the smoothed targets differ
     monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "formats"))
-    result = phalanx("train", "--name", "cl", "--model", "phalanx_testmodels:format_probe", "--channels-last",
-                     "--dataset", "synthetic", "--synthetic-samples", 64, "--image-size", 8, *common)  # RGB: 3 channels
+    result = phalanx(
+        "train",
+        "--name",
+        "cl",
+        "--model",
+        "phalanx_testmodels:format_probe",
+        "--channels-last",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        64,
+        "--image-size",
+        8,
+        *common,
+    )  # RGB: 3 channels
     assert result.code == 0, result.err
     assert {p.read_text() for p in (tmp_path / "formats").iterdir()} == {"channels_last"}
 
@@ -269,19 +417,48 @@ def test_torchvisions_and_timms_own_checkpoints_give_their_weights(phalanx, tmp_
 
     torch.manual_seed(3)
     weights = SmallCNN(num_classes=10, in_channels=1).state_dict()
-    files = {"torchvision": {"model": weights, "model_ema": weights, "optimizer": {"state": {}}, "epoch": 3,
-                             "args": argparse.Namespace(model="smallcnn", lr=0.1, data_path="/data")},
-             "timm": {"state_dict": weights, "state_dict_ema": weights, "epoch": 3, "arch": "smallcnn"}}
-    said = {"torchvision": "(a torchvision reference checkpoint: its 'model'; its model_ema left out)",
-            "timm": "(timm's checkpoint: its 'state_dict'; its state_dict_ema left out)"}
+    files = {
+        "torchvision": {
+            "model": weights,
+            "model_ema": weights,
+            "optimizer": {"state": {}},
+            "epoch": 3,
+            "args": argparse.Namespace(model="smallcnn", lr=0.1, data_path="/data"),
+        },
+        "timm": {"state_dict": weights, "state_dict_ema": weights, "epoch": 3, "arch": "smallcnn"},
+    }
+    said = {
+        "torchvision": "(a torchvision reference checkpoint: its 'model'; its model_ema left out)",
+        "timm": "(timm's checkpoint: its 'state_dict'; its state_dict_ema left out)",
+    }
     for tool, content in files.items():
         torch.save(content, tmp_path / f"{tool}.pth")
-        result = phalanx("train", "--weights", tmp_path / f"{tool}.pth", "--max-steps", 1, "--lr", 1e-9,
-                         "--weight-decay", 0, "--momentum", 0, "--name", tool, "--checkpoints-dir", tmp_path,
-                         "--no-progress")
+        result = phalanx(
+            "train",
+            "--weights",
+            tmp_path / f"{tool}.pth",
+            "--max-steps",
+            1,
+            "--lr",
+            1e-9,
+            "--weight-decay",
+            0,
+            "--momentum",
+            0,
+            "--name",
+            tool,
+            "--checkpoints-dir",
+            tmp_path,
+            "--no-progress",
+        )
         assert result.code == 0, result.err
-        assert f"phalanx: weights {tmp_path / tool}.pth {said[tool]}: {len(weights)} tensors loaded, 0 replaced" \
-            in result.out, result.out
+        assert (
+            f"phalanx: weights {tmp_path / tool}.pth {said[tool]}: {len(weights)} tensors loaded, 0 replaced"
+            in result.out
+        ), result.out
         trained = torch.load(tmp_path / tool / "latest.pt", weights_only=True)["models"]["model"]
-        assert all(torch.allclose(trained[k].double(), v.double(), atol=1e-6) for k, v in weights.items()
-                   if "running" not in k and "num_batches" not in k)
+        assert all(
+            torch.allclose(trained[k].double(), v.double(), atol=1e-6)
+            for k, v in weights.items()
+            if "running" not in k and "num_batches" not in k
+        )

@@ -12,19 +12,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    USER_MODELS,
+    free_port,
+    gate,
+    paused,
+    processes_with,
+    release,
+    run_phalanx,
+    start_phalanx,
+    wait_until,
+)
 
-from conftest import (USER_MODELS, free_port, gate, paused, processes_with, release, run_phalanx, start_phalanx,
-                      wait_until)
-from phalanx.records.remote import Uploader
 from phalanx.checkpoint.rundir import read_metrics
+from phalanx.records.remote import Uploader
 from phalanx.visualize import LocalSource
 
 SLOW = {"PHALANX_TEST_DELAY": "0.02"}  # the test model sleeps this long per batch
 
 
 def val_history(run: Path) -> list[tuple[int, float, float, float]]:
-    return [(r["epoch"], r["loss"], r["acc"], r["train_loss"]) for r in read_metrics(run / "metrics.jsonl")
-            if r["kind"] == "val"]
+    return [
+        (r["epoch"], r["loss"], r["acc"], r["train_loss"])
+        for r in read_metrics(run / "metrics.jsonl")
+        if r["kind"] == "val"
+    ]
 
 
 def in_epoch(run: Path, epoch: int) -> bool:
@@ -48,8 +60,17 @@ def assert_same_run(a: Path, b: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_preempted_train_checkpoints_and_resumes_to_the_same_result(tmp_path, phalanx, monkeypatch, sig, code):
-    common = ["--model", "phalanx_testmodels:slow", "--epochs", 3, "--checkpoints-dir", tmp_path,
-              "--no-progress", "--log-every", 1]
+    common = [
+        "--model",
+        "phalanx_testmodels:slow",
+        "--epochs",
+        3,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        1,
+    ]
     # Paused in the 15th step of epoch 2 (of 45): signalled there, on any machine, then let go.
     cut = start_phalanx("train", "--name", "cut", *common, env=gate(tmp_path / "gate", 60))
     paused(tmp_path / "gate")
@@ -74,8 +95,9 @@ def rank_draws(folder: Path) -> dict[str, list[str]]:
     draws: dict[str, list[str]] = {}
     for path in sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns):
         rank = path.stem.rsplit("rank", 1)[1]
-        draws.setdefault(rank, []).extend(line.split()[1] for line in path.read_text().splitlines()
-                                          if line.startswith("B "))
+        draws.setdefault(rank, []).extend(
+            line.split()[1] for line in path.read_text().splitlines() if line.startswith("B ")
+        )
     return draws
 
 
@@ -85,12 +107,15 @@ def test_a_run_that_fails_in_process_gives_the_caller_back_its_stop_signals(tmp_
     # Ctrl-C did nothing, and every process started after inherited the mask (a worker sent SIGTERM
     # trained on to its end).
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    failed = phalanx("train", "--model", "phalanx_testmodels:raises", "--epochs", 1, "--checkpoints-dir", tmp_path,
-                     "--no-progress")
+    failed = phalanx(
+        "train", "--model", "phalanx_testmodels:raises", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress"
+    )
     assert failed.code == 1 and "boom from the test model" in failed.err, failed.err
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
-    child = subprocess.run([sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGTERM); "
-                            "time.sleep(30)"], timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"],
+        timeout=60,
+    )
     assert child.returncode == -signal.SIGTERM
 
 
@@ -99,9 +124,22 @@ def test_a_command_ends_without_finalising_torch_and_loses_nothing_of_what_an_ex
     # after every command), after what the interpreter's exit does first: a user's thread that is
     # not a daemon finishes (here half a second after the exit began), exit functions run, and an
     # idle thread pool left alive is woken (joining its worker without the shutdown hooks hung).
-    result = run_phalanx("train", "--model", "phalanx_testmodels:exit_work", "--epochs", 1, "--max-steps", 2,
-                         "--checkpoints-dir", tmp_path, "--name", "run", "--no-progress",
-                         env={**USER_MODELS, "PHALANX_TEST_EXIT_DIR": str(tmp_path)}, timeout=120)
+    result = run_phalanx(
+        "train",
+        "--model",
+        "phalanx_testmodels:exit_work",
+        "--epochs",
+        1,
+        "--max-steps",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--name",
+        "run",
+        "--no-progress",
+        env={**USER_MODELS, "PHALANX_TEST_EXIT_DIR": str(tmp_path)},
+        timeout=120,
+    )
     assert result.code == 0, result.err
     assert (tmp_path / "thread.txt").read_text() == "written by a thread after the run"
     assert (tmp_path / "atexit.txt").read_text() == "written at exit"
@@ -110,17 +148,42 @@ def test_a_command_ends_without_finalising_torch_and_loses_nothing_of_what_an_ex
 @pytest.mark.slow
 def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_is_bitwise_the_same(tmp_path):
     # A scheduler may signal one process only: the ranks agree on a stop step, rank 0 saves it.
-    common = ["--model", "phalanx_testmodels:recorder", "--epochs", 3, "--checkpoints-dir", tmp_path,
-              "--no-progress", "--log-every", 1, "--use-torchrun", "--nproc_per_node 2"]
-    straight = run_phalanx("trainlaunch", "--name", "straight", *common,
-                           env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-straight")})
+    common = [
+        "--model",
+        "phalanx_testmodels:recorder",
+        "--epochs",
+        3,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        1,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+    ]
+    straight = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "straight",
+        *common,
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-straight")},
+    )
     assert straight.code == 0, straight.err
-    cut = start_phalanx("trainlaunch", "--name", "cut", *common,
-                        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), **gate(tmp_path / "gate", 30)})
+    cut = start_phalanx(
+        "trainlaunch",
+        "--name",
+        "cut",
+        *common,
+        env={"PHALANX_TEST_RECORD": str(tmp_path / "rec-cut"), **gate(tmp_path / "gate", 30)},
+    )
     try:
         paused(tmp_path / "gate", ranks=2)  # both ranks in the 8th step of epoch 2 (23 steps of 64)
-        rank1 = [p for p in processes_with(str(tmp_path)) if b"phalanx.worker" in
-                 Path(f"/proc/{p}/cmdline").read_bytes() and b"RANK=1\x00" in Path(f"/proc/{p}/environ").read_bytes()]
+        rank1 = [
+            p
+            for p in processes_with(str(tmp_path))
+            if b"phalanx.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and b"RANK=1\x00" in Path(f"/proc/{p}/environ").read_bytes()
+        ]
         assert len(rank1) == 1
         os.kill(rank1[0], signal.SIGTERM)
         release(tmp_path / "gate")
@@ -130,8 +193,15 @@ def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_is_bi
     assert cut.returncode == 143, err
     assert "stopped by SIGTERM at step" in err.strip().splitlines()[-1]
     assert torch.load(tmp_path / "cut/latest.pt")["position"] > 0
-    resumed = run_phalanx("trainlaunch", "--name", "cut", "--resume", "auto", *common,
-                          env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-cut")})
+    resumed = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "cut",
+        "--resume",
+        "auto",
+        *common,
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "rec-cut")},
+    )
     assert resumed.code == 0, resumed.err
     assert_same_run(tmp_path / "straight", tmp_path / "cut")
     # Each rank continued its own random stream: the same draws as without the interruption,
@@ -200,8 +270,9 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow
 def test_disk_full_is_a_clear_error_and_the_previous_files_stay_intact(small_disk):
-    result = run_phalanx("train", "--epochs", 20, "--save-epoch-freq", 1, "--checkpoints-dir", small_disk,
-                         "--no-progress")
+    result = run_phalanx(
+        "train", "--epochs", 20, "--save-epoch-freq", 1, "--checkpoints-dir", small_disk, "--no-progress"
+    )
     assert result.code == 1, result.out
     last = result.err.strip().splitlines()[-1]
     assert "No space left on device" in last and last.startswith("phalanx: cannot ")
@@ -219,7 +290,11 @@ def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(t
     import boto3
     from moto.server import ThreadedMotoServer
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -227,9 +302,22 @@ def test_s3_endpoint_that_disappears_and_comes_back_gets_every_file_in_the_end(t
     server.start()
     client = boto3.client("s3", endpoint_url=url)
     client.create_bucket(Bucket="flaky")
-    proc = start_phalanx("train", "--model", "phalanx_testmodels:slow", "--epochs", 5, "--no-progress",
-                 "--snapshot-every", "0.2", "--checkpoints-dir", tmp_path,
-                 "--remote-transfer", "s3://flaky/runs", "--s3-endpoint-url", url)
+    proc = start_phalanx(
+        "train",
+        "--model",
+        "phalanx_testmodels:slow",
+        "--epochs",
+        5,
+        "--no-progress",
+        "--snapshot-every",
+        "0.2",
+        "--checkpoints-dir",
+        tmp_path,
+        "--remote-transfer",
+        "s3://flaky/runs",
+        "--s3-endpoint-url",
+        url,
+    )
     run = tmp_path / "experiment"
     try:
         wait_until(lambda: client.list_objects_v2(Bucket="flaky").get("KeyCount", 0) >= 3, 120, "first uploads")
@@ -327,9 +415,21 @@ def test_visualize_racing_a_fast_writer_never_reads_a_partial_or_lost_point(tmp_
 @pytest.mark.slow
 def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_path):
     started = time.monotonic()
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:hangs_on_rank1", "--dist-timeout", 5,
-                         "--name", "hangrun", "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2",
-                         env={**USER_MODELS, **SLOW}, timeout=240)
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:hangs_on_rank1",
+        "--dist-timeout",
+        5,
+        "--name",
+        "hangrun",
+        "--checkpoints-dir",
+        tmp_path,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env={**USER_MODELS, **SLOW},
+        timeout=240,
+    )
     assert result.code == 1
     lines = result.err.strip().splitlines()
     assert "Traceback" not in result.err and all(line.startswith("phalanx: rank ") for line in lines), lines
@@ -338,8 +438,7 @@ def test_a_hung_worker_ends_the_run_with_a_clear_error_instead_of_hanging(tmp_pa
     wait_until(lambda: processes_with("hangrun") == [], 30, "no orphan worker")
 
 
-def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_moment(tmp_path, phalanx,
-                                                                                       monkeypatch):
+def test_a_checkpoint_is_written_while_the_next_epoch_trains_and_holds_its_own_moment(tmp_path, phalanx, monkeypatch):
     """Epoch 1's checkpoint files are written on the writer thread while epoch 2 trains: their write
     waits here until epoch 2 has logged a step (a write in line with training would wait for ever:
     60 s fail it instead). They hold the state of the end of epoch 1: resumed, epoch 2 ends bitwise

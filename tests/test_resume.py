@@ -14,11 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import reference
 import torch
 import yaml
-
 from conftest import USER_MODELS, gate, paused, records, release, run_phalanx, start_phalanx
-import reference
+
 from phalanx.config import from_mapping
 from phalanx.records.snapshots import assemble, loads
 from phalanx.visualize.plots import status_rows
@@ -45,16 +45,18 @@ def recorded_segments(folder: Path) -> dict[str, list[list[str]]]:
 
 
 def all_train_ids() -> Counter:
+    from phalanx_testmodels import sample_id
+
     from phalanx.config import RunConfig
     from phalanx.data import build_datasets
-    from phalanx_testmodels import sample_id
 
     train = build_datasets(RunConfig(), None).train
     return Counter(sample_id(train[i][0]) for i in range(len(train)))
 
 
-def assert_lr_follows_the_schedule(run: Path, epochs: int, base_lr: float = 0.1, schedule: str = "cosine",
-                                   from_epoch: int = 1) -> None:
+def assert_lr_follows_the_schedule(
+    run: Path, epochs: int, base_lr: float = 0.1, schedule: str = "cosine", from_epoch: int = 1
+) -> None:
     """With --log-every 1, each train record is one step: its start is the previous record's end."""
     previous_end, checked = None, 0
     for record in records(run, "train"):
@@ -72,14 +74,30 @@ def assert_lr_follows_the_schedule(run: Path, epochs: int, base_lr: float = 0.1,
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-workers-then-1", "1-then-2-workers"])
 def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_schedule(tmp_path, before, after):
     def command(world):
-        return (["trainlaunch", "--use-torchrun", f"--nproc_per_node {world}"] if world > 1 else ["train"])
+        return ["trainlaunch", "--use-torchrun", f"--nproc_per_node {world}"] if world > 1 else ["train"]
 
-    common = ["--model", "phalanx_testmodels:recorder", "--epochs", 3, "--batch-size", 32, "--log-every", 1,
-              "--no-progress", "--checkpoints-dir", tmp_path, "--name", "run"]
+    common = [
+        "--model",
+        "phalanx_testmodels:recorder",
+        "--epochs",
+        3,
+        "--batch-size",
+        32,
+        "--log-every",
+        1,
+        "--no-progress",
+        "--checkpoints-dir",
+        tmp_path,
+        "--name",
+        "run",
+    ]
     run = tmp_path / "run"
     steps = 45 if before == 1 else 23  # per epoch
-    cut = start_phalanx(*command(before), *common,
-                        env={"PHALANX_TEST_RECORD": str(tmp_path / "first"), **gate(tmp_path / "gate", steps + 8)})
+    cut = start_phalanx(
+        *command(before),
+        *common,
+        env={"PHALANX_TEST_RECORD": str(tmp_path / "first"), **gate(tmp_path / "gate", steps + 8)},
+    )
     try:
         paused(tmp_path / "gate", ranks=before)  # every rank in the 8th step of epoch 2
         cut.send_signal(signal.SIGTERM)
@@ -90,12 +108,19 @@ def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_sche
     assert cut.returncode == 143, err
     saved = torch.load(run / "latest.pt")
     assert saved["epoch"] == 1 and 0 < saved["position"] < TRAIN_SAMPLES and saved["world_size"] == before
-    resumed = run_phalanx(*command(after), *common, "--resume", "auto",
-                          env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "second")})
+    resumed = run_phalanx(
+        *command(after),
+        *common,
+        "--resume",
+        "auto",
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(tmp_path / "second")},
+    )
     assert resumed.code == 0, resumed.err
     assert f"sample {saved['position']} of {TRAIN_SAMPLES}" in resumed.out
-    assert f"world size changed ({before} -> {after} processes): effective batch {32 * before} -> {32 * after}" \
+    assert (
+        f"world size changed ({before} -> {after} processes): effective batch {32 * before} -> {32 * after}"
         in resumed.out
+    )
 
     # Every epoch trained each sample once: counted by phalanx's records, and by the model itself.
     for epoch in (1, 2, 3):
@@ -104,8 +129,9 @@ def test_a_resume_at_another_world_size_trains_each_sample_once_on_the_same_sche
     assert len(first) == before and len(second) == after
     everything = all_train_ids()
     epoch1 = Counter(i for segments in first.values() for i in segments[0])
-    epoch2 = Counter(i for segments in first.values() for i in segments[1]) + \
-        Counter(i for segments in second.values() for i in segments[0])
+    epoch2 = Counter(i for segments in first.values() for i in segments[1]) + Counter(
+        i for segments in second.values() for i in segments[0]
+    )
     epoch3 = Counter(i for segments in second.values() for i in segments[1])
     assert epoch1 == everything and epoch2 == everything and epoch3 == everything
     assert_lr_follows_the_schedule(run, epochs=3)
@@ -118,10 +144,35 @@ def test_two_workers_resumed_in_one_process_with_grad_accum_train_what_they_woul
     # stopped at step 3 and resumed in one process x 16 x 2 keep the effective batch (32) and end
     # within 1e-12 of one process x 32 straight (float64, no BatchNorm). A newcomer could not: both
     # options were refused at a resume ("was trained with --grad-accum 1").
-    common = ["--precision", "fp64", "--dataset", "synthetic", "--synthetic-samples", 200, "--val-fraction", 0.1,
-              "--image-size", 8, "--epochs", 2, "--no-progress", "--checkpoints-dir", tmp_path]
-    cut = run_phalanx("trainlaunch", "--name", "cut", "--batch-size", 16, "--max-steps", 3, *common, "--use-torchrun",
-                      "--nproc-per-node=2")
+    common = [
+        "--precision",
+        "fp64",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        200,
+        "--val-fraction",
+        0.1,
+        "--image-size",
+        8,
+        "--epochs",
+        2,
+        "--no-progress",
+        "--checkpoints-dir",
+        tmp_path,
+    ]
+    cut = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "cut",
+        "--batch-size",
+        16,
+        "--max-steps",
+        3,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+    )
     assert cut.code == 0 and torch.load(tmp_path / "cut/latest.pt")["position"] == 3 * 32, cut.err
     resumed = phalanx("train", "--name", "cut", "--grad-accum", 2, "--resume", "auto", *common)
     assert resumed.code == 0, resumed.err
@@ -130,7 +181,9 @@ def test_two_workers_resumed_in_one_process_with_grad_accum_train_what_they_woul
     a, b = (torch.load(tmp_path / name / "latest.pt") for name in ("cut", "straight"))
     assert a["epoch"] == b["epoch"] == 2 and a["effective_batch"] == b["effective_batch"] == 32
     assert reference.max_difference(a["model"], b["model"]) < 1e-12
-    again = phalanx("train", "--name", "cut", "--resume", "auto", *common, "--epochs", 3)  # no --grad-accum: the run's 2
+    again = phalanx(
+        "train", "--name", "cut", "--resume", "auto", *common, "--epochs", 3
+    )  # no --grad-accum: the run's 2
     assert again.code == 0 and "resumed from" in again.out and "effective batch" not in again.out, again.out
     assert "epoch 3/3" in again.out
 
@@ -157,18 +210,43 @@ def test_a_checkpoint_given_by_path_never_continues_over_another_run(tmp_path, p
     for name, seed in (("mine", 0), ("theirs", 1)):
         assert phalanx("train", "--name", name, "--seed", seed, *common).code == 0
     written = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
-    refused = phalanx("train", "--name", "mine", "--resume", tmp_path / "theirs/latest.pt", "--max-steps", 3,
-                      "--checkpoints-dir", tmp_path, "--no-progress")
+    refused = phalanx(
+        "train",
+        "--name",
+        "mine",
+        "--resume",
+        tmp_path / "theirs/latest.pt",
+        "--max-steps",
+        3,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert refused.code == 2 and f"{tmp_path / 'mine'} holds another run than" in refused.err, refused.err
     assert f"continue from it there (its own run: --checkpoints-dir {tmp_path} --name theirs), or" in refused.err
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == written
     # Its own checkpoint by path, and another's into a new directory (a fork), go on as before.
     for name in ("mine", "fork"):
         source = tmp_path / ("mine" if name == "mine" else "theirs") / "latest.pt"
-        assert phalanx("train", "--name", name, "--resume", source, "--max-steps", 3, "--checkpoints-dir", tmp_path,
-                       "--no-progress").code == 0
-    assert torch.load(tmp_path / "fork/latest.pt", weights_only=True)["run_id"] == \
-        torch.load(tmp_path / "theirs/latest.pt", weights_only=True)["run_id"]
+        assert (
+            phalanx(
+                "train",
+                "--name",
+                name,
+                "--resume",
+                source,
+                "--max-steps",
+                3,
+                "--checkpoints-dir",
+                tmp_path,
+                "--no-progress",
+            ).code
+            == 0
+        )
+    assert (
+        torch.load(tmp_path / "fork/latest.pt", weights_only=True)["run_id"]
+        == torch.load(tmp_path / "theirs/latest.pt", weights_only=True)["run_id"]
+    )
 
 
 def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continues(tmp_path, phalanx, monkeypatch):
@@ -181,8 +259,10 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
     before = json.loads((run / "config.json").read_text())["config"]
     resumed = phalanx("train", "--resume", "auto", "--epochs", 2, *common)
     assert resumed.code == 0, resumed.err
-    assert ("phalanx: --resume: continuing with the run's own --task simclr, --val-fraction 0.9, --image-size 16, "
-            "--projection-dim 32, --hidden-dim 32 (options not given here)") in resumed.out
+    assert (
+        "phalanx: --resume: continuing with the run's own --task simclr, --val-fraction 0.9, --image-size 16, "
+        "--projection-dim 32, --hidden-dim 32 (options not given here)"
+    ) in resumed.out
     after = json.loads((run / "config.json").read_text())["config"]
     assert {**before, "epochs": 2} == {**after, "resume": None, "resumed_with": []}
     assert [r["epoch"] for r in records(run, "val")] == [1, 2]
@@ -208,21 +288,28 @@ def test_a_resume_takes_what_its_command_line_leaves_out_from_the_run_it_continu
         assert refused.code == 2 and f"was trained with {flag}" in refused.err, refused.err
         assert refused.out == ""  # refused before the run says anything
     # The data's folder is the run's too (translate's, as the newcomer's), printed without training.
-    saved = from_mapping({"task": "translate", "dataroot": str(tmp_path / "pairs"), "generator": "unet_32",
-                          "image_size": 32, "ngf": 8}, source="test")
+    saved = from_mapping(
+        {"task": "translate", "dataroot": str(tmp_path / "pairs"), "generator": "unet_32", "image_size": 32, "ngf": 8},
+        source="test",
+    )
     (tmp_path / "tr").mkdir()
     (tmp_path / "tr/config.json").write_text(saved.to_json())
     printed = phalanx("train", "--name", "tr", "--resume", "auto", "--ngf", 8, "--print-config", *common)
     assert printed.code == 0, printed.err
     resolved = yaml.safe_load(printed.out)
-    assert {k: resolved[k] for k in ("task", "dataroot", "image_size")} == {"task": "translate", "dataroot": str(
-        tmp_path / "pairs"), "image_size": 32} and resolved["task_options"]["generator"] == "unet_32"
+    assert {k: resolved[k] for k in ("task", "dataroot", "image_size")} == {
+        "task": "translate",
+        "dataroot": str(tmp_path / "pairs"),
+        "image_size": 32,
+    } and resolved["task_options"]["generator"] == "unet_32"
     # A task's option it does not use (DINO's --crop-scale) at its saved default, and your own task
     # (its dataset saved as it resolved), resume as they were: taken values are not the user's choice.
     # A --config that spells checkpoints-dir with a dash and gives a task mapping without its name
     # finds the run and keeps the run's task.
-    for name, mapping in (("dino", {"task": "dino", "image_size": 16}),
-                          ("own", {"task": "phalanx_testtasks:GatherTask"})):
+    for name, mapping in (
+        ("dino", {"task": "dino", "image_size": 16}),
+        ("own", {"task": "phalanx_testtasks:GatherTask"}),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(from_mapping(mapping, source="test").to_json())
         printed = phalanx("train", "--name", name, "--resume", "auto", "--print-config", *common)
@@ -247,15 +334,18 @@ def test_a_resume_may_lower_the_learning_rate_and_the_schedule_goes_on_from_wher
     for record in records(tmp_path / "experiment", "train"):
         base = 0.1 if record["step"] <= 10 else 0.05
         start = (record["step"] - 1) * 32 / 1438  # the step's first sample, in epochs (45 steps an epoch)
-        end = record["step"] * 32 / 1438
         cosine = 0.5 * (1 + math.cos(math.pi * start / 2))
         assert record["lr"] == pytest.approx(0.02 + (base - 0.02) * cosine), record["step"]
     # --min-lr is the run's where none is typed, and may change too (a lower --lr needs a lower floor)
     own = phalanx("train", "--resume", "auto", "--dry-run", "--checkpoints-dir", tmp_path)
     assert own.code == 0 and "cosine schedule over 2 epochs to 0.02," in own.out, own.out + own.err
-    floor = phalanx("train", "--resume", "auto", "--lr", 0.01, "--min-lr", 0.001, "--dry-run", "--checkpoints-dir", tmp_path)
-    assert floor.code == 0 and "learning rate: 0.01 (--lr 0.01, --scale-lr none), cosine schedule over 2 epochs to " \
-        "0.001" in floor.out, floor.out + floor.err
+    floor = phalanx(
+        "train", "--resume", "auto", "--lr", 0.01, "--min-lr", 0.001, "--dry-run", "--checkpoints-dir", tmp_path
+    )
+    assert (
+        floor.code == 0
+        and "learning rate: 0.01 (--lr 0.01, --scale-lr none), cosine schedule over 2 epochs to 0.001" in floor.out
+    ), floor.out + floor.err
     # A resume takes an Adam run's typed rate where it equals the general default: Adam's default
     # rate (0.001) follows the optimizer, which the resume takes too (it resumed at 0.001).
     assert phalanx("train", "--name", "adam", "--optimizer", "adam", "--lr", 0.1, "--max-steps", 2, *common).code == 0
@@ -270,7 +360,9 @@ def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normali
     # weights file is not read again (the checkpoint holds the network): it may be gone.
     common = ["--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress"]
     assert phalanx("train", "--name", "base", "--max-steps", 3, *common).code == 0
-    assert phalanx("train", "--name", "ft", "--weights", tmp_path / "base/latest.pt", "--max-steps", 3, *common).code == 0
+    assert (
+        phalanx("train", "--name", "ft", "--weights", tmp_path / "base/latest.pt", "--max-steps", 3, *common).code == 0
+    )
     (tmp_path / "base/latest.pt").unlink()
     resumed = phalanx("train", "--name", "ft", "--resume", "auto", "--max-steps", 6, *common)
     assert resumed.code == 0, resumed.err

@@ -7,14 +7,18 @@ import json
 
 import pytest
 import torch
-
 from conftest import snapshot_tree
 
 
 def window(step: int, steps: int, seconds_a_step: float, samples_a_step: int, parts: tuple[float, ...]) -> dict:
     keys = ("step_data_s", "step_compute_s", "step_communication_s", "step_optimizer_s", "step_logging_s")
-    return {"kind": "train", "step": step, "seconds": steps * seconds_a_step, "samples": steps * samples_a_step,
-            **dict(zip(keys, parts))}
+    return {
+        "kind": "train",
+        "step": step,
+        "seconds": steps * seconds_a_step,
+        "samples": steps * samples_a_step,
+        **dict(zip(keys, parts)),
+    }
 
 
 def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records():
@@ -24,16 +28,30 @@ def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records(
     windows (a slow first step) are left out; windows of different lengths are weighed by steps."""
     from phalanx.launch.scale import Point, measure, median_point, table, verdict
 
-    one = measure(Point("weak", 1, 32), [window(5, 5, 9.0, 32, (9, 0, 0, 0, 0)),
-                                         window(10, 5, 0.1, 32, (0.01, 0.08, 0, 0.01, 0)),
-                                         window(20, 10, 0.1, 32, (0.01, 0.08, 0, 0.01, 0)), {"kind": "val", "step": 20}], 5)
-    two = measure(Point("weak", 2, 32), [window(5, 5, 9.0, 64, (9, 0, 0, 0, 0)),
-                                         window(8, 3, 0.125, 64, (0.01, 0.08, 0.02, 0.015, 0)),
-                                         window(20, 12, 0.125, 64, (0.01, 0.08, 0.02, 0.015, 0))], 5)
+    one = measure(
+        Point("weak", 1, 32),
+        [
+            window(5, 5, 9.0, 32, (9, 0, 0, 0, 0)),
+            window(10, 5, 0.1, 32, (0.01, 0.08, 0, 0.01, 0)),
+            window(20, 10, 0.1, 32, (0.01, 0.08, 0, 0.01, 0)),
+            {"kind": "val", "step": 20},
+        ],
+        5,
+    )
+    two = measure(
+        Point("weak", 2, 32),
+        [
+            window(5, 5, 9.0, 64, (9, 0, 0, 0, 0)),
+            window(8, 3, 0.125, 64, (0.01, 0.08, 0.02, 0.015, 0)),
+            window(20, 12, 0.125, 64, (0.01, 0.08, 0.02, 0.015, 0)),
+        ],
+        5,
+    )
     assert (one.rate, one.step_s) == (pytest.approx(320), pytest.approx(0.1))
     assert (two.rate, two.step_s) == (pytest.approx(512), pytest.approx(0.125))
-    assert two.parts == pytest.approx({"data": 0.01, "compute": 0.08, "communication": 0.02, "optimizer": 0.015,
-                                       "logging": 0.0})
+    assert two.parts == pytest.approx(
+        {"data": 0.01, "compute": 0.08, "communication": 0.02, "optimizer": 0.015, "logging": 0.0}
+    )
     rows = table([one, two])
     assert rows[2].split()[:6] == ["weak", "2", "32", "512.0", "1.60x", "80%"], rows
     assert rows[2].split()[7:] == ["8%", "64%", "16%", "12%", "0%"], rows
@@ -41,17 +59,27 @@ def test_speedup_efficiency_and_the_breakdown_come_from_each_points_own_records(
     from phalanx.errors import RunFailed
 
     with pytest.raises(RunFailed, match="formed a group of 1, not 2"):
-        measure(Point("weak", 2, 32), [{**window(5, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1},
-                                       {**window(10, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1}], 5)
+        measure(
+            Point("weak", 2, 32),
+            [
+                {**window(5, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1},
+                {**window(10, 5, 0.1, 64, (0, 0, 0, 0, 0)), "world_size": 1},
+            ],
+            5,
+        )
     repeats = [Point("weak", 2, 32, rate) for rate in (3.0, 1.0, 2.0)]  # --repeats: each point's median repeat
     assert median_point(repeats) is repeats[2]
-    assert verdict([one, two]) == "2 workers (weak scaling): 1.60x, 80% efficient; communication 16% of a step; " \
-                                  "20% of a step beyond 1 worker's (communication, contention)"
+    assert (
+        verdict([one, two]) == "2 workers (weak scaling): 1.60x, 80% efficient; communication 16% of a step; "
+        "20% of a step beyond 1 worker's (communication, contention)"
+    )
     slow_one = Point("weak", 1, 32, 64.0, one.step_s, one.parts)  # a loaded machine's 1-worker point
-    assert verdict([slow_one, two]).endswith("8.00x, 400% efficient; communication 16% of a step; 20% of a step "
-                                             "beyond 1 worker's (communication, contention); above 100% efficient, "
-                                             "the 1-worker point ran slow (a loaded machine?): --repeats 3 "
-                                             "interleaves the points and takes each one's median")
+    assert verdict([slow_one, two]).endswith(
+        "8.00x, 400% efficient; communication 16% of a step; 20% of a step "
+        "beyond 1 worker's (communication, contention); above 100% efficient, "
+        "the 1-worker point ran slow (a loaded machine?): --repeats 3 "
+        "interleaves the points and takes each one's median"
+    )
     assert "above 100%" not in verdict([one, two])
 
 
@@ -64,7 +92,11 @@ def test_scale_runs_the_world_sizes_it_says_and_touches_no_run(tmp_path, phalanx
     plan = phalanx("scale", "--workers", "2", "--scaling", "both", "--batch-size", 16, "--dry-run")
     assert plan.code == 0, plan.err
     assert [line.split(":")[0].strip() for line in plan.out.splitlines()[1:]] == [
-        "weak scaling, 1 worker", "weak scaling, 2 workers", "strong scaling, 1 worker", "strong scaling, 2 workers"]
+        "weak scaling, 1 worker",
+        "weak scaling, 2 workers",
+        "strong scaling, 1 worker",
+        "strong scaling, 2 workers",
+    ]
     assert "--batch-size 8 per worker (global 16)" in plan.out.splitlines()[-1]
     odd = phalanx("scale", "--workers", "2", "--scaling", "strong", "--batch-size", 15)
     assert odd.code == 2 and odd.err.startswith("phalanx: --workers: strong scaling splits --batch-size 15")
@@ -75,9 +107,23 @@ def test_scale_runs_the_world_sizes_it_says_and_touches_no_run(tmp_path, phalanx
     taken = phalanx("scale", "--scale-pickle-dir", existing / "pickle")
     assert taken.code == 2 and "holds snapshots already" in taken.err
 
-    done = phalanx("scale", "--workers", "2", "--scaling", "weak", "--steps", 6, "--warmup-steps", 3,
-                   "--checkpoints-dir", tmp_path / "ck", "--output", tmp_path / "scale.json",
-                   "--scale-pickle-dir", tmp_path / "dashboard")
+    done = phalanx(
+        "scale",
+        "--workers",
+        "2",
+        "--scaling",
+        "weak",
+        "--steps",
+        6,
+        "--warmup-steps",
+        3,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--output",
+        tmp_path / "scale.json",
+        "--scale-pickle-dir",
+        tmp_path / "dashboard",
+    )
     assert done.code == 0, done.err
     found = json.loads((tmp_path / "scale.json").read_text())
     assert [(p["scaling"], p["workers"], p["batch"]) for p in found["points"]] == [("weak", 1, 32), ("weak", 2, 32)]
@@ -116,7 +162,9 @@ def test_max_steps_stops_mid_epoch_with_a_checkpoint_that_resumes_bitwise(tmp_pa
     reached = phalanx("train", "--name", "cut", "--max-steps", 30, *common, "--resume", "auto")
     assert reached.code == 0 and "nothing to do: " in reached.out and "is at step 30, --max-steps 30" in reached.out
     assert {path: path.read_bytes() for path in (tmp_path / "cut").rglob("*") if path.is_file()} == written
-    at_epoch_end = phalanx("train", "--name", "cut", "--max-steps", 45, *common, "--resume", "auto")  # 45: epoch 1's last
+    at_epoch_end = phalanx(
+        "train", "--name", "cut", "--max-steps", 45, *common, "--resume", "auto"
+    )  # 45: epoch 1's last
     assert at_epoch_end.code == 0 and "stopped at step 45 (--max-steps), after epoch 1" in at_epoch_end.out
     assert (tmp_path / "cut/best.pt").exists()  # an epoch's end as any other: validated
     assert phalanx("train", "--name", "cut", *common, "--resume", "auto").code == 0

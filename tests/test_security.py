@@ -9,17 +9,34 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, free_port, wait_until
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, free_port, wait_until
 from phalanx.config import FIELDS
 from phalanx.config.fields import flag
 
 # Qualified names that run code or a shell, or unpickle without restriction.
-FORBIDDEN = {"builtins.eval", "builtins.exec", "builtins.compile", "builtins.__import__", "os.system", "os.popen",
-             "pickle.load", "pickle.loads", "os.execv", "os.execve", "os.execvp", "os.execl", "os.spawnl",
-             "os.spawnv", "os.posix_spawn", "importlib.__import__", "runpy.run_path", "runpy.run_module"}
+FORBIDDEN = {
+    "builtins.eval",
+    "builtins.exec",
+    "builtins.compile",
+    "builtins.__import__",
+    "os.system",
+    "os.popen",
+    "pickle.load",
+    "pickle.loads",
+    "os.execv",
+    "os.execve",
+    "os.execvp",
+    "os.execl",
+    "os.spawnl",
+    "os.spawnv",
+    "os.posix_spawn",
+    "importlib.__import__",
+    "runpy.run_path",
+    "runpy.run_module",
+}
 
 
 def forbidden_calls(source: str, filename: str = "<source>") -> list[str]:
@@ -30,8 +47,9 @@ def forbidden_calls(source: str, filename: str = "<source>") -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else \
-                    alias.name.split(".")[0]
+                aliases[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -42,8 +60,13 @@ def forbidden_calls(source: str, filename: str = "<source>") -> list[str]:
         if isinstance(expr, ast.Attribute):
             owner = qualified(expr.value)
             return f"{owner}.{expr.attr}" if owner else None
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
-                and len(expr.args) >= 2 and isinstance(expr.args[1], ast.Constant):
+        if (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and expr.func.id == "getattr"
+            and len(expr.args) >= 2
+            and isinstance(expr.args[1], ast.Constant)
+        ):
             owner = qualified(expr.args[0])
             return f"{owner}.{expr.args[1].value}" if owner else None
         return None
@@ -66,28 +89,36 @@ def test_phalanx_runs_no_shell_no_exec_no_eval_and_unpickles_nothing_unrestricte
     assert offenders == []
 
 
-@pytest.mark.parametrize("snippet", [
-    "import os\nos.system('id')",
-    "from os import system\nsystem('id')",
-    "from os import system as run\nrun('id')",
-    "import os as o\no.popen('id')",
-    "import pickle as p\np.loads(b'')",
-    "from pickle import loads as safe\nsafe(b'')",
-    "eval('1')",
-    "exec('x = 1')",
-    "import builtins\nbuiltins.eval('1')",
-    "import os\ngetattr(os, 'system')('id')",
-    "import subprocess\nsubprocess.run('id', shell=True)",
-    "from subprocess import Popen\nPopen('id', shell=True)",
-    "import os.path\nos.system('id')",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import os\nos.system('id')",
+        "from os import system\nsystem('id')",
+        "from os import system as run\nrun('id')",
+        "import os as o\no.popen('id')",
+        "import pickle as p\np.loads(b'')",
+        "from pickle import loads as safe\nsafe(b'')",
+        "eval('1')",
+        "exec('x = 1')",
+        "import builtins\nbuiltins.eval('1')",
+        "import os\ngetattr(os, 'system')('id')",
+        "import subprocess\nsubprocess.run('id', shell=True)",
+        "from subprocess import Popen\nPopen('id', shell=True)",
+        "import os.path\nos.system('id')",
+    ],
+)
 def test_the_security_check_sees_aliases_and_from_imports(snippet):
     assert forbidden_calls(snippet) != [], snippet
 
 
 def test_the_security_check_lets_plain_code_through():
-    assert forbidden_calls("import subprocess\nsubprocess.run(['npm', 'pack'])\n"
-                           "import pickle\npickle.dumps({})\nclass U(pickle.Unpickler): pass\n") == []
+    assert (
+        forbidden_calls(
+            "import subprocess\nsubprocess.run(['npm', 'pack'])\n"
+            "import pickle\npickle.dumps({})\nclass U(pickle.Unpickler): pass\n"
+        )
+        == []
+    )
 
 
 def _listening_address(port: int) -> str | None:
@@ -96,15 +127,28 @@ def _listening_address(port: int) -> str | None:
         local, state = line.split()[1], line.split()[3]
         address, hex_port = local.split(":")
         if int(hex_port, 16) == port and state == "0A":  # 0A: LISTEN
-            return ".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0))
+            return ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
     return None
 
 
 def _visualize_owning_a_server(pickle_dir: Path, *extra: str):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle_dir", str(pickle_dir),
-                             "--port", str(port), *extra], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx.cli",
+            "visualize",
+            "--pickle_dir",
+            str(pickle_dir),
+            "--port",
+            str(port),
+            *extra,
+        ],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     wait_until(lambda: _listening_address(port) is not None, 60, "the owned visdom server")
     return proc, port
 
@@ -136,10 +180,31 @@ def test_an_owned_visdom_server_listens_on_loopback_only_unless_asked(tmp_path):
 
 
 TRAIN_FLAGS = [flag(name) for name in FIELDS]
-VALUES = st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6).map(str),
-                   st.floats(allow_nan=True, allow_infinity=True).map(str),
-                   st.sampled_from(["-1", "0", "auto", "s3://", "a:b", "x.y", "''", '"', "--", "-h", "nan",
-                                    "--nproc_per_node 2", "--nnodes 0", "1e309", "é", "\x00"]))
+VALUES = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(10**6), 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.sampled_from(
+        [
+            "-1",
+            "0",
+            "auto",
+            "s3://",
+            "a:b",
+            "x.y",
+            "''",
+            '"',
+            "--",
+            "-h",
+            "nan",
+            "--nproc_per_node 2",
+            "--nnodes 0",
+            "1e309",
+            "é",
+            "\x00",
+        ]
+    ),
+)
 
 
 @pytest.mark.slow
@@ -163,8 +228,11 @@ def test_random_option_values_never_traceback(tmp_path, capsys, pairs):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["--port", "--interval", "--server", "--env", "--pickle-dir"]), VALUES),
-                max_size=3))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["--port", "--interval", "--server", "--env", "--pickle-dir"]), VALUES), max_size=3
+    )
+)
 def test_random_visualize_options_never_traceback(tmp_path, capsys, pairs):
     from phalanx.cli import main
 
@@ -188,9 +256,23 @@ def test_sigterm_during_the_servers_health_check_stops_visualize(tmp_path):
     silent.listen()
     silent.settimeout(60)
     port = silent.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle_dir", str(tmp_path / "pickle"),
-                             "--server", "http://127.0.0.1", "--port", str(port)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx.cli",
+            "visualize",
+            "--pickle_dir",
+            str(tmp_path / "pickle"),
+            "--server",
+            "http://127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         connection, _ = silent.accept()  # visualize is now waiting inside the health check
         proc.send_signal(signal.SIGTERM)

@@ -19,9 +19,14 @@ def writer(tmp_path, run_id="run1", written=None):
         tmp.write_bytes(data)
         os.replace(tmp, path)
 
-    return SnapshotWriter(tmp_path, run_id, {"name": "t"}, every_seconds=0.0,
-                          on_written=(written.append if written is not None else lambda p: None),
-                          write_file=write_file)
+    return SnapshotWriter(
+        tmp_path,
+        run_id,
+        {"name": "t"},
+        every_seconds=0.0,
+        on_written=(written.append if written is not None else lambda p: None),
+        write_file=write_file,
+    )
 
 
 def rec(i, epoch=1):
@@ -61,8 +66,10 @@ def test_a_resumed_run_starts_a_new_generation_that_replaces_the_history(tmp_pat
 
 def test_an_incomplete_generation_is_not_read_until_it_is_complete():
     seg = {"schema": 1, "run_id": "r", "options": {}}
-    old = [dict(seg, generation=1, segment=1, sealed=True, records=[1, 2]),
-           dict(seg, generation=1, segment=2, sealed=False, records=[3])]
+    old = [
+        dict(seg, generation=1, segment=1, sealed=True, records=[1, 2]),
+        dict(seg, generation=1, segment=2, sealed=False, records=[3]),
+    ]
     half_written = dict(seg, generation=2, segment=2, sealed=False, records=[9])
     assert assemble(old).records == [1, 2, 3]
     assert assemble(old + [half_written]) is None  # generation 2 lacks its segment 1 so far
@@ -77,14 +84,17 @@ class Evil:
         return self.func, self.args
 
 
-@pytest.mark.parametrize("payload", [
-    pytest.param(lambda marker: Evil(os.system, f"touch {marker}"), id="os.system"),
-    pytest.param(lambda marker: Evil(eval, f"open({str(marker)!r}, 'w')"), id="builtins.eval"),
-    pytest.param(lambda marker: Evil(subprocess.Popen, ["touch", str(marker)]), id="subprocess.Popen"),
-    pytest.param(lambda marker: {"schema": 1, "records": [Evil(print, "hi")]}, id="nested-global"),
-    pytest.param(lambda marker: __import__("torch").ones(2), id="torch-rebuild-helpers"),
-    pytest.param(lambda marker: {1, 2}, id="set-needs-a-global"),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(lambda marker: Evil(os.system, f"touch {marker}"), id="os.system"),
+        pytest.param(lambda marker: Evil(eval, f"open({str(marker)!r}, 'w')"), id="builtins.eval"),
+        pytest.param(lambda marker: Evil(subprocess.Popen, ["touch", str(marker)]), id="subprocess.Popen"),
+        pytest.param(lambda marker: {"schema": 1, "records": [Evil(print, "hi")]}, id="nested-global"),
+        pytest.param(lambda marker: __import__("torch").ones(2), id="torch-rebuild-helpers"),
+        pytest.param(lambda marker: {1, 2}, id="set-needs-a-global"),
+    ],
+)
 def test_hostile_pickles_are_refused_and_nothing_runs(tmp_path, payload):
     marker = tmp_path / "pwned"
     data = pickle.dumps(payload(marker), protocol=2)
@@ -113,11 +123,14 @@ def test_writer_refuses_non_plain_data(tmp_path):
         w.flush()
 
 
-@pytest.mark.parametrize("payload", [
-    pytest.param(lambda: {"schema": 1, "records": [{1, 2}]}, id="set"),
-    pytest.param(lambda: {"schema": 1, "records": [frozenset({1})]}, id="frozenset"),
-    pytest.param(lambda: {"schema": 1, "records": [bytearray(b"x")]}, id="bytearray"),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(lambda: {"schema": 1, "records": [{1, 2}]}, id="set"),
+        pytest.param(lambda: {"schema": 1, "records": [frozenset({1})]}, id="frozenset"),
+        pytest.param(lambda: {"schema": 1, "records": [bytearray(b"x")]}, id="bytearray"),
+    ],
+)
 def test_the_plain_data_check_refuses_what_the_unpickler_lets_through(payload):
     # Protocol 5 builds these with opcodes of their own, no global: only the plain-data check stops them.
     data = pickle.dumps(payload(), protocol=5)
@@ -140,16 +153,26 @@ def test_a_shared_reference_bomb_is_refused_quickly():
     assert time.monotonic() - started < 60  # refused early; unbounded, the walk would take hours
 
 
-@pytest.mark.parametrize("records", [
-    pytest.param([1], id="record-not-a-mapping"),
-    pytest.param([{"kind": "train", "epoch": 1, "step": 1, "loss": 0.5, "lr": 0.1}], id="train-without-progress"),
-    pytest.param([{"kind": "val", "epoch": 1, "loss": "high", "acc": 0.5}], id="val-loss-not-a-number"),
-])
+@pytest.mark.parametrize(
+    "records",
+    [
+        pytest.param([1], id="record-not-a-mapping"),
+        pytest.param([{"kind": "train", "epoch": 1, "step": 1, "loss": 0.5, "lr": 0.1}], id="train-without-progress"),
+        pytest.param([{"kind": "val", "epoch": 1, "loss": "high", "acc": 0.5}], id="val-loss-not-a-number"),
+    ],
+)
 def test_a_snapshot_of_the_wrong_shape_is_skipped_with_a_warning(tmp_path, capsys, records):
     w = writer(tmp_path)
     w.start([rec(0)])
-    bad = {"schema": 1, "run_id": "run1", "generation": 1, "segment": 2, "sealed": False, "options": {},
-           "records": records}
+    bad = {
+        "schema": 1,
+        "run_id": "run1",
+        "generation": 1,
+        "segment": 2,
+        "sealed": False,
+        "options": {},
+        "records": records,
+    }
     (tmp_path / "segment_000002.pkl").write_bytes(pickle.dumps(bad))
     with pytest.raises(ValueError):
         loads(pickle.dumps(bad))

@@ -10,10 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
-
-from conftest import REPO, records, run_phalanx, snapshot_tree
 import reference
+import torch
+from conftest import REPO, records, run_phalanx, snapshot_tree
 
 EXAMPLE = REPO / "examples" / "tasks"
 AAE = "adversarial_autoencoder:AdversarialAutoencoder"
@@ -31,8 +30,19 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 def test_the_example_trains_from_its_own_folder_with_both_optimizers_checkpointed(tmp_path):
-    result = run_phalanx("train", "--task", AAE, "--epochs", 2, "--checkpoints-dir", tmp_path, "--no-progress",
-                         "--log-every", 20, cwd=EXAMPLE)
+    result = run_phalanx(
+        "train",
+        "--task",
+        AAE,
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        20,
+        cwd=EXAMPLE,
+    )
     assert result.code == 0, result.err
     run = tmp_path / "experiment"
     train, val = records(run, "train"), records(run, "val")
@@ -61,18 +71,29 @@ def test_the_example_resumes_mid_epoch_bitwise_with_both_optimizers_and_every_re
     saved = state(tmp_path / "cut/latest.pt")
     assert saved["epoch"] == 0 and saved["position"] == 30 * 32
     monkeypatch.delenv("PHALANX_TEST_STOP_STEP")
-    resumed = phalanx("train", "--task", "phalanx_testtasks:StoppingAutoencoder", "--name", "cut", "--resume", "auto",
-                      *common)
+    resumed = phalanx(
+        "train", "--task", "phalanx_testtasks:StoppingAutoencoder", "--name", "cut", "--resume", "auto", *common
+    )
     assert resumed.code == 0, resumed.err
     assert "resumed from" in resumed.out and "in epoch 1 at sample 960 of 1438" in resumed.out
     a, b = state(tmp_path / "straight/latest.pt"), state(tmp_path / "cut/latest.pt")
     for name in ("generator", "discriminator"):
         assert all(torch.equal(a["models"][name][k], b["models"][name][k]) for k in a["models"][name])
-        moments = [(x["exp_avg"], y["exp_avg"]) for x, y in zip(a["optimizers"][name]["state"].values(),
-                                                                 b["optimizers"][name]["state"].values())]
+        moments = [
+            (x["exp_avg"], y["exp_avg"])
+            for x, y in zip(a["optimizers"][name]["state"].values(), b["optimizers"][name]["state"].values())
+        ]
         assert moments and all(torch.equal(x, y) for x, y in moments)
-    drop = ("time", "seconds", "samples_per_s", "step_data_s", "step_compute_s", "step_communication_s",
-            "step_optimizer_s", "step_logging_s")
+    drop = (
+        "time",
+        "seconds",
+        "samples_per_s",
+        "step_data_s",
+        "step_compute_s",
+        "step_communication_s",
+        "step_optimizer_s",
+        "step_logging_s",
+    )
     for kind in ("train", "val"):
         straight = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "straight", kind)]
         again = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "cut", kind)]
@@ -83,10 +104,22 @@ def test_the_example_resumes_mid_epoch_bitwise_with_both_optimizers_and_every_re
 def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_float64(tmp_path, phalanx):
     from adversarial_autoencoder import discriminator, generator  # noqa: F401 (examples/tasks via conftest)
 
-    common = ["--task", AAE, "--epochs", 2, "--precision", "fp64", "--checkpoints-dir", tmp_path, "--no-progress",
-              "--log-every", 1]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 16, *common,
-                      "--use-torchrun", "--nproc-per-node=2", env=TASKS)
+    common = [
+        "--task",
+        AAE,
+        "--epochs",
+        2,
+        "--precision",
+        "fp64",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        1,
+    ]
+    ddp = run_phalanx(
+        "trainlaunch", "--name", "ddp", "--batch-size", 16, *common, "--use-torchrun", "--nproc-per-node=2", env=TASKS
+    )
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 32, *common)
     assert single.code == 0, single.err
@@ -98,7 +131,8 @@ def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_flo
     torch.manual_seed(0)
     g, d = generator(16).double(), discriminator(16).double()
     expected_g, expected_d = reference.train_adversarial_autoencoder(
-        g, d, (images[train_index] * 2 - 1).double(), epochs=2, global_batch=32, lr=1e-3)
+        g, d, (images[train_index] * 2 - 1).double(), epochs=2, global_batch=32, lr=1e-3
+    )
     for run in ("ddp", "single"):
         saved = state(tmp_path / run / "latest.pt")
         assert max_difference(saved["models"]["generator"], expected_g) < 1e-12
@@ -111,19 +145,33 @@ def test_the_example_under_ddp_equals_one_process_and_a_hand_written_loop_in_flo
 @pytest.mark.slow
 def test_named_losses_are_the_mean_over_both_ranks(tmp_path, phalanx):
     # Rank 1's data differ from rank 0's: a loss logged from rank 0 alone would not be the mean.
-    common = ["--task", "phalanx_testtasks:GatherTask", "--epochs", 1, "--log-every", 1, "--checkpoints-dir", tmp_path,
-              "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun",
-                      "--nproc-per-node=2", env=TASKS)
+    common = [
+        "--task",
+        "phalanx_testtasks:GatherTask",
+        "--epochs",
+        1,
+        "--log-every",
+        1,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun", "--nproc-per-node=2", env=TASKS
+    )
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 16, *common)
     assert single.code == 0, single.err
-    logged = [(a["loss"], b["loss"]) for a, b in zip(records(tmp_path / "ddp", "train"), records(tmp_path / "single",
-                                                                                                  "train"))]
+    logged = [
+        (a["loss"], b["loss"])
+        for a, b in zip(records(tmp_path / "ddp", "train"), records(tmp_path / "single", "train"))
+    ]
     assert len(logged) == 5 and all(a == pytest.approx(b, rel=1e-12) for a, b in logged)
     # A loss module with a buffer beside the networks (DeepLIIF's GANLoss): DDP left it unwrapped,
     # the checkpoint holds its buffer.
-    assert state(tmp_path / "ddp/latest.pt")["models"]["criterion"] == {"weight": torch.tensor(1.0, dtype=torch.float64)}
+    assert state(tmp_path / "ddp/latest.pt")["models"]["criterion"] == {
+        "weight": torch.tensor(1.0, dtype=torch.float64)
+    }
 
 
 @pytest.mark.slow
@@ -131,10 +179,20 @@ def test_named_losses_are_the_mean_over_both_ranks(tmp_path, phalanx):
 def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_path, gather, phalanx):
     from torch import nn
 
-    common = ["--task", "phalanx_testtasks:GatherTask", "--task-option", f"gather={gather}", "--epochs", 2,
-              "--checkpoints-dir", tmp_path, "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun",
-                      "--nproc-per-node=2", env=TASKS)
+    common = [
+        "--task",
+        "phalanx_testtasks:GatherTask",
+        "--task-option",
+        f"gather={gather}",
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch", "--name", "ddp", "--batch-size", 8, *common, "--use-torchrun", "--nproc-per-node=2", env=TASKS
+    )
     assert ddp.code == 0, ddp.err
     single = phalanx("train", "--name", "single", "--batch-size", 16, *common)
     assert single.code == 0, single.err
@@ -152,8 +210,17 @@ def test_all_gather_carries_the_gradient_of_the_global_loss_to_every_rank(tmp_pa
 
 
 def test_task_state_is_checkpointed_and_a_mid_epoch_resume_is_bitwise(tmp_path, phalanx, monkeypatch):
-    common = ["--task", "phalanx_testtasks:StoppingGatherTask", "--epochs", 2, "--batch-size", 16,
-              "--checkpoints-dir", tmp_path, "--no-progress"]
+    common = [
+        "--task",
+        "phalanx_testtasks:StoppingGatherTask",
+        "--epochs",
+        2,
+        "--batch-size",
+        16,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     assert phalanx("train", "--name", "straight", *common).code == 0
     monkeypatch.setenv("PHALANX_TEST_STOP_STEP", "3")
     assert phalanx("train", "--name", "cut", *common).code == 143
@@ -166,13 +233,36 @@ def test_task_state_is_checkpointed_and_a_mid_epoch_resume_is_bitwise(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimizers_on_schedule(tmp_path, phalanx,
-                                                                                                monkeypatch):
-    common = ["--task", "phalanx_testtasks:RecordingAutoencoder", "--epochs", 2, "--batch-size", 32, "--log-every", 1,
-              "--checkpoints-dir", tmp_path, "--name", "run", "--no-progress"]
-    cut = run_phalanx("trainlaunch", *common, "--use-torchrun", "--nproc-per-node=2",
-                      env={**TASKS, "PHALANX_TEST_STOP_STEP": "10", "PHALANX_TEST_STOP_RANK": "1",
-                           "PHALANX_TEST_RECORD": str(tmp_path / "first")})
+def test_a_resume_from_2_workers_to_1_trains_each_sample_once_with_both_optimizers_on_schedule(
+    tmp_path, phalanx, monkeypatch
+):
+    common = [
+        "--task",
+        "phalanx_testtasks:RecordingAutoencoder",
+        "--epochs",
+        2,
+        "--batch-size",
+        32,
+        "--log-every",
+        1,
+        "--checkpoints-dir",
+        tmp_path,
+        "--name",
+        "run",
+        "--no-progress",
+    ]
+    cut = run_phalanx(
+        "trainlaunch",
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={
+            **TASKS,
+            "PHALANX_TEST_STOP_STEP": "10",
+            "PHALANX_TEST_STOP_RANK": "1",
+            "PHALANX_TEST_RECORD": str(tmp_path / "first"),
+        },
+    )
     assert cut.code == 143, cut.err
     saved = state(tmp_path / "run/latest.pt")
     assert saved["epoch"] == 0 and saved["position"] == 10 * 64 and saved["world_size"] == 2
@@ -204,8 +294,19 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
     run = tmp_path / "v2"
     run.mkdir()
     (run / "latest.pt").write_bytes(fixture.read_bytes())
-    common = ["--model", "phalanx_testmodels:batchnorm", "--ema-decay", 0.9, "--label-smoothing", 0.1, "--batch-size",
-              64, "--checkpoints-dir", tmp_path, "--no-progress"]
+    common = [
+        "--model",
+        "phalanx_testmodels:batchnorm",
+        "--ema-decay",
+        0.9,
+        "--label-smoothing",
+        0.1,
+        "--batch-size",
+        64,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     evaluated = phalanx("evaluate", "--checkpoint", run / "latest.pt")
     assert evaluated.code == 0, evaluated.err
     assert "top-1 31.48%" in evaluated.out  # what the old phalanx recorded for that epoch
@@ -235,8 +336,15 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
     predicted = phalanx("predict", "--checkpoint", fixture, tmp_path / "pngs", "--output", tmp_path / "p.csv")
     assert predicted.code == 0, predicted.err
     assert len((tmp_path / "p.csv").read_text().splitlines()) == 11
-    exported = phalanx("export", "--checkpoint", os.path.relpath(fixture), "--output", tmp_path / "m.pt2", "--format",
-                       "exported-program")  # a relative path: the metadata holds the absolute one
+    exported = phalanx(
+        "export",
+        "--checkpoint",
+        os.path.relpath(fixture),
+        "--output",
+        tmp_path / "m.pt2",
+        "--format",
+        "exported-program",
+    )  # a relative path: the metadata holds the absolute one
     assert exported.code == 0, exported.err
     assert (tmp_path / "m.pt2").stat().st_size > 0
     import json
@@ -245,16 +353,23 @@ def test_an_old_checkpoint_resumes_evaluates_predicts_and_exports(tmp_path, phal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, option, words", [
-    (["--task", "segmentation"], "--task", "unknown task 'segmentation'"),
-    (["--task", "json:JSONDecoder"], "--task", "not a subclass of phalanx.tasks.Task"),
-    (["--task", "phalanx_testtasks:Incomplete"], "--task", "does not define build_data"),
-    (["--task", "phalanx_testtasks:GatherTask", "--task-option", "dims=3"], "--task-option", "no option 'dims'"),
-    (["--task", "phalanx_testtasks:GatherTask", "--task-option", "dim=three"], "--task-option dim", "expected int"),
-    (["--task", "phalanx_testtasks:GatherTask", "--label-smoothing", "0.1"], "--label-smoothing",
-     "is an option of --task classify"),
-    (["--best-metric", "L1"], "--best-metric", "metrics are loss, acc, top5"),
-], ids=["unknown", "not-a-task", "incomplete", "unknown-option", "bad-value", "other-tasks-option", "best-metric"])
+@pytest.mark.parametrize(
+    "args, option, words",
+    [
+        (["--task", "segmentation"], "--task", "unknown task 'segmentation'"),
+        (["--task", "json:JSONDecoder"], "--task", "not a subclass of phalanx.tasks.Task"),
+        (["--task", "phalanx_testtasks:Incomplete"], "--task", "does not define build_data"),
+        (["--task", "phalanx_testtasks:GatherTask", "--task-option", "dims=3"], "--task-option", "no option 'dims'"),
+        (["--task", "phalanx_testtasks:GatherTask", "--task-option", "dim=three"], "--task-option dim", "expected int"),
+        (
+            ["--task", "phalanx_testtasks:GatherTask", "--label-smoothing", "0.1"],
+            "--label-smoothing",
+            "is an option of --task classify",
+        ),
+        (["--best-metric", "L1"], "--best-metric", "metrics are loss, acc, top5"),
+    ],
+    ids=["unknown", "not-a-task", "incomplete", "unknown-option", "bad-value", "other-tasks-option", "best-metric"],
+)
 def test_bad_task_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, option, words, phalanx):
     result = phalanx("train", *args, "--checkpoints-dir", tmp_path / "ck")
     assert result.code == 2, result.err
@@ -265,8 +380,17 @@ def test_bad_task_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, o
 
 @pytest.mark.slow
 def test_a_task_that_raises_in_its_step_fails_in_one_line_with_its_traceback_in_the_rank_log(tmp_path):
-    result = run_phalanx("trainlaunch", "--task", "phalanx_testtasks:RaisesInStep", "--checkpoints-dir", tmp_path,
-                         "--no-progress", "--use-torchrun", "--nproc-per-node=2", env=TASKS)
+    result = run_phalanx(
+        "trainlaunch",
+        "--task",
+        "phalanx_testtasks:RaisesInStep",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env=TASKS,
+    )
     assert result.code == 1
     assert "ValueError: the test task raised at step 2" in result.err and "Traceback" not in result.err
     assert "raise ValueError" in (tmp_path / "experiment/logs/rank1.log").read_text()

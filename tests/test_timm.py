@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import records, write_digit_pngs
 
 MODEL = "timm/test_resnet.r160_in1k"  # timm's own tiny test network: 0.4 M parameters
@@ -35,8 +34,24 @@ def test_a_timm_model_trains_with_its_pretrained_weights_and_configuration(tmp_p
     assert missing.code == 2 and "phalanx does not download" in missing.err and "model.safetensors" in missing.err
     fake_hub_cache(hub, pretrained)
     root = write_digit_pngs(tmp_path / "data", per_class=6)
-    result = phalanx("train", "--model", MODEL, "--weights", "timm", "--freeze-backbone", "--dataroot", root,
-                     "--epochs", 1, "--batch-size", 16, "--no-hflip", "--checkpoints-dir", tmp_path, "--no-progress")
+    result = phalanx(
+        "train",
+        "--model",
+        MODEL,
+        "--weights",
+        "timm",
+        "--freeze-backbone",
+        "--dataroot",
+        root,
+        "--epochs",
+        1,
+        "--batch-size",
+        16,
+        "--no-hflip",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
     assert "2 replaced (another shape, trained anew: " in result.out  # the head, for 10 classes
     assert "fc.weight 1000x96 -> 10x96" in result.out and "fc.bias 1000 -> 10" in result.out
@@ -56,11 +71,12 @@ def test_an_unknown_timm_model_is_one_line(phalanx, tmp_path):
     assert result.code == 2 and "timm has no model 'resnet19'" in result.err and "timm/resnet18" in result.err
 
 
-def test_drop_path_reaches_timms_and_torchvisions_stochastic_depth_and_is_refused_where_there_is_none(phalanx,
-                                                                                                     monkeypatch):
+def test_drop_path_reaches_timms_and_torchvisions_stochastic_depth_and_is_refused_where_there_is_none(
+    phalanx, monkeypatch
+):
     # timm's --drop-path (drop_path_rate), torchvision's stochastic_depth_prob.
-    from phalanx.models import build_model
     import phalanx.tasks.classify.task as classify
+    from phalanx.models import build_model
 
     timm_model = build_model(MODEL, 10, 3, drop_path=0.2)
     rates = [m.drop_prob for m in timm_model.modules() if type(m).__name__ == "DropPath"]
@@ -76,4 +92,5 @@ def test_drop_path_reaches_timms_and_torchvisions_stochastic_depth_and_is_refuse
     refused = phalanx("train", "--model", "resnet18", "--drop-path", 0.1, "--dry-run")
     assert refused.code == 2 and refused.err.strip() == (
         "phalanx: --drop-path: --model resnet18 has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
-        "EfficientNet, Swin and MaxViT have)"), refused.err
+        "EfficientNet, Swin and MaxViT have)"
+    ), refused.err

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
-
 from conftest import run_phalanx, write_digit_pngs
+
+from phalanx.checkpoint.rundir import read_metrics
 from phalanx.config import RunConfig
 from phalanx.models import SmallCNN
-from phalanx.checkpoint.rundir import read_metrics
 
 
 def _weights(path):
@@ -50,8 +50,19 @@ def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_va
     # The default for folders is basic augmentation; a flipped digit is another digit: --no-hflip.
     # With a val/ folder, no augmentation (the faster path: no per-image random transforms).
     recipe = ["--augment", "none"] if with_val_dir else ["--no-hflip"]
-    result = phalanx("train", "--dataroot", root, "--checkpoints-dir", tmp_path / "ck", "--epochs", 5,
-                     "--image-size", 16, *recipe, "--no-progress")
+    result = phalanx(
+        "train",
+        "--dataroot",
+        root,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--epochs",
+        5,
+        "--image-size",
+        16,
+        *recipe,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
     assert ("from val/" in result.out) == with_val_dir
     val = [r for r in read_metrics(tmp_path / "ck/experiment/metrics.jsonl") if r["kind"] == "val"]
@@ -63,7 +74,9 @@ def test_image_folder_of_png_files_reaches_95_percent(phalanx, tmp_path, with_va
 
 def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
     root = write_digit_pngs(tmp_path / "data", per_class=20)
-    result = phalanx("train", "--dataroot", root, "--num-workers", 2, "--epochs", 2, "--checkpoints-dir", tmp_path / "ck")
+    result = phalanx(
+        "train", "--dataroot", root, "--num-workers", 2, "--epochs", 2, "--checkpoints-dir", tmp_path / "ck"
+    )
     assert result.code == 0, result.err
     assert "2 loader workers" in result.out  # what the DataLoader was given, not the CPU default (none)
     # stopped as the run ends, not when garbage-collected during a later run (which then waited 20 s)
@@ -77,8 +90,19 @@ def test_image_folder_with_loader_worker_processes(phalanx, tmp_path):
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(phalanx, tmp_path):
     # A schedule that depends only on the epoch (warmup, then x0.1 each epoch) with momentum:
     # optimizer, scheduler and RNG state must all survive the checkpoint for this to hold.
-    common = ["--lr-schedule", "step", "--lr-step-epochs", 1, "--warmup-epochs", 1, "--no-progress",
-              "--seed", 7, "--checkpoints-dir", tmp_path]
+    common = [
+        "--lr-schedule",
+        "step",
+        "--lr-step-epochs",
+        1,
+        "--warmup-epochs",
+        1,
+        "--no-progress",
+        "--seed",
+        7,
+        "--checkpoints-dir",
+        tmp_path,
+    ]
     assert phalanx("train", "--name", "straight", "--epochs", 3, *common).code == 0
     assert phalanx("train", "--name", "split", "--epochs", 2, *common).code == 0
     resumed = phalanx("train", "--name", "split", "--epochs", 3, "--resume", "auto", *common)
@@ -106,8 +130,19 @@ def test_checkpoint_loads_with_plain_torch_load_into_the_bare_model(phalanx, tmp
 def test_one_mean_and_std_normalise_every_channel_as_the_same_value_given_per_channel(phalanx, tmp_path):
     # The README's `--mean 0.5 --std 0.5` for a backbone's transfer, on RGB images: once refused
     # ("has 1 values for 3-channel images"), a newcomer's report.
-    common = ["--dataset", "synthetic", "--synthetic-samples", 40, "--image-size", 8, "--max-steps", 2,
-              "--checkpoints-dir", tmp_path, "--no-progress"]
+    common = [
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        40,
+        "--image-size",
+        8,
+        "--max-steps",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     assert phalanx("train", "--name", "one", "--mean", 0.5, "--std", 0.5, *common).code == 0
     assert phalanx("train", "--name", "each", "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", *common).code == 0
     one, each = (torch.load(tmp_path / name / "latest.pt") for name in ("one", "each"))
@@ -117,8 +152,17 @@ def test_one_mean_and_std_normalise_every_channel_as_the_same_value_given_per_ch
 
 def test_grad_accum_matches_one_big_batch(phalanx, tmp_path):
     # float64: the two sum a batch's gradient in another order, and nothing else (1e-12, on any CPU).
-    common = ["--epochs", 1, "--lr-schedule", "constant", "--checkpoints-dir", tmp_path, "--no-progress",
-              "--model", "phalanx_testmodels:double"]
+    common = [
+        "--epochs",
+        1,
+        "--lr-schedule",
+        "constant",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--model",
+        "phalanx_testmodels:double",
+    ]
     assert phalanx("train", "--name", "big", "--batch-size", 32, *common).code == 0
     assert phalanx("train", "--name", "accum", "--batch-size", 16, "--grad-accum", 2, *common).code == 0
     _assert_same_weights(_weights(tmp_path / "big/latest.pt"), _weights(tmp_path / "accum/latest.pt"), atol=1e-12)
@@ -149,14 +193,26 @@ def test_user_model_function_and_torchvision_model(phalanx, tmp_path, monkeypatc
     (pkg / "nets.py").write_text(
         "import torch.nn as nn\n"
         "def tiny(num_classes):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     result = phalanx("train", "--model", "mymodels.nets:tiny", "--epochs", 2, "--checkpoints-dir", tmp_path / "ck")
     assert result.code == 0, result.err
     assert set(_weights(tmp_path / "ck/experiment/latest.pt")) == {"1.weight", "1.bias"}
 
-    result = phalanx("train", "--model", "resnet18", "--epochs", 1, "--name", "rn", "--batch-size", 128,
-                     "--checkpoints-dir", tmp_path / "ck")
+    result = phalanx(
+        "train",
+        "--model",
+        "resnet18",
+        "--epochs",
+        1,
+        "--name",
+        "rn",
+        "--batch-size",
+        128,
+        "--checkpoints-dir",
+        tmp_path / "ck",
+    )
     assert result.code == 0, result.err
     state = _weights(tmp_path / "ck/rn/latest.pt")
     assert state["fc.weight"].shape == (10, 512) and state["conv1.weight"].shape[1] == 3
@@ -164,13 +220,25 @@ def test_user_model_function_and_torchvision_model(phalanx, tmp_path, monkeypatc
 
 # fp16 on this CPU trains about 50x slower than fp32 (phalanx warns): one epoch only.
 @pytest.mark.slow
-@pytest.mark.parametrize("precision, dtype, epochs, accuracy", [("bf16", "torch.bfloat16", 3, 0.7),
-                                                                ("fp16", "torch.float16", 1, 0.3)])
-def test_autocast_on_cpu_computes_in_the_asked_precision_and_trains(phalanx, tmp_path, monkeypatch, precision, dtype,
-                                                                    epochs, accuracy):
+@pytest.mark.parametrize(
+    "precision, dtype, epochs, accuracy", [("bf16", "torch.bfloat16", 3, 0.7), ("fp16", "torch.float16", 1, 0.3)]
+)
+def test_autocast_on_cpu_computes_in_the_asked_precision_and_trains(
+    phalanx, tmp_path, monkeypatch, precision, dtype, epochs, accuracy
+):
     monkeypatch.setenv("PHALANX_TEST_RECORD", str(tmp_path / "probe"))
-    result = phalanx("train", "--model", "phalanx_testmodels:dtype_probe", "--precision", precision, "--epochs", epochs,
-                     "--checkpoints-dir", tmp_path, "--no-progress")
+    result = phalanx(
+        "train",
+        "--model",
+        "phalanx_testmodels:dtype_probe",
+        "--precision",
+        precision,
+        "--epochs",
+        epochs,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
     assert [p.read_text() for p in (tmp_path / "probe").iterdir()] == [dtype]  # autocast was applied
     assert ("fp16 on the CPU" in result.out) == (precision == "fp16")
@@ -178,21 +246,35 @@ def test_autocast_on_cpu_computes_in_the_asked_precision_and_trains(phalanx, tmp
     assert val[-1]["acc"] >= accuracy
     state = torch.load(tmp_path / "experiment/latest.pt")
     assert state["model"]["classifier.3.weight"].dtype == torch.float32  # master weights stay fp32
-    assert not state["scalers"]["model"]  # a GradScaler only on CUDA: CPU autocast has no fp16 gradient underflow to fix
+    assert not state["scalers"][
+        "model"
+    ]  # a GradScaler only on CUDA: CPU autocast has no fp16 gradient underflow to fix
 
 
 def test_best_pt_is_the_epoch_with_the_best_validation_accuracy(phalanx, tmp_path, monkeypatch):
     monkeypatch.setenv("PHALANX_TEST_GOOD_EPOCHS", "2")  # the model predicts at random from epoch 3 on
-    result = phalanx("train", "--model", "phalanx_testmodels:degrades", "--epochs", 4, "--save-epoch-freq", 1,
-                     "--checkpoints-dir", tmp_path, "--no-progress")
+    result = phalanx(
+        "train",
+        "--model",
+        "phalanx_testmodels:degrades",
+        "--epochs",
+        4,
+        "--save-epoch-freq",
+        1,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert result.code == 0, result.err
     accs = [r["acc"] for r in read_metrics(tmp_path / "experiment/metrics.jsonl") if r["kind"] == "val"]
     assert max(accs[:2]) > 0.5 > max(accs[2:])  # chance is 0.1: the random epochs are far below
     best_epoch = 1 + accs.index(max(accs))  # the first epoch that reached the best accuracy
     best, latest = torch.load(tmp_path / "experiment/best.pt"), torch.load(tmp_path / "experiment/latest.pt")
     assert best["epoch"] == best_epoch <= 2 and latest["epoch"] == 4 and best["best"]["value"] == max(accs)
-    assert all(torch.equal(best["model"][k], torch.load(tmp_path / "experiment/epoch_0002.pt")["model"][k])
-               for k in best["model"])
+    assert all(
+        torch.equal(best["model"][k], torch.load(tmp_path / "experiment/epoch_0002.pt")["model"][k])
+        for k in best["model"]
+    )
 
 
 def test_overwrite_replaces_a_previous_run(phalanx, tmp_path):
@@ -204,12 +286,28 @@ def test_overwrite_replaces_a_previous_run(phalanx, tmp_path):
     assert epochs == [1]
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two CUDA devices; this machine has "
-                    f"{torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
-                    "this test has not run)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="DataParallel needs two CUDA devices; this machine has "
+    f"{torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
+    "this test has not run)",
+)
 def test_dataparallel_on_two_gpus(phalanx, tmp_path):
-    result = phalanx("train", "--gpu-ids", 0, "--gpu-ids", 1, "--epochs", 3, "--batch-size", 64,
-                     "--precision", "fp16", "--checkpoints-dir", tmp_path)
+    result = phalanx(
+        "train",
+        "--gpu-ids",
+        0,
+        "--gpu-ids",
+        1,
+        "--epochs",
+        3,
+        "--batch-size",
+        64,
+        "--precision",
+        "fp16",
+        "--checkpoints-dir",
+        tmp_path,
+    )
     assert result.code == 0, result.err
     assert "DataParallel" in result.out
     assert not any(k.startswith("module.") for k in _weights(tmp_path / "experiment/latest.pt"))
@@ -218,8 +316,19 @@ def test_dataparallel_on_two_gpus(phalanx, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_one_gpu_with_amp(phalanx, tmp_path):
     for precision in ("bf16", "fp16"):
-        result = phalanx("train", "--gpu-ids", 0, "--epochs", 5, "--precision", precision, "--name", precision,
-                         "--checkpoints-dir", tmp_path)
+        result = phalanx(
+            "train",
+            "--gpu-ids",
+            0,
+            "--epochs",
+            5,
+            "--precision",
+            precision,
+            "--name",
+            precision,
+            "--checkpoints-dir",
+            tmp_path,
+        )
         assert result.code == 0, result.err
         val = [r for r in read_metrics(tmp_path / precision / "metrics.jsonl") if r["kind"] == "val"]
         assert val[-1]["acc"] >= 0.95
@@ -235,8 +344,9 @@ def test_help_does_not_import_torch():
 
 
 def test_a_diverging_run_stops_at_the_first_non_finite_loss_in_one_line(phalanx, tmp_path):
-    result = phalanx("train", "--epochs", 3, "--lr", 1000, "--checkpoints-dir", tmp_path, "--log-every", 1,
-                     "--no-progress")  # an absurd LR: the loss becomes inf or nan within steps
+    result = phalanx(
+        "train", "--epochs", 3, "--lr", 1000, "--checkpoints-dir", tmp_path, "--log-every", 1, "--no-progress"
+    )  # an absurd LR: the loss becomes inf or nan within steps
     assert result.code == 1 and len(result.err.strip().splitlines()) == 1, result.err
     assert "(epoch 1): training diverged, so it stopped; no checkpoint was saved yet. Lower --lr" in result.err
     assert not (tmp_path / "experiment/latest.pt").exists()  # nothing saved from the broken weights
@@ -249,7 +359,21 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss_in_one_line(phalanx,
 
 def test_a_run_diverging_in_fp16_is_told_where_fp16s_range_ends(phalanx, tmp_path):
     # Barlow Twins overflowed fp16 on an H100 while fp32 went on: the line names the range and bf16.
-    result = phalanx("train", "--epochs", 1, "--lr", 1000, "--precision", "fp16", "--checkpoints-dir", tmp_path,
-                     "--log-every", 1, "--no-progress")
+    result = phalanx(
+        "train",
+        "--epochs",
+        1,
+        "--lr",
+        1000,
+        "--precision",
+        "fp16",
+        "--checkpoints-dir",
+        tmp_path,
+        "--log-every",
+        1,
+        "--no-progress",
+    )
     assert result.code == 1 and len(result.err.strip().splitlines()) <= 2, result.err  # with the CPU fp16 warning
-    assert "training diverged" in result.err and "fp16 overflows above 65504, where bf16 has float32's range" in result.err
+    assert (
+        "training diverged" in result.err and "fp16 overflows above 65504, where bf16 has float32's range" in result.err
+    )

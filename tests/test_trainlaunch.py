@@ -13,17 +13,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    REPO,
+    USER_MODELS,
+    free_port,
+    gate,
+    near_ties,
+    paused,
+    processes_with,
+    records,
+    release,
+    run_phalanx,
+    start_phalanx,
+    wait_until,
+)
 
-from conftest import (REPO, USER_MODELS, free_port, gate, near_ties, paused, processes_with, records, release,
-                      run_phalanx, start_phalanx, wait_until)
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets
-from phalanx.launch import rendezvous
-from phalanx.launch.torchrun import _agent_failure, describe, plan_launch, run_workers
-from phalanx.launch.rendezvous import launch_environment, store_sharing_fails_on_a_new_rank_0
-from phalanx.models import SmallCNN
 from phalanx.distributed.cluster import Placement
 from phalanx.distributed.devices import cpu_threads_per_worker, worker_device
+from phalanx.launch import rendezvous
+from phalanx.launch.rendezvous import launch_environment, store_sharing_fails_on_a_new_rank_0
+from phalanx.launch.torchrun import _agent_failure, describe, plan_launch, run_workers
+from phalanx.models import SmallCNN
+
 
 def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_path):
     # The exact command of the issue, from a fresh directory (default ./checkpoints/experiment), while
@@ -58,9 +71,24 @@ def test_two_cpu_workers_as_written_reach_95_percent_with_exact_validation(tmp_p
 def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_path):
     # Started with --overwrite: the restart must resume, not refuse (--overwrite conflicts with
     # --resume) nor delete the checkpoint it resumes from.
-    proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 4, "--name", "killrun",
-                         "--checkpoints-dir", tmp_path, "--log-every", 2, "--no-progress", "--overwrite",
-                         "--use-torchrun", "--nproc_per_node 2 --max-restarts 1", env=gate(tmp_path / "gate", 30))
+    proc = start_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:slow",
+        "--epochs",
+        4,
+        "--name",
+        "killrun",
+        "--checkpoints-dir",
+        tmp_path,
+        "--log-every",
+        2,
+        "--no-progress",
+        "--overwrite",
+        "--use-torchrun",
+        "--nproc_per_node 2 --max-restarts 1",
+        env=gate(tmp_path / "gate", 30),
+    )
     try:
         # Mid-epoch 2 (its 7th step of 23): a checkpoint of epoch 1 exists and epoch 2 has begun.
         paused(tmp_path / "gate", ranks=2)
@@ -88,8 +116,18 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
 
 @pytest.mark.slow
 def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:fails_on_rank1", "--name", "boomrun",
-                         "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:fails_on_rank1",
+        "--name",
+        "boomrun",
+        "--checkpoints-dir",
+        tmp_path,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env=USER_MODELS,
+    )
     assert result.code == 1
     lines = result.err.strip().splitlines()
     assert "Traceback" not in result.err and 1 <= len(lines) <= 2  # one line per failed rank at most
@@ -105,8 +143,21 @@ def test_a_worker_that_raises_fails_the_launch_naming_the_rank(tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_trainlaunch_stops_every_worker(tmp_path, sig, code):
     name = f"termrun-{sig.name}"
-    proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 50, "--name", name,
-                         "--checkpoints-dir", tmp_path, "--log-every", 2, "--use-torchrun", "--nproc_per_node 2")
+    proc = start_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:slow",
+        "--epochs",
+        50,
+        "--name",
+        name,
+        "--checkpoints-dir",
+        tmp_path,
+        "--log-every",
+        2,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+    )
     metrics = tmp_path / name / "metrics.jsonl"
     try:
         wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0)
@@ -122,8 +173,19 @@ def test_a_signal_to_trainlaunch_stops_every_worker(tmp_path, sig, code):
 
 @pytest.mark.slow
 def test_a_launcher_killed_with_sigkill_leaves_no_orphan_worker(tmp_path):
-    proc = start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 50, "--name", "orphans",
-                         "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2")
+    proc = start_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:slow",
+        "--epochs",
+        50,
+        "--name",
+        "orphans",
+        "--checkpoints-dir",
+        tmp_path,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+    )
     metrics = tmp_path / "orphans" / "metrics.jsonl"
     try:
         wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0)
@@ -149,20 +211,33 @@ def held_port(port: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("torchrun, words", [
-    ("--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint nosuchhost.invalid:29400 --rdzv-id x "
-     "--rdzv-conf read_timeout=2", ("cannot connect to the rendezvous store", "--rdzv-conf read_timeout=SECONDS")),
-    ("--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id x "
-     "--rdzv-conf join_timeout=3", ("not every node joined the rendezvous in time", "--rdzv-conf read_timeout=SECONDS")),
-    ("--nproc-per-node 1 --master-port {port}", ("port {port} is in use on this machine (another run's?); give "
-                                                 "torchrun another --master-port",)),
-], ids=["unreachable-store", "node-never-joins", "port-taken"])
+@pytest.mark.parametrize(
+    "torchrun, words",
+    [
+        (
+            "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint nosuchhost.invalid:29400 --rdzv-id x "
+            "--rdzv-conf read_timeout=2",
+            ("cannot connect to the rendezvous store", "--rdzv-conf read_timeout=SECONDS"),
+        ),
+        (
+            "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id x "
+            "--rdzv-conf join_timeout=3",
+            ("not every node joined the rendezvous in time", "--rdzv-conf read_timeout=SECONDS"),
+        ),
+        (
+            "--nproc-per-node 1 --master-port {port}",
+            ("port {port} is in use on this machine (another run's?); give torchrun another --master-port",),
+        ),
+    ],
+    ids=["unreachable-store", "node-never-joins", "port-taken"],
+)
 def test_a_rendezvous_that_fails_is_one_line_and_torchruns_timeouts_shorten_the_wait(tmp_path, torchrun, words):
     started = time.monotonic()
     port = free_port()
     with held_port(port) if "--master-port" in torchrun else contextlib.nullcontext():
-        result = run_phalanx("trainlaunch", "--checkpoints-dir", tmp_path, "--use-torchrun",
-                             torchrun.format(port=port), timeout=120)
+        result = run_phalanx(
+            "trainlaunch", "--checkpoints-dir", tmp_path, "--use-torchrun", torchrun.format(port=port), timeout=120
+        )
     assert result.code == 1
     lines = result.err.strip().splitlines()
     assert len(lines) == 1, result.err
@@ -185,11 +260,22 @@ def test_dry_run_plans_for_gpus_this_machine_does_not_have(phalanx, tmp_path):
 @pytest.mark.slow
 def test_two_nodes_on_one_machine_train_one_run(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [start_phalanx("trainlaunch", "--epochs", 2, "--name", "multinode", "--checkpoints-dir", tmp_path,
-                   "--no-progress", "--use-torchrun",
-                   f"--nnodes 2 --node_rank {rank} --nproc_per_node 1 --rdzv-backend c10d "
-                   f"--rdzv-endpoint {endpoint} --rdzv-id multinode-test")
-             for rank in (0, 1)]
+    nodes = [
+        start_phalanx(
+            "trainlaunch",
+            "--epochs",
+            2,
+            "--name",
+            "multinode",
+            "--checkpoints-dir",
+            tmp_path,
+            "--no-progress",
+            "--use-torchrun",
+            f"--nnodes 2 --node_rank {rank} --nproc_per_node 1 --rdzv-backend c10d "
+            f"--rdzv-endpoint {endpoint} --rdzv-id multinode-test",
+        )
+        for rank in (0, 1)
+    ]
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     val = records(tmp_path / "multinode", "val")
@@ -203,11 +289,34 @@ def test_train_joins_a_process_group_set_up_by_an_outside_scheduler(tmp_path):
     port = str(free_port())
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--epochs", "1",
-                                       "--checkpoints-dir", str(tmp_path), "--no-progress"],
-                                      env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "phalanx.cli",
+                    "train",
+                    "--epochs",
+                    "1",
+                    "--checkpoints-dir",
+                    str(tmp_path),
+                    "--no-progress",
+                ],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     outputs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "DDP rank 0/2" in outputs[0][0] and outputs[1][0] == ""
@@ -215,8 +324,18 @@ def test_train_joins_a_process_group_set_up_by_an_outside_scheduler(tmp_path):
 
 
 def test_dry_run_prints_argv_world_devices_batch_and_lr(phalanx, tmp_path):
-    result = phalanx("trainlaunch", "--dry-run", "--batch-size", 16, "--scale-lr", "linear",
-                     "--checkpoints-dir", tmp_path, "--use-torchrun", "--nproc_per_node 2 --max-restarts 1")
+    result = phalanx(
+        "trainlaunch",
+        "--dry-run",
+        "--batch-size",
+        16,
+        "--scale-lr",
+        "linear",
+        "--checkpoints-dir",
+        tmp_path,
+        "--use-torchrun",
+        "--nproc_per_node 2 --max-restarts 1",
+    )
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].startswith("torchrun --nproc_per_node 2 --max-restarts 1 -m phalanx.launch.worker '{")
@@ -241,23 +360,30 @@ def test_one_node_without_a_named_port_rendezvouses_at_a_free_port_under_an_olde
     monkeypatch.setattr(torch.distributed.run, "run", lambda args: given.append(vars(args).copy()))
     run_workers(cfg, plan)  # torchrun's run() replaced: what the launch hands it
     assert (given[0]["rdzv_backend"], given[0]["rdzv_endpoint"]) == ("c10d", "localhost:0")
-    for named in ("--nproc_per_node 2 --master-port 29501", "--nproc_per_node 2 --master_addr 10.0.0.1",
-                  "--standalone --nproc_per_node 2", "--nnodes 1:2 --nproc_per_node 1 --rdzv-backend c10d "
-                  "--rdzv-endpoint h:1"):
+    for named in (
+        "--nproc_per_node 2 --master-port 29501",
+        "--nproc_per_node 2 --master_addr 10.0.0.1",
+        "--standalone --nproc_per_node 2",
+        "--nnodes 1:2 --nproc_per_node 1 --rdzv-backend c10d --rdzv-endpoint h:1",
+    ):
         assert not plan_launch(RunConfig(), named).picks_port, named
 
 
 def test_an_elastic_rendezvous_under_torch_before_2_13_does_without_the_agents_shared_store(monkeypatch):
     # torch 2.11 and 2.12 fail (a bare AssertionError) where a node becomes rank 0 in a later round while
     # the agent shares its store; the elastic test passes with 2.11 so (run by hand with 2.11's wheel).
-    assert [store_sharing_fails_on_a_new_rank_0(v) for v in [(2, 11), (2, 12), (2, 13), (2, 14)]] == \
-        [True, True, False, False]
+    assert [store_sharing_fails_on_a_new_rank_0(v) for v in [(2, 11), (2, 12), (2, 13), (2, 14)]] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     plan = plan_launch(RunConfig(), "--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint h:1")
     assert plan.rank_may_change and not plan_launch(RunConfig(), "--nproc_per_node 2").rank_may_change
     name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
     monkeypatch.delenv(name, raising=False)
     for version, shared in [((2, 11), "1"), ((2, 14), None)]:
-        monkeypatch.setattr(rendezvous, "torch_version", lambda: version)
+        monkeypatch.setattr(rendezvous, "torch_version", lambda version=version: version)
         with launch_environment(None, plan.rank_may_change):
             assert os.environ.get(name) == shared
         assert name not in os.environ  # taken back
@@ -272,8 +398,10 @@ def test_an_elastic_rendezvous_under_torch_before_2_13_does_without_the_agents_s
 def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
     # Pure mapping, no CUDA needed: --gpu-ids 2 --gpu-ids 3 puts local rank 0 on GPU 2, rank 1 on 3.
     cfg = RunConfig.flat(gpu_ids=(2, 3))
-    assert [worker_device(cfg.devices, Placement("torchrun", r, r, 2, 2, "127.0.0.1", 29500)) for r in (0, 1)] == [torch.device("cuda", 2),
-                                                                        torch.device("cuda", 3)]
+    assert [worker_device(cfg.devices, Placement("torchrun", r, r, 2, 2, "127.0.0.1", 29500)) for r in (0, 1)] == [
+        torch.device("cuda", 2),
+        torch.device("cuda", 3),
+    ]
     plan = plan_launch(cfg, "--nproc_per_node 2")
     report = describe(cfg, plan)
     assert "local rank 0: cuda:2" in report and "local rank 1: cuda:3" in report
@@ -282,19 +410,22 @@ def test_local_rank_r_uses_gpu_ids_r_without_cuda_visible_devices():
 
 
 def test_config_reaches_the_workers_as_one_argv_element():
-    cfg = RunConfig.flat(name="it's \"quoted\" $(touch pwned) `id`", epochs=3)
+    cfg = RunConfig.flat(name='it\'s "quoted" $(touch pwned) `id`', epochs=3)
     plan = plan_launch(cfg, "--nproc-per-node=2")
     assert plan.torchrun_argv[:3] == ["--nproc-per-node=2", "-m", "phalanx.launch.worker"]
     assert RunConfig.from_json(plan.torchrun_argv[3]) == cfg
 
 
-@pytest.mark.parametrize("torchrun, words", [
-    ('--nproc_per_node "2', "No closing quotation"),
-    ("--nproc_per_node 2 --no-such-option", "unrecognized arguments"),
-    ("--nproc_per_node two", "torchrun says"),
-    ("train.py", "torchrun's options only"),
-    ("--nproc_per_node 2 -m other.module", "torchrun's options only"),
-])
+@pytest.mark.parametrize(
+    "torchrun, words",
+    [
+        ('--nproc_per_node "2', "No closing quotation"),
+        ("--nproc_per_node 2 --no-such-option", "unrecognized arguments"),
+        ("--nproc_per_node two", "torchrun says"),
+        ("train.py", "torchrun's options only"),
+        ("--nproc_per_node 2 -m other.module", "torchrun's options only"),
+    ],
+)
 def test_bad_torchrun_strings_are_one_line_before_any_process(phalanx, tmp_path, torchrun, words):
     result = phalanx("trainlaunch", "--checkpoints-dir", tmp_path, "--use-torchrun", torchrun)
     assert result.code == 2
@@ -336,8 +467,18 @@ def test_without_use_torchrun_one_worker_per_gpu_id_or_one_cpu_worker(phalanx, t
 @pytest.mark.slow
 def test_a_single_process_checkpoint_resumes_under_ddp(tmp_path, phalanx):
     assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
-    result = run_phalanx("trainlaunch", "--epochs", 2, "--resume", "auto", "--checkpoints-dir", tmp_path,
-                         "--no-progress", "--use-torchrun", "--nproc_per_node 2")
+    result = run_phalanx(
+        "trainlaunch",
+        "--epochs",
+        2,
+        "--resume",
+        "auto",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc_per_node 2",
+    )
     assert result.code == 0, result.err
     assert "resumed from" in result.out
     val = records(tmp_path / "experiment", "val")
@@ -354,9 +495,21 @@ def test_the_logged_train_loss_is_the_mean_over_every_ranks_samples(tmp_path):
     from phalanx_testmodels import _RankLogits, sample_id
 
     record = tmp_path / "record"
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:rank_logits", "--epochs", 1, "--log-every", 10,
-                         "--checkpoints-dir", tmp_path, "--no-progress", "--use-torchrun", "--nproc_per_node 2",
-                         env={**USER_MODELS, "PHALANX_TEST_RECORD": str(record)})
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:rank_logits",
+        "--epochs",
+        1,
+        "--log-every",
+        10,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env={**USER_MODELS, "PHALANX_TEST_RECORD": str(record)},
+    )
     assert result.code == 0, result.err
     train = build_datasets(RunConfig(), None).train
     label = {sample_id(train[i][0]): int(train[i][1]) for i in range(len(train))}
@@ -373,18 +526,30 @@ def test_the_logged_train_loss_is_the_mean_over_every_ranks_samples(tmp_path):
     assert sum(len(v) for v in per_sample.values()) == len(train)
     expected_epoch = sum(map(sum, per_sample.values())) / len(train)
     logged = records(tmp_path / "experiment", "train")
-    assert sum(r["loss"] * r["samples"] for r in logged) / sum(r["samples"] for r in logged) == \
-        pytest.approx(expected_epoch, rel=1e-6)
+    assert sum(r["loss"] * r["samples"] for r in logged) / sum(r["samples"] for r in logged) == pytest.approx(
+        expected_epoch, rel=1e-6
+    )
     assert records(tmp_path / "experiment", "val")[0]["train_loss"] == pytest.approx(expected_epoch, rel=1e-6)
-    first_window = [x for rank in (0, 1) for x in per_sample[rank][:10 * 32]]  # 10 steps of 32 per rank
+    first_window = [x for rank in (0, 1) for x in per_sample[rank][: 10 * 32]]  # 10 steps of 32 per rank
     assert logged[0]["samples"] == 640 and logged[0]["loss"] == pytest.approx(sum(first_window) / 640, rel=1e-6)
     assert abs(expected_epoch - math.log(10)) > 0.05  # rank 0's loss alone would not pass
 
 
 @pytest.mark.slow
 def test_ranks_made_to_diverge_are_caught_and_reported(tmp_path):
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:diverges", "--epochs", 2, "--checkpoints-dir",
-                         tmp_path, "--no-progress", "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:diverges",
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env=USER_MODELS,
+    )
     assert result.code == 0, result.err
     divergence = records(tmp_path / "experiment", "end")[-1]["max_rank_divergence"]
     assert 1e-3 < divergence < 0.1  # rank 1 moved one weight by 0.01
@@ -396,10 +561,25 @@ def test_a_rank_late_in_backward_shows_as_communication_and_every_rank_keeps_ran
     # Rank 1 computes its first layer's gradient 50 ms late each step: rank 0 waits for it in the
     # gradient all-reduce after its own backward has ended. Each step's mean over the 2 ranks is
     # then about 25 ms of communication (0 in one process: test_train_guards.py).
-    result = run_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow_backward_on_rank1", "--epochs", 1,
-                         "--val-fraction", 0.9, "--batch-size", 16, "--log-every", 1, "--checkpoints-dir", tmp_path,
-                         "--no-progress", "--use-torchrun", "--nproc_per_node 2",
-                         env={**USER_MODELS, "PHALANX_TEST_DELAY": "0.05"})
+    result = run_phalanx(
+        "trainlaunch",
+        "--model",
+        "phalanx_testmodels:slow_backward_on_rank1",
+        "--epochs",
+        1,
+        "--val-fraction",
+        0.9,
+        "--batch-size",
+        16,
+        "--log-every",
+        1,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env={**USER_MODELS, "PHALANX_TEST_DELAY": "0.05"},
+    )
     assert result.code == 0, result.err
     train = records(tmp_path / "experiment", "train")
     parts = [f"step_{part}_s" for part in ("data", "compute", "communication", "optimizer", "logging")]
@@ -417,10 +597,11 @@ def test_a_rank_late_in_backward_shows_as_communication_and_every_rank_keeps_ran
 def test_sync_bn_converts_batchnorm_and_keeps_the_checkpoint_format():
     # torch's SyncBatchNorm computes on CUDA only: on GPUs phalanx uses it (test_sync_bn_on_two_gpus
     # below), on CPU workers its own GlobalBatchNorm (tested over 2 gloo ranks below).
-    from phalanx.errors import PhalanxError
+    from phalanx_testmodels import batchnorm
+
     from phalanx.distributed.strategy import prepare_model
     from phalanx.distributed.sync_norm import GlobalBatchNorm
-    from phalanx_testmodels import batchnorm
+    from phalanx.errors import PhalanxError
 
     model = batchnorm(num_classes=10, in_channels=1)
     converted = prepare_model(batchnorm(num_classes=10, in_channels=1), sync_bn=True)
@@ -450,10 +631,21 @@ def test_cpu_sync_bn_over_two_gloo_ranks_is_batchnorm_over_both_ranks_rows_and_b
     # rank 0's 5 rows alone, which rank 1's outputs are normalised by too. Without --sync-bn, rank 0's
     # buffers (statistics, a bool mask, an empty one) reach every rank, and the end-of-run comparison
     # sees it.
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-                           str(REPO / "tests/support/sync_norm_ranks.py"), str(tmp_path)],
-                          env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            str(REPO / "tests/support/sync_norm_ranks.py"),
+            str(tmp_path),
+        ],
+        env={**os.environ, **USER_MODELS, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     buffers = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)["buffers"] for rank in (0, 1)]
     assert all(b["before"] > 0.01 and b["after"] == 0 and b["tracked"] == 1 for b in buffers), buffers
@@ -476,10 +668,31 @@ def test_sync_bn_on_cpu_workers_trains_what_one_process_trains_through_a_padding
     # BatchNorm in the model: without --sync-bn each rank would normalise by its own 16 rows (another
     # model, as a plain DDP loop trains); with it, 2 workers x 16 = one process x 32 in float64,
     # through an epoch whose last image one rank trains while the other pads.
-    common = ["--model", "phalanx_testmodels:batchnorm", "--precision", "fp64", "--epochs", 1, "--val-fraction",
-              0.9104, "--checkpoints-dir", tmp_path, "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--sync-bn", "--batch-size", 16, *common, "--use-torchrun",
-                      "--nproc_per_node 2", env=USER_MODELS)
+    common = [
+        "--model",
+        "phalanx_testmodels:batchnorm",
+        "--precision",
+        "fp64",
+        "--epochs",
+        1,
+        "--val-fraction",
+        0.9104,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--sync-bn",
+        "--batch-size",
+        16,
+        *common,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env=USER_MODELS,
+    )
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, *common).code == 0
     a, b = (torch.load(tmp_path / n / "latest.pt", weights_only=True)["model"] for n in ("ddp", "single"))
@@ -488,14 +701,38 @@ def test_sync_bn_on_cpu_workers_trains_what_one_process_trains_through_a_padding
     assert records(tmp_path / "ddp", "val")[-1]["acc"] == records(tmp_path / "single", "val")[-1]["acc"]
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm across ranks needs two CUDA devices; "
-                    f"this machine has {torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
-                    "this test has not run)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="SyncBatchNorm across ranks needs two CUDA devices; "
+    f"this machine has {torch.cuda.device_count()} (its one-GPU counterpart in test_cuda.py passed on an H100; "
+    "this test has not run)",
+)
 def test_sync_bn_on_two_gpus_equals_one_process_with_the_whole_batch(tmp_path, phalanx):
-    common = ["--model", "phalanx_testmodels:batchnorm", "--epochs", 1, "--lr-schedule", "constant",
-              "--checkpoints-dir", tmp_path, "--no-progress"]
-    ddp = run_phalanx("trainlaunch", "--name", "ddp", "--sync-bn", "--batch-size", 16, "--gpu-ids", "0,1", *common,
-                      "--use-torchrun", "--nproc_per_node 2", env=USER_MODELS)
+    common = [
+        "--model",
+        "phalanx_testmodels:batchnorm",
+        "--epochs",
+        1,
+        "--lr-schedule",
+        "constant",
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+    ]
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--sync-bn",
+        "--batch-size",
+        16,
+        "--gpu-ids",
+        "0,1",
+        *common,
+        "--use-torchrun",
+        "--nproc_per_node 2",
+        env=USER_MODELS,
+    )
     assert ddp.code == 0, ddp.err
     assert phalanx("train", "--name", "single", "--batch-size", 32, "--gpu-ids", 0, *common).code == 0
     a, b = torch.load(tmp_path / "ddp/latest.pt")["model"], torch.load(tmp_path / "single/latest.pt")["model"]
@@ -512,12 +749,25 @@ def test_an_elastic_run_that_loses_a_node_resumes_on_the_rest_with_every_sample_
         # The node that stays hosts the rendezvous store; the other, started first, waits for it (its
         # retries back off: the 5 s last call covers them), so both join at once and the group forms
         # without waiting out the last call. After the loss the one left waits it out alone.
-        return start_phalanx("trainlaunch", "--model", "phalanx_testmodels:slow", "--epochs", 3, "--name", "elastic",
-                             "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 1, "--use-torchrun",
-                             f"--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-                             f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=5,"
-                             f"is_host={str(hosts_the_store).lower()}",
-                             env={"PHALANX_TEST_DELAY": "0.03", **gate(tmp_path / "gate", 30)})
+        return start_phalanx(
+            "trainlaunch",
+            "--model",
+            "phalanx_testmodels:slow",
+            "--epochs",
+            3,
+            "--name",
+            "elastic",
+            "--checkpoints-dir",
+            tmp_path,
+            "--no-progress",
+            "--log-every",
+            1,
+            "--use-torchrun",
+            f"--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+            f"--rdzv-id elastic --max-restarts 2 --rdzv-conf join_timeout=30,last_call_timeout=5,"
+            f"is_host={str(hosts_the_store).lower()}",
+            env={"PHALANX_TEST_DELAY": "0.03", **gate(tmp_path / "gate", 30)},
+        )
 
     lost = node(hosts_the_store=False)
     nodes = [node(hosts_the_store=True), lost]
@@ -549,9 +799,16 @@ def test_a_refusal_of_one_rank_while_torchrun_stops_the_slower_one_is_still_one_
     from phalanx.launch.torchrun import _worker_failures
 
     refused = tmp_path / "rank0.json"
-    refused.write_text(json.dumps({"message": {"message": "--dataroot: /x/nope is not a directory",
-                                               "extraInfo": {"py_callstack": "", "timestamp": "0",
-                                                             "time_ns": time.time_ns()}}}))
+    refused.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "--dataroot: /x/nope is not a directory",
+                    "extraInfo": {"py_callstack": "", "timestamp": "0", "time_ns": time.time_ns()},
+                }
+            }
+        )
+    )
     rank0 = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(refused))
     stopped = ProcessFailure(local_rank=1, pid=2, exitcode=-15, error_file=str(tmp_path / "none.json"))
     for failures in ({0: rank0, 1: stopped}, {0: rank0}):

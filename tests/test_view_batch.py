@@ -14,7 +14,7 @@ from torchvision.transforms import functional as TF
 
 from phalanx.data.sampling import derive_seed
 from phalanx.tasks.selfsupervised import view_batch as vb
-from phalanx.tasks.selfsupervised.views import ValidationViews, two_views, multi_crop
+from phalanx.tasks.selfsupervised.views import ValidationViews, multi_crop, two_views
 
 
 def torchvisions_view(image: torch.Tensor, row: torch.Tensor, recipe: vb.ViewRecipe) -> torch.Tensor:
@@ -67,7 +67,7 @@ def test_a_view_is_the_same_bits_in_any_batch():
     rows = torch.stack([recipe.draw(96, 96) for _ in images])
     together = recipe.make(images, list(range(16)), rows)
     for index in (0, 5, 15):
-        alone = recipe.make([images[index]], [0], rows[index:index + 1])
+        alone = recipe.make([images[index]], [0], rows[index : index + 1])
         assert torch.equal(alone[0], together[index])
     half = recipe.make(images[8:], list(range(8)), rows[8:])
     assert torch.equal(half, together[8:])
@@ -86,7 +86,7 @@ def test_a_large_view_is_the_same_bits_alone_as_among_others_on_two_threads():
     try:
         together = recipe.make(images, list(range(6)), rows)
         for index in range(6):
-            assert torch.equal(recipe.make([images[index]], [0], rows[index:index + 1])[0], together[index]), index
+            assert torch.equal(recipe.make([images[index]], [0], rows[index : index + 1])[0], together[index]), index
     finally:
         torch.set_num_threads(threads)
 
@@ -96,23 +96,33 @@ def test_the_draws_have_torchvisions_distributions():
     n = 4000
     recipe = vb.ViewRecipe(32, 3, (0.2, 1.0), True, 0.5, (0.5,) * 3, (0.5,) * 3)
     rows = torch.stack([recipe.draw(40, 60) for _ in range(n)])
-    theirs = torch.tensor([T.RandomResizedCrop.get_params(torch.zeros(3, 40, 60), [0.2, 1.0], [3 / 4, 4 / 3])
-                           for _ in range(n)], dtype=torch.float64)  # (top, left, height, width)
+    theirs = torch.tensor(
+        [T.RandomResizedCrop.get_params(torch.zeros(3, 40, 60), [0.2, 1.0], [3 / 4, 4 / 3]) for _ in range(n)],
+        dtype=torch.float64,
+    )  # (top, left, height, width)
     width, height = rows[:, vb.X1] - rows[:, vb.X0], rows[:, vb.Y1] - rows[:, vb.Y0]
     assert rows[:, vb.X0].min() >= 0 and rows[:, vb.Y0].min() >= 0
     assert rows[:, vb.X1].max() <= 60 and rows[:, vb.Y1].max() <= 40
     # Means of the crop's area, aspect ratio and place against torchvision's sampler's: equal
     # within 6 standard errors of their difference (the spreads, measured here, not assumed)
-    for ours, their in ((width * height, theirs[:, 2] * theirs[:, 3]), ((width / height).log(), (theirs[:, 3] / theirs[:, 2]).log()),
-                        (rows[:, vb.X0], theirs[:, 1]), (rows[:, vb.Y0], theirs[:, 0])):
+    for ours, their in (
+        (width * height, theirs[:, 2] * theirs[:, 3]),
+        ((width / height).log(), (theirs[:, 3] / theirs[:, 2]).log()),
+        (rows[:, vb.X0], theirs[:, 1]),
+        (rows[:, vb.Y0], theirs[:, 0]),
+    ):
         error = math.sqrt((ours.var() + their.var()) / n)
         assert abs(ours.mean() - their.mean()) < 6 * error, (ours.mean(), their.mean())
     # Each step's probability (flip 0.5, jitter 0.8, grayscale 0.2, blur 0.5), within 6 binomial sigmas
     for column, p in ((vb.FLIP, 0.5), (vb.JITTER, 0.8), (vb.GRAY, 0.2), (vb.BLUR, 0.5)):
         assert abs(rows[:, column].mean() - p) < 6 * math.sqrt(p * (1 - p) / n), column
     jittered = rows[rows[:, vb.JITTER] > 0]
-    for column, low, high in ((vb.BRIGHTNESS, 0.6, 1.4), (vb.CONTRAST, 0.6, 1.4), (vb.SATURATION, 0.6, 1.4),
-                              (vb.HUE, -0.1, 0.1)):
+    for column, low, high in (
+        (vb.BRIGHTNESS, 0.6, 1.4),
+        (vb.CONTRAST, 0.6, 1.4),
+        (vb.SATURATION, 0.6, 1.4),
+        (vb.HUE, -0.1, 0.1),
+    ):
         values = jittered[:, column]
         assert low <= values.min() and values.max() <= high
         assert abs(values.mean() - (low + high) / 2) < 6 * (high - low) / math.sqrt(12 * len(values))
@@ -123,13 +133,20 @@ def test_the_draws_have_torchvisions_distributions():
     blurred = rows[rows[:, vb.BLUR] > 0, vb.SIGMA]
     assert 0.1 <= blurred.min() and blurred.max() <= 2.0
     # and every range's whole width: the extremes of ~2,000-3,200 uniform draws lie within 1% of its ends
-    for values, low, high in ((blurred, 0.1, 2.0), *((jittered[:, column], low, high) for column, low, high in
-                              ((vb.BRIGHTNESS, 0.6, 1.4), (vb.SATURATION, 0.6, 1.4), (vb.HUE, -0.1, 0.1)))):
+    for values, low, high in (
+        (blurred, 0.1, 2.0),
+        *(
+            (jittered[:, column], low, high)
+            for column, low, high in ((vb.BRIGHTNESS, 0.6, 1.4), (vb.SATURATION, 0.6, 1.4), (vb.HUE, -0.1, 0.1))
+        ),
+    ):
         assert values.min() < low + 0.01 * (high - low) and values.max() > high - 0.01 * (high - low)
     # One-channel images: no grayscale step, no saturation or hue
     gray = torch.stack([vb.ViewRecipe(32, 1, (0.2, 1.0), True, 0.0, (0.5,), (0.5,)).draw(40, 60) for _ in range(200)])
     assert gray[:, vb.GRAY].sum() == 0 and gray[:, vb.BLUR].sum() == 0
-    assert (gray[gray[:, vb.JITTER] > 0][:, [vb.SATURATION, vb.HUE]] == torch.tensor([1.0, 0.0], dtype=torch.float64)).all()
+    assert (
+        gray[gray[:, vb.JITTER] > 0][:, [vb.SATURATION, vb.HUE]] == torch.tensor([1.0, 0.0], dtype=torch.float64)
+    ).all()
 
 
 def test_a_crop_can_reach_every_edge_and_every_step_can_be_drawn_after_ten_missed_crops():
@@ -169,7 +186,7 @@ def test_the_collate_makes_each_group_of_views_in_view_order():
             for view in range(count):
                 assert made[position].shape == (5, 3, group_recipe.size, group_recipe.size)
                 for sample in range(5):
-                    alone = group_recipe.make([images[sample]], [0], drawn[sample].params[group][view:view + 1])[0]
+                    alone = group_recipe.make([images[sample]], [0], drawn[sample].params[group][view : view + 1])[0]
                     assert torch.equal(made[position][sample], alone)
                 position += 1
     plain = views.collate([(torch.zeros(3), 1), (torch.ones(3), 2)])  # the validation loader's samples
@@ -189,17 +206,26 @@ def test_larger_8_bit_views_are_torchvisions_transforms_on_pil_images_one_image_
     def blur(picture):  # PIL's own, as Lightly's GaussianBlur
         return picture.filter(ImageFilter.GaussianBlur(radius=0.1 + 1.9 * torch.rand(1).item()))
 
-    pipeline = T.Compose([T.ToPILImage(), T.RandomResizedCrop(72, scale=(0.08, 1.0)), T.RandomHorizontalFlip(),
-                          T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
-                          T.RandomApply([blur], p=0.5), T.ToTensor(),
-                          T.Normalize([0.5] * 3, [0.25] * 3)])
+    pipeline = T.Compose(
+        [
+            T.ToPILImage(),
+            T.RandomResizedCrop(72, scale=(0.08, 1.0)),
+            T.RandomHorizontalFlip(),
+            T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+            T.RandomGrayscale(p=0.2),
+            T.RandomApply([blur], p=0.5),
+            T.ToTensor(),
+            T.Normalize([0.5] * 3, [0.25] * 3),
+        ]
+    )
     expected = [pipeline(image), pipeline(image)]
     assert isinstance(made, tuple) and all(torch.equal(a, b) for a, b in zip(made, expected))
     batch = views.collate([made, made])
     assert [tuple(b.shape) for b in batch] == [(2, 3, 72, 72)] * 2
     assert not isinstance(views((image.float() / 255, 0)), tuple)  # floats: drawn, made by the collate
-    assert not isinstance(two_views(vb.ViewRecipe(64, 3, (0.08, 1.0), True, 0.5, (0.5,) * 3, (0.25,) * 3))((image, 0)),
-                          tuple)  # 64 px and under: a batch at a time
+    assert not isinstance(
+        two_views(vb.ViewRecipe(64, 3, (0.08, 1.0), True, 0.5, (0.5,) * 3, (0.25,) * 3))((image, 0)), tuple
+    )  # 64 px and under: a batch at a time
     # Validation's views are made as training's: the same pipeline from the same seed
     validation = ValidationViews([(image, 0)], recipe, lambda x: x, seed=0)[0]
     torch.manual_seed(derive_seed(0, "validation views", 0))

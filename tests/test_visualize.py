@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import USER_MODELS, gate, paused, release, run_phalanx, wait_until
+
 from phalanx.records.snapshots import SEGMENT_NAME
 from phalanx.visualize import LocalSource, window_points
-
 
 
 def snapshot_history(pickle_dir: Path):
@@ -56,26 +55,62 @@ def assert_visdom_equals_history(port: int, env: str, history) -> None:
 def test_visdom_holds_every_point_including_those_written_while_visualize_was_down(tmp_path, visdom_server):
     # Training pauses in its 30th step (of 180) until visualize has gone: still running then, on any machine.
     env = {**os.environ, **USER_MODELS, "PHALANX_TEST_DELAY": "0.01", **gate(tmp_path / "gate", 30)}
-    train = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "train", "--model", "phalanx_testmodels:slow",
-                              "--epochs", "4", "--log-every", "2", "--snapshot-every", "0.2", "--no-progress",
-                              "--checkpoints-dir", str(tmp_path)], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    train = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phalanx.cli",
+            "train",
+            "--model",
+            "phalanx_testmodels:slow",
+            "--epochs",
+            "4",
+            "--log-every",
+            "2",
+            "--snapshot-every",
+            "0.2",
+            "--no-progress",
+            "--checkpoints-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     pickle_dir = tmp_path / "experiment" / "pickle"
     try:
         paused(tmp_path / "gate")
         log = tmp_path / "visualize.out"
         with open(log, "w") as out_file:
-            follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle_dir",
-                                         str(pickle_dir), "--port", str(visdom_server), "--interval", "0.2"],
-                                        text=True, stdout=out_file, stderr=subprocess.PIPE)
+            follower = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "phalanx.cli",
+                    "visualize",
+                    "--pickle_dir",
+                    str(pickle_dir),
+                    "--port",
+                    str(visdom_server),
+                    "--interval",
+                    "0.2",
+                ],
+                text=True,
+                stdout=out_file,
+                stderr=subprocess.PIPE,
+            )
             history = None
 
             def plotted() -> bool:
                 nonlocal history
                 history = history or snapshot_history(pickle_dir)
                 try:
-                    return bool(window_points(client(visdom_server), "train_loss",
-                                              f"phalanx-experiment-{history.run_id}")["loss"][0])
+                    return bool(
+                        window_points(client(visdom_server), "train_loss", f"phalanx-experiment-{history.run_id}")[
+                            "loss"
+                        ][0]
+                    )
                 except Exception:  # no snapshot, or no window yet
                     return False
 
@@ -125,9 +160,11 @@ def test_visualize_refuses_what_it_cannot_read(tmp_path, phalanx):
 def test_visualize_does_not_import_torch(tmp_path, visdom_server, phalanx):
     # visdom itself would import torch if it could: a plot of a real run must not load it.
     assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
-    code = ("import sys; from phalanx.cli import main; "
-            f"code = main(['visualize', '--pickle_dir', {str(tmp_path / 'experiment/pickle')!r}, '--once', "
-            f"'--port', '{visdom_server}']); print(code, 'torch' in sys.modules)")
+    code = (
+        "import sys; from phalanx.cli import main; "
+        f"code = main(['visualize', '--pickle_dir', {str(tmp_path / 'experiment/pickle')!r}, '--once', "
+        f"'--port', '{visdom_server}']); print(code, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "0 False"
 
@@ -137,9 +174,19 @@ def _chromium() -> str | None:
 
 
 def launch_chromium(pw):
-    return pw.chromium.launch(executable_path=_chromium(), headless=True, args=[
-        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"])
+    return pw.chromium.launch(
+        executable_path=_chromium(),
+        headless=True,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
 
 
 # Each visdom window's rectangle on the page (react-grid-layout's items), after the layout settles.
@@ -164,7 +211,7 @@ def assert_no_two_windows_overlap(page) -> int:
     """The dashboard's windows lie on a grid: no two rectangles intersect (at this page width)."""
     rects = settled_rects(page)
     for i, a in enumerate(rects):
-        for b in rects[i + 1:]:
+        for b in rects[i + 1 :]:
             width, height = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
             assert width <= 1 or height <= 1, f"windows overlap: {a} and {b}"
     return len(rects)
@@ -178,8 +225,10 @@ PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
-                    reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
+@pytest.mark.skipif(
+    not _chromium() and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)",
+)
 def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_path, visdom_server, phalanx):
     from playwright.sync_api import sync_playwright
 
@@ -196,9 +245,12 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
         try:
             page = browser.new_page(viewport={"width": 1700, "height": 1500})
             page.goto(url)
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8 && "
-                                   "document.querySelector('.phalanx-status') && "
-                                   "document.querySelectorAll('.phalanx-images img').length == 16", timeout=30000)
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot').length >= 8 && "
+                "document.querySelector('.phalanx-status') && "
+                "document.querySelectorAll('.phalanx-images img').length == 16",
+                timeout=30000,
+            )
             plots = {p["title"]: p for p in page.evaluate(PLOTS)}
             status = page.inner_text(".phalanx-status")
             captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
@@ -212,8 +264,10 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
         shutil.copy(tmp_path / "visdom.png", os.environ["PHALANX_SCREENSHOT"])
     assert plots["train loss (mean over ranks)"]["traces"] == [{"name": "loss", "type": "scatter", "points": train}]
     assert plots["train loss (mean over ranks)"]["ytitle"] == "cross-entropy loss"
-    assert {t["name"]: t["points"] for t in plots["validation accuracy (top-1)"]["traces"]} == \
-        {"val accuracy": 2, "EMA val accuracy": 2}
+    assert {t["name"]: t["points"] for t in plots["validation accuracy (top-1)"]["traces"]} == {
+        "val accuracy": 2,
+        "EMA val accuracy": 2,
+    }
     assert plots["validation accuracy (top-1)"]["ytitle"] == "accuracy (%)"  # not the loss's axis
     assert {t["name"] for t in plots["validation loss"]["traces"]} == {"val loss", "EMA val loss"}
     assert plots["learning rate"]["traces"][0]["points"] == train
@@ -232,7 +286,8 @@ def test_the_printed_url_shows_every_window_of_the_run_in_a_real_browser(tmp_pat
 
 @pytest.mark.slow
 def test_hostile_files_are_refused_within_seconds_in_bounded_memory_and_the_good_points_still_plot(
-        tmp_path, visdom_server, phalanx):
+    tmp_path, visdom_server, phalanx
+):
     import pickle
 
     assert phalanx("train", "--epochs", 1, "--checkpoints-dir", tmp_path, "--no-progress").code == 0
@@ -251,13 +306,31 @@ def test_hostile_files_are_refused_within_seconds_in_bounded_memory_and_the_good
     }
     # VmHWM: the peak resident memory of this program's own address space (ru_maxrss would count
     # the pages of pytest that the fork shared before exec).
-    peak = ("import atexit, sys; atexit.register(lambda: print(next(line for line in open('/proc/self/status') "
-            "if line.startswith('VmHWM')), file=sys.stderr)); from phalanx.cli import main; sys.exit(main())")
+    peak = (
+        "import atexit, sys; atexit.register(lambda: print(next(line for line in open('/proc/self/status') "
+        "if line.startswith('VmHWM')), file=sys.stderr)); from phalanx.cli import main; sys.exit(main())"
+    )
 
     def visualize(env: str) -> tuple[subprocess.CompletedProcess, float, float]:
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", peak, "visualize", "--pickle-dir", str(pickle_dir), "--port",
-                               str(visdom_server), "--once", "--env", env], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                peak,
+                "visualize",
+                "--pickle-dir",
+                str(pickle_dir),
+                "--port",
+                str(visdom_server),
+                "--once",
+                "--env",
+                env,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
         return done, time.monotonic() - started, int(done.stderr.rsplit("VmHWM:", 1)[1].split()[0]) / 1024
 
@@ -280,11 +353,26 @@ def test_runs_side_by_side_and_a_run_that_appears_later(tmp_path, visdom_server,
     assert phalanx("train", "--name", "smoothed", "--label-smoothing", 0.1, *common).code == 0
     log = tmp_path / "visualize.out"
     with open(log, "w") as out:
-        follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle-dir", str(tmp_path),
-                                     "--port", str(visdom_server), "--interval", "0.2"], stdout=out, text=True)
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "visualize",
+                "--pickle-dir",
+                str(tmp_path),
+                "--port",
+                str(visdom_server),
+                "--interval",
+                "0.2",
+            ],
+            stdout=out,
+            text=True,
+        )
         try:
-            wait_until(lambda: set(_traces(visdom_server, "compare_val_acc")) == {"plain", "smoothed"}, 60,
-                       "two runs compared")
+            wait_until(
+                lambda: set(_traces(visdom_server, "compare_val_acc")) == {"plain", "smoothed"}, 60, "two runs compared"
+            )
             assert phalanx("train", "--name", "later", "--lr", 0.05, *common).code == 0  # a third run, later
             expected = {}
             losses = {}
@@ -316,10 +404,28 @@ def _traces(port: int, win: str) -> dict:
 def test_a_schema_1_snapshot_still_plots(tmp_path, visdom_server):
     import pickle
 
-    records = [{"kind": "train", "epoch": 1, "step": s, "epoch_progress": s / 4, "loss": 2.0 / s, "lr": 0.1,
-                "samples_per_s": 100.0} for s in range(1, 5)] + [{"kind": "val", "epoch": 1, "loss": 0.5, "acc": 0.9}]
-    segment = {"schema": 1, "run_id": "old", "generation": 1, "segment": 1, "sealed": False, "written_at": 0.0,
-               "options": {"name": "old"}, "records": records}
+    records = [
+        {
+            "kind": "train",
+            "epoch": 1,
+            "step": s,
+            "epoch_progress": s / 4,
+            "loss": 2.0 / s,
+            "lr": 0.1,
+            "samples_per_s": 100.0,
+        }
+        for s in range(1, 5)
+    ] + [{"kind": "val", "epoch": 1, "loss": 0.5, "acc": 0.9}]
+    segment = {
+        "schema": 1,
+        "run_id": "old",
+        "generation": 1,
+        "segment": 1,
+        "sealed": False,
+        "written_at": 0.0,
+        "options": {"name": "old"},
+        "records": records,
+    }
     (tmp_path / "segment_000001.pkl").write_bytes(pickle.dumps(segment))
     shown = run_phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
     assert shown.code == 0, shown.err
@@ -331,9 +437,25 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
     pickle_dir.mkdir()
     log = tmp_path / "visualize.out"
     with open(log, "w") as out_file:
-        follower = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--pickle-dir", str(pickle_dir),
-                                     "--port", str(visdom_server), "--interval", "0.2", "--env", "waiting"],
-                                    stdout=out_file, stderr=subprocess.PIPE, text=True)
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "phalanx.cli",
+                "visualize",
+                "--pickle-dir",
+                str(pickle_dir),
+                "--port",
+                str(visdom_server),
+                "--interval",
+                "0.2",
+                "--env",
+                "waiting",
+            ],
+            stdout=out_file,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_until(lambda: "waiting for the first snapshot" in log.read_text(), 60, "the waiting message")
             assert phalanx("train", "--epochs", 1, "--pickle-dir", pickle_dir, "--checkpoints-dir", tmp_path).code == 0
@@ -347,8 +469,9 @@ def test_visualize_waits_for_the_first_snapshot_then_plots(tmp_path, visdom_serv
 
 def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_path, monkeypatch):
     from conftest import free_port
-    from phalanx.visualize import assets as visdom_assets
+
     from phalanx.errors import PhalanxError
+    from phalanx.visualize import assets as visdom_assets
     from phalanx.visualize.server import start_server_if_needed
 
     monkeypatch.setattr(visdom_assets, "missing_assets", lambda: ["js/plotly-plotly.min.js", "version.built"])
@@ -362,10 +485,12 @@ def test_missing_page_assets_are_blamed_with_the_command_that_installs_them(tmp_
 @pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
 def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registry(tmp_path, monkeypatch):
     from conftest import free_port
+
     from phalanx.visualize import assets as visdom_assets
 
-    done = subprocess.run([sys.executable, "-m", "phalanx.visualize.assets", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx.visualize.assets", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m phalanx.visualize.assets")
     root = tmp_path / "visdom"
     (root / "static").mkdir(parents=True)
@@ -382,16 +507,28 @@ def test_the_assets_installer_prints_help_and_gives_up_quickly_without_a_registr
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _chromium() and not os.environ.get("CI"),
-                    reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)")
+@pytest.mark.skipif(
+    not _chromium() and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (scripts/setup.sh --test installs it)",
+)
 def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_visualize(tmp_path, visdom_server):
+    from conftest import REPO
     from playwright.sync_api import sync_playwright
 
-    from conftest import REPO
-
     example = REPO / "examples" / "tasks"
-    trained = run_phalanx("train", "--task", "adversarial_autoencoder:AdversarialAutoencoder", "--epochs", 2,
-                          "--checkpoints-dir", tmp_path, "--no-progress", "--log-every", 5, cwd=example)
+    trained = run_phalanx(
+        "train",
+        "--task",
+        "adversarial_autoencoder:AdversarialAutoencoder",
+        "--epochs",
+        2,
+        "--checkpoints-dir",
+        tmp_path,
+        "--no-progress",
+        "--log-every",
+        5,
+        cwd=example,
+    )
     assert trained.code == 0, trained.err
     pickle_dir = tmp_path / "experiment" / "pickle"
     shown = run_phalanx("visualize", "--pickle_dir", pickle_dir, "--port", visdom_server, "--once")
@@ -404,8 +541,11 @@ def test_your_own_tasks_named_losses_and_images_are_on_the_page_without_editing_
         try:
             page = browser.new_page(viewport={"width": 1700, "height": 1500})
             page.goto(url)
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 8 && "
-                                   "document.querySelectorAll('.phalanx-images img').length == 8", timeout=30000)
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot').length >= 8 && "
+                "document.querySelectorAll('.phalanx-images img').length == 8",
+                timeout=30000,
+            )
             plots = {p["title"]: p for p in page.evaluate(PLOTS)}
             captions = page.eval_on_selector_all(".phalanx-images figcaption", "els => els.map(e => e.innerText)")
             status = page.inner_text(".phalanx-status")

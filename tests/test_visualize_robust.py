@@ -14,9 +14,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, wait_until
 from test_visualize import client
+
 from phalanx.atomic import atomic_write
 from phalanx.records.snapshots import History, dumps, segment_name
 from phalanx.visualize import window_points
@@ -24,28 +24,57 @@ from phalanx.visualize import window_points
 
 def train_records(losses: list[float], epoch: int = 1) -> list[dict]:
     steps = len(losses)
-    return [{"kind": "train", "epoch": epoch, "step": s + 1, "epoch_progress": epoch - 1 + (s + 1) / steps,
-             "loss": loss, "lr": 0.1, "samples_per_s": 100.0, "time": 1000.0 + s} for s, loss in enumerate(losses)]
+    return [
+        {
+            "kind": "train",
+            "epoch": epoch,
+            "step": s + 1,
+            "epoch_progress": epoch - 1 + (s + 1) / steps,
+            "loss": loss,
+            "lr": 0.1,
+            "samples_per_s": 100.0,
+            "time": 1000.0 + s,
+        }
+        for s, loss in enumerate(losses)
+    ]
 
 
 def confusion(classes: list[str], epoch: int = 1) -> dict:
-    return {"kind": "confusion", "epoch": epoch, "classes": classes,
-            "matrix": [[3 if i == j else 1 for j in range(len(classes))] for i in range(len(classes))]}
+    return {
+        "kind": "confusion",
+        "epoch": epoch,
+        "classes": classes,
+        "matrix": [[3 if i == j else 1 for j in range(len(classes))] for i in range(len(classes))],
+    }
 
 
-def write_run(pickle_dir: Path, records: list[dict], run_id: str = "r1", name: str = "run", generation: int = 1) -> None:
+def write_run(
+    pickle_dir: Path, records: list[dict], run_id: str = "r1", name: str = "run", generation: int = 1
+) -> None:
     """One segment, written as training writes it (atomically, so a poll never reads half of it)."""
     pickle_dir.mkdir(parents=True, exist_ok=True)
-    segment = {"schema": 3, "run_id": run_id, "generation": generation, "segment": 1, "sealed": False,
-               "written_at": 0.0, "options": {"name": name}, "records": records}
+    segment = {
+        "schema": 3,
+        "run_id": run_id,
+        "generation": generation,
+        "segment": 1,
+        "sealed": False,
+        "written_at": 0.0,
+        "options": {"name": name},
+        "records": records,
+    }
     atomic_write(pickle_dir / segment_name(1), lambda fh: fh.write(dumps(segment)))
 
 
 def start_visualize(tmp_path: Path, name: str, *args) -> tuple[subprocess.Popen, Path, Path]:
     out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
     with open(out, "w") as out_file, open(err, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "phalanx.cli", "visualize", "--interval", "0.2", *map(str, args)],
-                                stdout=out_file, stderr=err_file, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "phalanx.cli", "visualize", "--interval", "0.2", *map(str, args)],
+            stdout=out_file,
+            stderr=err_file,
+            text=True,
+        )
     return proc, out, err
 
 
@@ -64,10 +93,15 @@ def points(port: int, win: str, env: str) -> dict:
 
 def test_a_one_class_run_plots_its_per_class_bar_beside_the_other_runs(tmp_path, visdom_server, phalanx):
     # visdom's bar() squeezed one class's single bar to a scalar and failed its own assertion.
-    write_run(tmp_path / "one" / "pickle", [*train_records([0.5]), {"kind": "val", "epoch": 1, "loss": 0.1, "acc": 1.0},
-                                            confusion(["only"])], run_id="onecls", name="one")
-    write_run(tmp_path / "two" / "pickle", [*train_records([0.9, 0.7]), confusion(["a", "b"])], run_id="twocls",
-              name="two")
+    write_run(
+        tmp_path / "one" / "pickle",
+        [*train_records([0.5]), {"kind": "val", "epoch": 1, "loss": 0.1, "acc": 1.0}, confusion(["only"])],
+        run_id="onecls",
+        name="one",
+    )
+    write_run(
+        tmp_path / "two" / "pickle", [*train_records([0.9, 0.7]), confusion(["a", "b"])], run_id="twocls", name="two"
+    )
     shown = phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
     assert shown.code == 0, shown.err
     bars = json.loads(client(visdom_server).get_window_data(win="per_class", env="phalanx-one-onecls"))
@@ -77,7 +111,8 @@ def test_a_one_class_run_plots_its_per_class_bar_beside_the_other_runs(tmp_path,
 
 
 def test_a_run_that_cannot_be_plotted_is_said_once_and_the_other_runs_keep_plotting(
-        tmp_path, visdom_server, phalanx, monkeypatch):
+    tmp_path, visdom_server, phalanx, monkeypatch
+):
     from phalanx.visualize import _Signalled, follow
     from phalanx.visualize.plots import RunPlots
 
@@ -94,8 +129,12 @@ def test_a_run_that_cannot_be_plotted_is_said_once_and_the_other_runs_keep_plott
 
     def between_polls(seconds: float) -> None:  # the good run goes on; after three polls, Ctrl-C
         polls.append(seconds)
-        write_run(tmp_path / "b_good" / "pickle", train_records([0.9, 0.8, 0.7][:len(polls) + 1]), run_id="good",
-                  name="b_good")
+        write_run(
+            tmp_path / "b_good" / "pickle",
+            train_records([0.9, 0.8, 0.7][: len(polls) + 1]),
+            run_id="good",
+            name="b_good",
+        )
         if len(polls) == 3:
             raise _Signalled(signal.SIGINT)
 
@@ -111,14 +150,22 @@ def test_a_run_that_cannot_be_plotted_is_said_once_and_the_other_runs_keep_plott
 def test_elapsed_counts_the_time_trained_never_a_resume_that_had_nothing_to_do():
     from phalanx.visualize.plots import status_rows
 
-    first = [{"kind": "status", "state": "running", "time": 995.0, "epoch": 0}, *train_records([0.9, 0.8]),
-             {"kind": "val", "epoch": 1, "loss": 0.5, "acc": 0.5}, {"kind": "end"}]
+    first = [
+        {"kind": "status", "state": "running", "time": 995.0, "epoch": 0},
+        *train_records([0.9, 0.8]),
+        {"kind": "val", "epoch": 1, "loss": 0.5, "acc": 0.5},
+        {"kind": "end"},
+    ]
     no_op_resume = [{"kind": "status", "state": "running", "time": 1200.0, "epoch": 1}, {"kind": "end"}]
     rows = dict(status_rows(History("r", 2, {"name": "run", "epochs": 1}, first + no_op_resume)))
     assert rows["elapsed"] == "0m 06s"  # 995 -> 1001, the last point (it was "-4m 41s")
-    resumed = [{"kind": "status", "state": "running", "time": 2000.0, "epoch": 1},
-               *[{**r, "epoch": 2, "epoch_progress": r["epoch_progress"] + 1, "time": r["time"] + 1010}
-                 for r in train_records([0.7, 0.6])]]
+    resumed = [
+        {"kind": "status", "state": "running", "time": 2000.0, "epoch": 1},
+        *[
+            {**r, "epoch": 2, "epoch_progress": r["epoch_progress"] + 1, "time": r["time"] + 1010}
+            for r in train_records([0.7, 0.6])
+        ],
+    ]
     rows = dict(status_rows(History("r", 3, {"name": "run", "epochs": 3}, first + resumed)))
     assert rows["elapsed"] == "0m 17s"  # 6 s, then 2000 -> 2011; the hours in between were no training
     assert rows["state"] == "running"  # not the "end" of the run it resumed
@@ -134,8 +181,11 @@ def test_visualize_waits_for_a_pickle_dir_that_appears_later_and_drops_a_replace
         wait_until(lambda: points(visdom_server, "train_loss", "phalanx-exp-old"), 60, "the first run plotted")
         # `train --overwrite`: the new run's writer starts a newer generation under a new run id
         write_run(pickle_dir, train_records([0.5]), run_id="new", name="exp", generation=2)
-        wait_until(lambda: points(visdom_server, "train_loss", "phalanx-exp-new") == {"loss": ([1.0], [0.5])}, 60,
-                   "the new run plotted")
+        wait_until(
+            lambda: points(visdom_server, "train_loss", "phalanx-exp-new") == {"loss": ([1.0], [0.5])},
+            60,
+            "the new run plotted",
+        )
         wait_until(lambda: "phalanx-exp-old" not in client(visdom_server).get_env_list(), 60, "the old page removed")
         index = json.loads(client(visdom_server).get_window_data(win="phalanx_runs", env="main"))["content"]
         assert "phalanx-exp-new" in index and "phalanx-exp-old" not in index
@@ -155,14 +205,16 @@ def test_a_port_held_by_another_program_is_refused_not_plotted_into(tmp_path, ph
     threading.Thread(target=other.serve_forever, daemon=True).start()
     try:
         port = other.server_address[1]
-        shown = phalanx("visualize", "--pickle-dir", tmp_path / "pickle", "--server", "http://127.0.0.1", "--port",
-                        port, "--once")
+        shown = phalanx(
+            "visualize", "--pickle-dir", tmp_path / "pickle", "--server", "http://127.0.0.1", "--port", port, "--once"
+        )
     finally:
         other.shutdown()
         other.server_close()
     assert shown.code == 2 and shown.out == "", shown.out
-    assert shown.err.strip() == (f"phalanx: --port: port {port} is held by a program that is not visdom; "
-                                 "pick another --port")
+    assert shown.err.strip() == (
+        f"phalanx: --port: port {port} is held by a program that is not visdom; pick another --port"
+    )
 
 
 @pytest.mark.slow
@@ -178,8 +230,11 @@ def test_when_the_shared_servers_owner_stops_the_other_visualize_starts_a_server
         assert "started a visdom server" not in out.read_text()
         assert stop(owner) == 143  # its server goes with it
         wait_until(lambda: "stopped answering" in err.read_text(), 60, "the survivor to notice")
-        wait_until(lambda: points(port, "train_loss", "phalanx-exp-shared") == {"loss": ([0.5, 1.0], [0.9, 0.8])}, 90,
-                   "every point redrawn into a new server")
+        wait_until(
+            lambda: points(port, "train_loss", "phalanx-exp-shared") == {"loss": ([0.5, 1.0], [0.9, 0.8])},
+            90,
+            "every point redrawn into a new server",
+        )
         assert "started a visdom server" in out.read_text() and survivor.poll() is None
         assert err.read_text().count("stopped answering") == 1
     finally:
@@ -218,13 +273,23 @@ def test_a_pane_names_its_window_kind_and_visualize_draws_it_from_the_kinds_tabl
     # the kinds are declared once (phalanx/windows.py), for the loader's checks and for visualize.
     from phalanx.records.windows import KINDS, window
 
-    panes = [window("notes", "text", "notes"), window("scores", "table", "scores"),
-             window("mistakes", "matrix", "mistakes between classes")]
-    write_run(tmp_path / "kinds" / "pickle", [
-        *train_records([0.5]), {"kind": "panes", "panes": panes},
-        {"kind": "text", "epoch": 1, "text": "<b>not html</b>\nsecond line"},
-        {"kind": "table", "epoch": 1, "rows": [["dice", 0.5], ["cells", 12]]},
-        confusion(["a", "b"])], run_id="kinds", name="kinds")
+    panes = [
+        window("notes", "text", "notes"),
+        window("scores", "table", "scores"),
+        window("mistakes", "matrix", "mistakes between classes"),
+    ]
+    write_run(
+        tmp_path / "kinds" / "pickle",
+        [
+            *train_records([0.5]),
+            {"kind": "panes", "panes": panes},
+            {"kind": "text", "epoch": 1, "text": "<b>not html</b>\nsecond line"},
+            {"kind": "table", "epoch": 1, "rows": [["dice", 0.5], ["cells", 12]]},
+            confusion(["a", "b"]),
+        ],
+        run_id="kinds",
+        name="kinds",
+    )
     shown = phalanx("visualize", "--pickle-dir", tmp_path, "--port", visdom_server, "--once")
     assert shown.code == 0, shown.err
     env = "phalanx-kinds-kinds"
@@ -245,8 +310,11 @@ def test_a_record_a_window_draws_is_checked_by_its_kind_when_a_snapshot_loads():
     from phalanx import records
 
     records.check(0, {"kind": "text", "epoch": 1, "text": "fine"})
-    for bad in ({"kind": "text", "epoch": 1, "text": 3}, {"kind": "table", "epoch": 1, "rows": [["one"]]},
-                {"kind": "confusion", "epoch": 1, "classes": ["a"], "matrix": [[1, 2]]},
-                {"kind": "panes", "panes": [{"win": "w", "kind": "text"}]}):
+    for bad in (
+        {"kind": "text", "epoch": 1, "text": 3},
+        {"kind": "table", "epoch": 1, "rows": [["one"]]},
+        {"kind": "confusion", "epoch": 1, "classes": ["a"], "matrix": [[1, 2]]},
+        {"kind": "panes", "panes": [{"win": "w", "kind": "text"}]},
+    ):
         with pytest.raises(ValueError):
             records.check(0, bad)

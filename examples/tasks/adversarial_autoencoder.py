@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from phalanx.config.fields import option
 from phalanx.data import SeededView, load_digits
 from phalanx.data.inputs import InputImages, output_names
 from phalanx.data.sources import holdout_indices
-from phalanx.config.fields import option
 from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
@@ -40,18 +40,26 @@ class AutoencoderOptions:
 def generator(width: int) -> nn.Module:
     """8x8 -> 4x4 -> 8x8, output in [-1, 1] like the inputs."""
     return nn.Sequential(
-        nn.Conv2d(1, width, 3, padding=1), nn.LeakyReLU(0.2),
-        nn.Conv2d(width, 2 * width, 4, stride=2, padding=1), nn.LeakyReLU(0.2),
-        nn.ConvTranspose2d(2 * width, width, 4, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(width, 1, 3, padding=1), nn.Tanh())
+        nn.Conv2d(1, width, 3, padding=1),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(width, 2 * width, 4, stride=2, padding=1),
+        nn.LeakyReLU(0.2),
+        nn.ConvTranspose2d(2 * width, width, 4, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, 1, 3, padding=1),
+        nn.Tanh(),
+    )
 
 
 def discriminator(width: int) -> nn.Module:
     """A patch discriminator: one real/fake logit per 4x4 patch position."""
     return nn.Sequential(
-        nn.Conv2d(1, width, 3, padding=1), nn.LeakyReLU(0.2),
-        nn.Conv2d(width, 2 * width, 4, stride=2, padding=1), nn.LeakyReLU(0.2),
-        nn.Conv2d(2 * width, 1, 3, padding=1))
+        nn.Conv2d(1, width, 3, padding=1),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(width, 2 * width, 4, stride=2, padding=1),
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(2 * width, 1, 3, padding=1),
+    )
 
 
 def bce(logits: torch.Tensor, real: bool) -> torch.Tensor:
@@ -107,9 +115,12 @@ class AdversarialAutoencoder(Task):
         images, _ = load_digits()  # the labels are not used: the task learns from images alone
         images = images * 2 - 1  # [0, 1] -> [-1, 1], the generator's output range
         train, val = holdout_indices(len(images), self.cfg.data.val_fraction, self.cfg.seed)
-        return TaskData(SeededView(images[train]), images[val],
-                        f"built-in digits as images ({len(train)} train / {len(val)} val, 8x8)",
-                        info={"channels": 1, "size": 8, "mean": [0.5], "std": [0.5]})
+        return TaskData(
+            SeededView(images[train]),
+            images[val],
+            f"built-in digits as images ({len(train)} train / {len(val)} val, 8x8)",
+            info={"channels": 1, "size": 8, "mean": [0.5], "std": [0.5]},
+        )
 
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         return {"generator": generator(self.options.width), "discriminator": discriminator(self.options.width)}
@@ -136,7 +147,7 @@ class AdversarialAutoencoder(Task):
         error = (models["generator"](real) - real).abs().flatten(1).mean(1)
         return {"L1": error.sum(), "samples": torch.tensor(float(len(real)))}  # the mean: sums / samples
 
-    def visuals(self, data: TaskData) -> "Reconstructions":
+    def visuals(self, data: TaskData) -> Reconstructions:
         return Reconstructions(data.val[:SHOWN])
 
 
@@ -149,7 +160,16 @@ class Reconstructions:
     @torch.no_grad()
     def record(self, models, epoch: int, ctx) -> dict:  # the networks are in eval mode here
         rebuilt = models["generator"](ctx.to_device(self.images)).cpu()
-        items = [images_item(png(strip([denormalize(a, [0.5], [0.5]), denormalize(b, [0.5], [0.5])])),
-                             f"digit {i}: input | reconstruction") for i, (a, b) in enumerate(zip(self.images, rebuilt))]
-        return {"kind": "images", "epoch": epoch, "title": "validation digits and their reconstructions",
-                "items": items}
+        items = [
+            images_item(
+                png(strip([denormalize(a, [0.5], [0.5]), denormalize(b, [0.5], [0.5])])),
+                f"digit {i}: input | reconstruction",
+            )
+            for i, (a, b) in enumerate(zip(self.images, rebuilt))
+        ]
+        return {
+            "kind": "images",
+            "epoch": epoch,
+            "title": "validation digits and their reconstructions",
+            "items": items,
+        }

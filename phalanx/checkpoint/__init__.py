@@ -66,9 +66,11 @@ def check_loadable(value: Any, where: str = "checkpoint", error: type[PhalanxErr
             check_loadable(item, f"{where}[{index}]", error)
         return
     kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
-    raise error(f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
-                "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
-                "back: convert it (float(x), str(path), x.tolist())")
+    raise error(
+        f"{where} is a {kind} ({str(value)[:40]}); a checkpoint holds tensors and plain Python data "
+        "(str, int, float, bool, None, lists, dicts) only, as torch.load(weights_only=True) reads them "
+        "back: convert it (float(x), str(path), x.tolist())"
+    )
 
 
 SOURCES = {"data": "TaskData.info", "task_state": "the task's state_dict()"}  # where a user's values come from
@@ -135,8 +137,11 @@ def load(path: Path, option: str = "--resume") -> dict[str, Any]:
     if state.get("sharded"):
         shards = path.parent / state["sharded"]
         if not (shards / ".metadata").is_file():
-            raise PhalanxError(f"checkpoint {path} names shards {shards} that are not there (a sharded checkpoint is "
-                               "the file and that directory: copy both)", option)
+            raise PhalanxError(
+                f"checkpoint {path} names shards {shards} that are not there (a sharded checkpoint is "
+                "the file and that directory: copy both)",
+                option,
+            )
         return {**state, "sharded": str(shards)}
     return _upgrade(path, state)
 
@@ -153,8 +158,10 @@ def unloadable(path: Path, exc: Exception) -> str:
         return "the file is empty"
     # "Unsupported operand": a byte no pickle has (text, JSON): not a pickle at all
     if "unsupported operand" not in lowered and ("weights_only" in lowered or "unsupported global" in lowered):
-        return ("it holds Python objects other than tensors and plain data (another program's pickle); phalanx "
-                "loads checkpoints with weights_only=True and runs nothing in them")
+        return (
+            "it holds Python objects other than tensors and plain data (another program's pickle); phalanx "
+            "loads checkpoints with weights_only=True and runs nothing in them"
+        )
     if head.startswith(b"PK\x03\x04"):
         if "central directory" in message:
             return "the file is truncated (a torch zip archive without its end: the write was cut short)"
@@ -180,16 +187,26 @@ def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
         return state
     if version < 2:
         if state.get("resume_batch"):
-            print(f"phalanx: warning: {path} was saved mid-epoch by phalanx 0.1; epoch {state['epoch'] + 1} "
-                  "starts over", file=sys.stderr, flush=True)
+            print(
+                f"phalanx: warning: {path} was saved mid-epoch by phalanx 0.1; epoch {state['epoch'] + 1} starts over",
+                file=sys.stderr,
+                flush=True,
+            )
         state = {**state, "position": 0, "epoch_sums": [0.0, 0.0]}
     loss_sum, samples = state.get("epoch_sums") or [0.0, 0.0]
     best = state.get("best_val_acc")
-    return {**state, "version": WHOLE_VERSION, "task": FORMAT_2_TASK, "models": {"model": state["model"]},
-            "optimizers": {"model": state["optimizer"]}, "scalers": {"model": state.get("scaler")},
-            "ema": {"model": state["ema"]} if state.get("ema") else None, "task_state": {},
-            "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},
-            "epoch_sums": {"losses": {"loss": loss_sum}, "samples": samples}}
+    return {
+        **state,
+        "version": WHOLE_VERSION,
+        "task": FORMAT_2_TASK,
+        "models": {"model": state["model"]},
+        "optimizers": {"model": state["optimizer"]},
+        "scalers": {"model": state.get("scaler")},
+        "ema": {"model": state["ema"]} if state.get("ema") else None,
+        "task_state": {},
+        "best": {"metric": "acc", "mode": "max", "value": best if best is not None and best >= 0 else None},
+        "epoch_sums": {"losses": {"loss": loss_sum}, "samples": samples},
+    }
 
 
 def in_run_directory(path: Path, option: str) -> tuple[Path, str]:
@@ -201,8 +218,11 @@ def in_run_directory(path: Path, option: str) -> tuple[Path, str]:
     for name, why in ((BEST, "its best validation so far"), (LATEST, "it has no best.pt yet")):
         if (path / name).is_file():
             return path / name, f"phalanx: {option} {path} is a run directory: using its {name} ({why})"
-    raise PhalanxError(f"{path} is a directory without {BEST} or {LATEST} (a run directory holds them); give a "
-                       "checkpoint file or a run's directory", option)
+    raise PhalanxError(
+        f"{path} is a directory without {BEST} or {LATEST} (a run directory holds them); give a "
+        "checkpoint file or a run's directory",
+        option,
+    )
 
 
 def candidates(run_dir: Path) -> list[Path]:

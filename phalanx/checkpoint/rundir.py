@@ -10,9 +10,10 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .. import checkpoint
 from ..atomic import atomic_write_text
@@ -40,8 +41,10 @@ def failed_before_a_checkpoint(run_dir: Path) -> bool:
     return holds_a_run(run_dir) and not any(run_dir.glob("*.pt")) and not _locked(run_dir)
 
 
-REPLACED_NOTE = ("held a run that stopped before its first checkpoint: a new run replaces it (its config.json "
-                 "and metrics.jsonl start anew; logs/ keeps its tracebacks)")
+REPLACED_NOTE = (
+    "held a run that stopped before its first checkpoint: a new run replaces it (its config.json "
+    "and metrics.jsonl start anew; logs/ keeps its tracebacks)"
+)
 
 
 @contextlib.contextmanager
@@ -85,17 +88,25 @@ def plan(cfg: RunConfig) -> Resume | None:
     if cfg.resume is None:
         if holds_a_run(run_dir) and not cfg.overwrite and not failed_before_a_checkpoint(run_dir):
             if not any(run_dir.glob("*.pt")):  # so it is locked: its run is training
-                raise PhalanxError(f"a run is training in {run_dir} (no checkpoint yet); wait for it to end, "
-                                   "or choose another --name", "--name")
-            raise PhalanxError(f"{run_dir} already holds a run; pass --resume auto to continue it, "
-                               "--overwrite to replace it, or choose another --name", "--name")
+                raise PhalanxError(
+                    f"a run is training in {run_dir} (no checkpoint yet); wait for it to end, or choose another --name",
+                    "--name",
+                )
+            raise PhalanxError(
+                f"{run_dir} already holds a run; pass --resume auto to continue it, "
+                "--overwrite to replace it, or choose another --name",
+                "--name",
+            )
         return None
     if cfg.resume == "auto":
         found = checkpoint.load_latest_valid(run_dir)
         if found is None and checkpoint.candidates(run_dir):  # never train over a run's history anew
-            raise PhalanxError(f"none of the {len(checkpoint.candidates(run_dir))} checkpoint(s) in {run_dir} loads "
-                               "(the warnings above say why); nothing was changed: move them aside to start a new "
-                               "run, or pass --overwrite", "--resume")
+            raise PhalanxError(
+                f"none of the {len(checkpoint.candidates(run_dir))} checkpoint(s) in {run_dir} loads "
+                "(the warnings above say why); nothing was changed: move them aside to start a new "
+                "run, or pass --overwrite",
+                "--resume",
+            )
         if found is None:  # nothing saved yet: the same command starts the run (preemptible jobs)
             return None
         resume = Resume(*found)
@@ -116,10 +127,16 @@ def _check_not_another_run(run_dir: Path, resume: Resume) -> None:
     if own is not None and own[1].get("run_id") == resume.state.get("run_id"):
         return
     own_dir = resume.path.resolve().parent
-    where = f" (its own run: --checkpoints-dir {own_dir.parent} --name {own_dir.name})" \
-        if (own_dir / "config.json").is_file() else ""
-    raise PhalanxError(f"{run_dir} holds another run than {resume.path}'s; choose another --name to continue "
-                       f"from it there{where}, or --overwrite to replace that run", "--name")
+    where = (
+        f" (its own run: --checkpoints-dir {own_dir.parent} --name {own_dir.name})"
+        if (own_dir / "config.json").is_file()
+        else ""
+    )
+    raise PhalanxError(
+        f"{run_dir} holds another run than {resume.path}'s; choose another --name to continue "
+        f"from it there{where}, or --overwrite to replace that run",
+        "--name",
+    )
 
 
 def check_creatable(run_dir: Path, name: str) -> None:
@@ -140,8 +157,11 @@ def check_creatable(run_dir: Path, name: str) -> None:
     except OSError as exc:
         raise PhalanxError(f"cannot use {run_dir}{where}: {exc.strerror}", option) from None
     if fs.f_flag & os.ST_RDONLY or fs.f_blocks == 0 or not os.access(existing, os.W_OK | os.X_OK):
-        raise PhalanxError(f"cannot write {run_dir}{where}: a read-only or special filesystem, or no "
-                           "permission; choose a writable --checkpoints-dir", option)
+        raise PhalanxError(
+            f"cannot write {run_dir}{where}: a read-only or special filesystem, or no "
+            "permission; choose a writable --checkpoints-dir",
+            option,
+        )
 
 
 def _check_same_run(cfg: RunConfig, resume: Resume) -> None:
@@ -161,8 +181,11 @@ def _check_same_run(cfg: RunConfig, resume: Resume) -> None:
 
 
 def _differs(resume: Resume, name: str, saved: Any, mine: Any) -> None:
-    raise PhalanxError(f"{resume.path} was trained with {flag(name)} {saved!r}, this run asks for {mine!r}; use "
-                       "the same value or start a new --name", flag(name))
+    raise PhalanxError(
+        f"{resume.path} was trained with {flag(name)} {saved!r}, this run asks for {mine!r}; use "
+        "the same value or start a new --name",
+        flag(name),
+    )
 
 
 def create(cfg: RunConfig, resume: Resume | None) -> list[Path]:
@@ -205,8 +228,11 @@ def trim_metrics(path: Path, last_epoch: int, last_step: int) -> None:
     records past its step (it may be mid-epoch), others past its completed epochs."""
     if not path.exists():
         return
-    kept = [r for r in read_metrics(path)
-            if (r.get("step", 0) <= last_step if r.get("kind") == "train" else r.get("epoch", 0) <= last_epoch)]
+    kept = [
+        r
+        for r in read_metrics(path)
+        if (r.get("step", 0) <= last_step if r.get("kind") == "train" else r.get("epoch", 0) <= last_epoch)
+    ]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 

@@ -23,8 +23,9 @@ import contextlib
 import logging
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,12 +50,15 @@ def _states(models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Opti
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     networks = _networks(models)
-    return {"models": {name: get_model_state_dict(model) for name, model in models.items()},
-            "optimizers": {name: get_optimizer_state_dict(networks, optimizer) for name, optimizer in optimizers.items()}}
+    return {
+        "models": {name: get_model_state_dict(model) for name, model in models.items()},
+        "optimizers": {name: get_optimizer_state_dict(networks, optimizer) for name, optimizer in optimizers.items()},
+    }
 
 
-def save(run_dir: Path, tag: str, models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer],
-         strategy: Any) -> str:
+def save(
+    run_dir: Path, tag: str, models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer], strategy: Any
+) -> str:
     """Every rank: write the shards; rank 0 renames them into place and returns their directory,
     relative to the run directory (the other ranks get ""). Nothing refers to them yet."""
     import torch.distributed.checkpoint as dcp
@@ -81,8 +85,10 @@ def _check_complete(directory: Path) -> None:
     unless the run directory is shared."""
     missing = _incomplete(directory)
     if missing:
-        raise RunFailed(f"{missing} in {directory}: with --fsdp-checkpoints sharded every worker writes its shard into "
-                        "the run directory, which must be shared by all machines (or use --fsdp-checkpoints whole)")
+        raise RunFailed(
+            f"{missing} in {directory}: with --fsdp-checkpoints sharded every worker writes its shard into "
+            "the run directory, which must be shared by all machines (or use --fsdp-checkpoints whole)"
+        )
 
 
 def collect(run_dir: Path) -> None:
@@ -105,17 +111,19 @@ def collect(run_dir: Path) -> None:
 
 def restore(directory: Path, models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> None:
     """Every rank: load its part of each network and optimizer state (any world size, either strategy)."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    import torch.distributed as dist
 
     states = _states(models, optimizers)
     stored = _stored_keys(directory)
     for name, saved in states["optimizers"].items():
         # a weight that never had a gradient has no optimizer state (as Optimizer.state_dict() leaves it out)
-        saved["state"] = {fqn: values for fqn, values in saved["state"].items()
-                          if any(f"optimizers.{name}.state.{fqn}.{key}" in stored for key in values)}
+        saved["state"] = {
+            fqn: values
+            for fqn, values in saved["state"].items()
+            if any(f"optimizers.{name}.state.{fqn}.{key}" in stored for key in values)
+        }
     try:
         with _quiet():
             dcp.load(states, checkpoint_id=directory, no_dist=not dist.is_initialized())  # one process: no warning
@@ -189,8 +197,12 @@ def whole(state: dict[str, Any], optimizers: bool = True, option: str = "--check
     stored: dict[str, Any] = {}
     try:  # DCP's own reader for a checkpoint without a state dict to load into (format_utils.dcp_to_torch_save)
         with _quiet():
-            _load_state_dict(stored, storage_reader=FileSystemReader(state["sharded"]),
-                             planner=_EmptyStateDictLoadPlanner(keys=None if optimizers else {"models"}), no_dist=True)
+            _load_state_dict(
+                stored,
+                storage_reader=FileSystemReader(state["sharded"]),
+                planner=_EmptyStateDictLoadPlanner(keys=None if optimizers else {"models"}),
+                no_dist=True,
+            )
     except Exception as exc:  # a shard missing or cut short, a foreign .metadata
         raise PhalanxError(f"the shards in {state['sharded']} do not load: {_first_line(exc)}", option) from None
     models = stored["models"]

@@ -7,8 +7,9 @@ file whole) and then hands them to the uploads. A save waits for the previous wr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import checkpoint
 

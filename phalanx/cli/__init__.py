@@ -13,16 +13,17 @@ stays instant.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from .options import Command, Option, build_config, build_options, dataclass_options, echo_config, training_options
 from ..config import habits
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
-from .tools import consolidate, scale
 from ..config.inference import EvaluateOptions, ExportOptions, PredictOptions
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
+from .options import Command, Option, build_config, build_options, dataclass_options, echo_config, training_options
+from .tools import consolidate, scale
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,10 +46,18 @@ Examples:
 
 def plan_options(func: Callable) -> Callable:
     """``--dry-run`` and ``--print-config``, shared by the training commands."""
-    func = click.option("--print-config", is_flag=True, cls=Option, help="Print the resolved configuration "
-                        "as YAML (what --config reads back), then exit.")(func)
-    return click.option("--dry-run", is_flag=True, cls=Option, help="Print what would run (devices, batch "
-                        "sizes, learning rate, data, run directory), then exit.")(func)
+    func = click.option(
+        "--print-config",
+        is_flag=True,
+        cls=Option,
+        help="Print the resolved configuration as YAML (what --config reads back), then exit.",
+    )(func)
+    return click.option(
+        "--dry-run",
+        is_flag=True,
+        cls=Option,
+        help="Print what would run (devices, batch sizes, learning rate, data, run directory), then exit.",
+    )(func)
 
 
 @cli.command(cls=Command, epilog=TRAIN_EXAMPLES)
@@ -92,13 +101,17 @@ Examples:
 
 @cli.command(cls=Command, epilog=TRAINLAUNCH_EXAMPLES)
 @training_options("trainlaunch")
-@click.option("--use-torchrun", "use_torchrun", metavar="OPTIONS", cls=Option,
-              help="torchrun's own options as one string, spelled as torchrun spells them "
-                   "(default: one node, one worker per GPU id, or one CPU worker).")
+@click.option(
+    "--use-torchrun",
+    "use_torchrun",
+    metavar="OPTIONS",
+    cls=Option,
+    help="torchrun's own options as one string, spelled as torchrun spells them "
+    "(default: one node, one worker per GPU id, or one CPU worker).",
+)
 @plan_options
 @click.pass_context
-def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, print_config: bool,
-                **values: Any) -> None:
+def trainlaunch(ctx: click.Context, use_torchrun: str | None, dry_run: bool, print_config: bool, **values: Any) -> None:
     """Train with DistributedDataParallel: torchrun starts one worker per GPU id (or CPU workers).
 
     Local rank r trains on cuda:GPU_IDS[r]; --batch-size is per worker. Only global rank 0 writes
@@ -123,20 +136,44 @@ Examples:
 
 
 @cli.command(cls=Command, epilog=VISUALIZE_EXAMPLES)
-@click.option("--pickle-dir", "pickle_dir", required=True, multiple=True, metavar="DIR|s3://BUCKET/PREFIX",
-              help="The snapshots of a run (<checkpoints-dir>/<name>/pickle), local or on S3; or a folder of "
-                   "runs (<checkpoints-dir>). Repeat to compare runs.")
-@click.option("--server", default="http://localhost", show_default=True,
-              help="Visdom server; on this machine one is started (and stopped) if none answers.")
-@click.option("--port", default=8097, show_default=True, type=click.IntRange(1, 65535),
-              help="Port of the visdom server (the one --server names, or the one started here).")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.05),
-              help="Seconds between looks for new snapshots.")
+@click.option(
+    "--pickle-dir",
+    "pickle_dir",
+    required=True,
+    multiple=True,
+    metavar="DIR|s3://BUCKET/PREFIX",
+    help="The snapshots of a run (<checkpoints-dir>/<name>/pickle), local or on S3; or a folder of "
+    "runs (<checkpoints-dir>). Repeat to compare runs.",
+)
+@click.option(
+    "--server",
+    default="http://localhost",
+    show_default=True,
+    help="Visdom server; on this machine one is started (and stopped) if none answers.",
+)
+@click.option(
+    "--port",
+    default=8097,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port of the visdom server (the one --server names, or the one started here).",
+)
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    help="Seconds between looks for new snapshots.",
+)
 @click.option("--once", is_flag=True, help="Plot everything there is into a running server, then exit.")
 @click.option("--env", default=None, help="Visdom environment of a single run (default: phalanx-<name>-<run id>).")
 @click.option("--s3-endpoint-url", default=None, metavar="URL", help="S3-compatible endpoint for s3:// dirs.")
-@click.option("--listen-all", is_flag=True, help="Let a visdom server started here listen on every "
-              "interface (default: 127.0.0.1 only; visdom has no login by default).")
+@click.option(
+    "--listen-all",
+    is_flag=True,
+    help="Let a visdom server started here listen on every "
+    "interface (default: 127.0.0.1 only; visdom has no login by default).",
+)
 @click.option("--visdom-log", default=None, metavar="FILE", help="Log of a visdom server started here.")
 def visualize(**values: Any) -> None:
     """Watch runs live in visdom, from their pickled snapshots (on any machine that reads them):
@@ -145,7 +182,8 @@ def visualize(**values: Any) -> None:
 
     Never imports torch and never runs code from a snapshot: only plain data is unpickled.
     """
-    from ..visualize import VisualizeOptions, visualize as run_visualize  # imports visdom lazily
+    from ..visualize import VisualizeOptions  # imports visdom lazily
+    from ..visualize import visualize as run_visualize
 
     run_visualize(VisualizeOptions(**values))
 
@@ -238,8 +276,13 @@ def _main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     for before, arg in zip(["", *args], args):  # open() and os calls raise ValueError on one, deep inside
         if "\x00" in str(arg):
-            where = str(arg).split("=")[0] if str(arg).startswith("-") else before if before.startswith("-") \
+            where = (
+                str(arg).split("=")[0]
+                if str(arg).startswith("-")
+                else before
+                if before.startswith("-")
                 else "an argument"
+            )
             say_error(f"{where}: holds a NUL character, which no option value or file name can")
             return EXIT_BAD_INPUT
     try:
@@ -252,15 +295,21 @@ def _main(argv: list[str] | None = None) -> int:
     except click.exceptions.NoSuchOption as exc:
         command = (exc.ctx.command.name or "") if exc.ctx else ""  # (click's Command.name is optional; ours are named)
         if exc.option_name.replace("_", "-") == "--use-torchrun" and command != "trainlaunch":
-            say_error(f"--use-torchrun is an option of `phalanx trainlaunch` (DDP through torchrun), not of "
-                      f"`phalanx {command}`: phalanx trainlaunch ... --use-torchrun \"--nproc_per_node 2\"")
+            say_error(
+                f"--use-torchrun is an option of `phalanx trainlaunch` (DDP through torchrun), not of "
+                f'`phalanx {command}`: phalanx trainlaunch ... --use-torchrun "--nproc_per_node 2"'
+            )
         else:
             params = exc.ctx.command.params if exc.ctx else []
             known = [spelling for param in params for spelling in param.opts + param.secondary_opts]
-            relevant = click.exceptions.NoSuchOption(exc.option_name, possibilities=habits.for_the_task(
-                list(exc.possibilities or []), args), ctx=exc.ctx)
-            say_error(habits.option_hint(exc.option_name, known, command, args)
-                      or habits.launch_hint(exc.option_name, command) or relevant.format_message())
+            relevant = click.exceptions.NoSuchOption(
+                exc.option_name, possibilities=habits.for_the_task(list(exc.possibilities or []), args), ctx=exc.ctx
+            )
+            say_error(
+                habits.option_hint(exc.option_name, known, command, args)
+                or habits.launch_hint(exc.option_name, command)
+                or relevant.format_message()
+            )
         return exc.exit_code
     except click.ClickException as exc:
         named = isinstance(exc, click.BadParameter) and exc.param is not None and exc.param.name == "precision"

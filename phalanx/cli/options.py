@@ -7,22 +7,26 @@ With ``cli.py``, the only module that imports click. Each training option is dec
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from .. import config as config_mod
-from ..config import registry
-from ..config import FIELDS, RunConfig, section_of
-from ..config.file import load_config_file
-from ..errors import PhalanxError
+from ..config import FIELDS, RunConfig, registry, section_of
 from ..config.fields import flag, help_of, parse_list
+from ..config.file import load_config_file
 from ..config.resume import described, saved_options
+from ..errors import PhalanxError
 
 # By a field's annotation: its text (options modules postpone annotations), which typeshed types ``type | str``.
-_CLICK_TYPES: dict[object, click.ParamType] = {"int": click.INT, "float": click.FLOAT, "str": click.STRING,
-                                               "str | None": click.STRING}
+_CLICK_TYPES: dict[object, click.ParamType] = {
+    "int": click.INT,
+    "float": click.FLOAT,
+    "str": click.STRING,
+    "str | None": click.STRING,
+}
 GENERAL = "General"
 
 
@@ -143,12 +147,18 @@ class CommaList(click.ParamType):
             self.fail(f"{value!r} is not a {self.kind.__name__} or a comma-separated list of them", param, ctx)
 
 
-def field_option(f: dataclasses.Field, default_value: Any, text: str, section: str,
-                 required: bool = False) -> Callable[[Callable], Callable]:
+def field_option(
+    f: dataclasses.Field, default_value: Any, text: str, section: str, required: bool = False
+) -> Callable[[Callable], Callable]:
     """The click option of one dataclass field declared with ``fields.option``."""
     meta = f.metadata
-    kwargs: dict[str, Any] = {"help": text, "show_default": not required, "cls": Option, "section": section,
-                              "required": required}
+    kwargs: dict[str, Any] = {
+        "help": text,
+        "show_default": not required,
+        "cls": Option,
+        "section": section,
+        "required": required,
+    }
     if not required:  # click 8.2+ takes an explicit default=None as a value given
         kwargs["default"] = default_value
     if meta["metavar"]:
@@ -172,9 +182,16 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
     heading), ``--task-option`` for a user task's, and ``--config``, with ``command``'s help texts."""
 
     def decorate(func: Callable) -> Callable:
-        func = click.option("--task-option", "task_option", multiple=True, metavar="KEY=VALUE", cls=Option,
-                            section="Run", help="An option of your own task (--task package.module:Class), checked "
-                            "against the options it declares; repeat for several.")(func)
+        func = click.option(
+            "--task-option",
+            "task_option",
+            multiple=True,
+            metavar="KEY=VALUE",
+            cls=Option,
+            section="Run",
+            help="An option of your own task (--task package.module:Class), checked "
+            "against the options it declares; repeat for several.",
+        )(func)
         owners = registry.option_owners()
         for name, (f, default_value, heading) in reversed(list(registry.option_fields().items())):
             assert name not in FIELDS, f"task option {name} shadows a general option"
@@ -185,9 +202,14 @@ def training_options(command: str) -> Callable[[Callable], Callable]:
             default_value = f.default_factory() if callable(f.default_factory) else f.default
             text = help_of(f, "launch_help" if command == "trainlaunch" else "help")
             func = field_option(f, default_value, text, section_of(f.name))(func)
-        return click.option("--config", "config_file", metavar="FILE", type=click.STRING, cls=Option,
-                            help="YAML or JSON file of option defaults (as --print-config writes); flags "
-                            "override it.")(func)
+        return click.option(
+            "--config",
+            "config_file",
+            metavar="FILE",
+            type=click.STRING,
+            cls=Option,
+            help="YAML or JSON file of option defaults (as --print-config writes); flags override it.",
+        )(func)
 
     return decorate
 
@@ -208,8 +230,13 @@ def dataclass_options(cls: type) -> Callable[[Callable], Callable]:
 def build_options(cls: type, values: dict[str, Any]) -> Any:
     """The options dataclass from click's values (comma lists flattened)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    return cls(**{name: tuple(v for vs in value for v in vs) if fields[name].type.startswith("tuple[") else value
-                  for name, value in values.items() if name in fields})
+    return cls(
+        **{
+            name: tuple(v for vs in value for v in vs) if fields[name].type.startswith("tuple[") else value
+            for name, value in values.items()
+            if name in fields
+        }
+    )
 
 
 def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
@@ -242,17 +269,26 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
     task = merged.get("task", registry.DEFAULT)
     if isinstance(task, str):
         registry.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
-        flagged = [n for n in registry.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+        flagged = [
+            n for n in registry.option_fields() if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)
+        ]
         if registry.is_user_task(task) and flagged:  # a built-in task's flag would set your task's option silently
-            raise registry.not_an_option_of(flagged[0], task, f"; your task's own options go in --task-option "
-                                         f"{flagged[0]}=VALUE")
-    twice = [k for k in given if k in registry.option_fields() and ctx.get_parameter_source(k) not in
-             (ParameterSource.DEFAULT, None)]
+            raise registry.not_an_option_of(
+                flagged[0], task, f"; your task's own options go in --task-option {flagged[0]}=VALUE"
+            )
+    twice = [
+        k
+        for k in given
+        if k in registry.option_fields() and ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)
+    ]
     if twice:  # which would win is no choice of the user's: refused
         raise PhalanxError(f"{twice[0]} is given twice, here and as {flag(twice[0])}; give one", "--task-option")
     if taken:  # below what is given, and past check_used: the run's own values are not the user's choice
-        merged = {**{k: v for k, v in taken.items() if k != "task"}, **merged,
-                  "task_options": {**taken["task_options"], **(merged.get("task_options") or {})}}
+        merged = {
+            **{k: v for k, v in taken.items() if k != "task"},
+            **merged,
+            "task_options": {**taken["task_options"], **(merged.get("task_options") or {})},
+        }
     try:
         return config_mod.from_mapping(merged, source="--config")
     except PhalanxError as exc:
@@ -289,9 +325,13 @@ def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:
     if given, so the checks that follow are its task's."""
     taken = saved_options(merged)
     if "task" in taken:
-        merged["task"] = {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
+        merged["task"] = (
+            {**merged["task"], "name": taken["task"]} if isinstance(merged.get("task"), dict) else taken["task"]
+        )
     task = merged.get("task", registry.DEFAULT)
-    merged["resumed_with"] = tuple(described(taken, task.get("name", registry.DEFAULT) if isinstance(task, dict) else task))
+    merged["resumed_with"] = tuple(
+        described(taken, task.get("name", registry.DEFAULT) if isinstance(task, dict) else task)
+    )
     return taken
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from .options import Command, Option, build_config, training_options
 from ..errors import PhalanxError
+from .options import Command, Option, build_config, training_options
 
 SCALE_EXAMPLES = """\b
 Examples:
@@ -20,26 +20,75 @@ Examples:
 
 @click.command(cls=Command, epilog=SCALE_EXAMPLES)
 @training_options("trainlaunch")
-@click.option("--workers", default="auto", show_default=True, metavar="N[,N...]", cls=Option,
-              help="World sizes to measure (1 is always measured): DDP workers through torchrun on this machine, "
-              "or srun steps when run from a SLURM batch script. auto: 1, 2, 4, ... up to the allocation's tasks "
-              "under SLURM, else up to the --gpu-ids, else 1,2.")
-@click.option("--scaling", type=click.Choice(["weak", "strong", "both"]), default="both", show_default=True, cls=Option,
-              help="weak: --batch-size per worker at every world size; strong: --batch-size is the global batch, "
-              "split over the workers.")
-@click.option("--steps", default=30, show_default=True, type=int, metavar="N", cls=Option,
-              help="Optimizer steps measured at each point, after the warm-up.")
-@click.option("--warmup-steps", default=10, show_default=True, type=int, metavar="N", cls=Option,
-              help="Steps run before the measurement at each point (first batches, allocations).")
-@click.option("--repeats", default=1, show_default=True, type=int, metavar="N", cls=Option,
-              help="Run every point N times, interleaved, and take each point's median rate (noisy machines).")
+@click.option(
+    "--workers",
+    default="auto",
+    show_default=True,
+    metavar="N[,N...]",
+    cls=Option,
+    help="World sizes to measure (1 is always measured): DDP workers through torchrun on this machine, "
+    "or srun steps when run from a SLURM batch script. auto: 1, 2, 4, ... up to the allocation's tasks "
+    "under SLURM, else up to the --gpu-ids, else 1,2.",
+)
+@click.option(
+    "--scaling",
+    type=click.Choice(["weak", "strong", "both"]),
+    default="both",
+    show_default=True,
+    cls=Option,
+    help="weak: --batch-size per worker at every world size; strong: --batch-size is the global batch, "
+    "split over the workers.",
+)
+@click.option(
+    "--steps",
+    default=30,
+    show_default=True,
+    type=int,
+    metavar="N",
+    cls=Option,
+    help="Optimizer steps measured at each point, after the warm-up.",
+)
+@click.option(
+    "--warmup-steps",
+    default=10,
+    show_default=True,
+    type=int,
+    metavar="N",
+    cls=Option,
+    help="Steps run before the measurement at each point (first batches, allocations).",
+)
+@click.option(
+    "--repeats",
+    default=1,
+    show_default=True,
+    type=int,
+    metavar="N",
+    cls=Option,
+    help="Run every point N times, interleaved, and take each point's median rate (noisy machines).",
+)
 @click.option("--output", default=None, metavar="FILE", cls=Option, help="Also write the points as JSON.")
-@click.option("--scale-pickle-dir", "scale_pickle_dir", default=None, metavar="DIR", cls=Option,
-              help="Also write a snapshot there for `phalanx visualize --pickle-dir DIR` (a table window).")
+@click.option(
+    "--scale-pickle-dir",
+    "scale_pickle_dir",
+    default=None,
+    metavar="DIR",
+    cls=Option,
+    help="Also write a snapshot there for `phalanx visualize --pickle-dir DIR` (a table window).",
+)
 @click.option("--dry-run", is_flag=True, cls=Option, help="Print what would run, then exit.")
 @click.pass_context
-def scale(ctx: click.Context, workers: str, scaling: str, steps: int, warmup_steps: int, repeats: int,
-          output: str | None, scale_pickle_dir: str | None, dry_run: bool, **values: Any) -> None:
+def scale(
+    ctx: click.Context,
+    workers: str,
+    scaling: str,
+    steps: int,
+    warmup_steps: int,
+    repeats: int,
+    output: str | None,
+    scale_pickle_dir: str | None,
+    dry_run: bool,
+    **values: Any,
+) -> None:
     """A scaling analysis of your run configuration: samples/s, speedup, parallel efficiency and
     where a step's time goes at each world size, for weak and strong scaling.
 
@@ -52,10 +101,21 @@ def scale(ctx: click.Context, workers: str, scaling: str, steps: int, warmup_ste
         sizes = [] if workers == "auto" else [int(w) for w in workers.split(",")]
     except ValueError:
         raise PhalanxError(f"expected world sizes such as 1,2,4 (got {workers!r})", "--workers") from None
-    from ..launch.scale import SCALINGS, scale as run_scale  # imports torch
+    from ..launch.scale import SCALINGS  # imports torch
+    from ..launch.scale import scale as run_scale
 
-    run_scale(cfg, sizes, list(SCALINGS) if scaling == "both" else [scaling], steps, warmup_steps, output,
-              scale_pickle_dir, dry_run, click.echo, repeats)
+    run_scale(
+        cfg,
+        sizes,
+        list(SCALINGS) if scaling == "both" else [scaling],
+        steps,
+        warmup_steps,
+        output,
+        scale_pickle_dir,
+        dry_run,
+        click.echo,
+        repeats,
+    )
 
 
 CONSOLIDATE_EXAMPLES = """\b
@@ -65,12 +125,22 @@ Examples:
 
 
 @click.command(cls=Command, epilog=CONSOLIDATE_EXAMPLES)
-@click.option("--checkpoint", required=True, metavar="FILE", cls=Option,
-              help="A checkpoint of --fsdp-checkpoints sharded (the file that names its shards), or its run "
-              "directory (its best.pt, else its latest.pt).")
-@click.option("--output", required=True, metavar="FILE", cls=Option,
-              help="The one file to write (atomically), as a whole checkpoint: torch.load opens it, and it "
-              "resumes, evaluates, predicts and exports as any other.")
+@click.option(
+    "--checkpoint",
+    required=True,
+    metavar="FILE",
+    cls=Option,
+    help="A checkpoint of --fsdp-checkpoints sharded (the file that names its shards), or its run "
+    "directory (its best.pt, else its latest.pt).",
+)
+@click.option(
+    "--output",
+    required=True,
+    metavar="FILE",
+    cls=Option,
+    help="The one file to write (atomically), as a whole checkpoint: torch.load opens it, and it "
+    "resumes, evaluates, predicts and exports as any other.",
+)
 def consolidate(checkpoint: str, output: str) -> None:
     """One file from a sharded checkpoint: every network and optimizer state read whole in this
     process (it must fit its memory)."""

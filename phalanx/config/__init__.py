@@ -19,15 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-from . import habits, registry, sections
 from ..errors import PhalanxError
-from .sections import (SECTIONS, DataOptions, DeviceOptions, ModelOptions, OptimOptions, OutputOptions, RemoteOptions,
-                       ScheduleOptions)
+from . import habits, registry, sections
 from .fields import check_fields, flag, option, suggest
+from .sections import (
+    SECTIONS,
+    DataOptions,
+    DeviceOptions,
+    ModelOptions,
+    OptimOptions,
+    OutputOptions,
+    RemoteOptions,
+    ScheduleOptions,
+)
 
 SCHEMA_VERSION = 1
 
@@ -37,19 +46,38 @@ class RunConfig:
     """The run (its task, name, place and seed) and one section per concern."""
 
     heading: ClassVar[str] = "Run"
-    task: str = option(registry.DEFAULT, lambda: f"What to train: {registry.names_help()}, or your own task as "
-                       "package.module:Class (see the README's \"Your own task\"). Recorded in checkpoints: "
-                       "evaluate, predict, export and --resume need no --task.", metavar="NAME")
-    task_options: dict = option({}, "The task's own options (flags under the task's heading, --task-option for "
-                                "your own task, or a task: section of --config).", cli=False)
+    task: str = option(
+        registry.DEFAULT,
+        lambda: (
+            f"What to train: {registry.names_help()}, or your own task as "
+            'package.module:Class (see the README\'s "Your own task"). Recorded in checkpoints: '
+            "evaluate, predict, export and --resume need no --task."
+        ),
+        metavar="NAME",
+    )
+    task_options: dict = option(
+        {},
+        "The task's own options (flags under the task's heading, --task-option for "
+        "your own task, or a task: section of --config).",
+        cli=False,
+    )
     name: str = option("experiment", "Run name; files go to <checkpoints-dir>/<name>/.", identity=False)
-    checkpoints_dir: str = option("./checkpoints", "Directory that holds run directories.",
-                                  identity=False, metavar="DIR")
-    resume: str | None = option(None, "Continue a run: a checkpoint path, or 'auto' for the latest "
-                                "checkpoint in the run directory.", identity=False, metavar="PATH|auto")
+    checkpoints_dir: str = option(
+        "./checkpoints", "Directory that holds run directories.", identity=False, metavar="DIR"
+    )
+    resume: str | None = option(
+        None,
+        "Continue a run: a checkpoint path, or 'auto' for the latest checkpoint in the run directory.",
+        identity=False,
+        metavar="PATH|auto",
+    )
     overwrite: bool = option(False, "Replace a previous run in the run directory.", identity=False)
-    resumed_with: tuple[str, ...] = option((), "What --resume took from the run it continues, as flags (said when "
-                                           "the run starts).", identity=False, cli=False)
+    resumed_with: tuple[str, ...] = option(
+        (),
+        "What --resume took from the run it continues, as flags (said when the run starts).",
+        identity=False,
+        cli=False,
+    )
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
     data: DataOptions = field(default_factory=DataOptions)
     network: ModelOptions = field(default_factory=ModelOptions)
@@ -65,15 +93,17 @@ class RunConfig:
         check_config(self)
 
     @classmethod
-    def flat(cls, **values: Any) -> "RunConfig":
+    def flat(cls, **values: Any) -> RunConfig:
         """A config from options by their flat names (as flags, ``--config`` and the JSON name them);
         options not given take their defaults (not a task's: see ``from_mapping``)."""
         unknown = [name for name in values if name not in FIELDS]
         if unknown:
             raise PhalanxError(f"unknown option '{unknown[0]}'{suggest(unknown[0], list(FIELDS))}", "--config")
         # (each section of its own type: Any, as RunConfig's field of that name takes it)
-        sections: dict[str, Any] = {attr: section(**{k: v for k, v in values.items() if SECTION_OF[k] == attr})
-                                    for attr, section in SECTIONS.items()}
+        sections: dict[str, Any] = {
+            attr: section(**{k: v for k, v in values.items() if SECTION_OF[k] == attr})
+            for attr, section in SECTIONS.items()
+        }
         return cls(**{k: v for k, v in values.items() if SECTION_OF[k] is None}, **sections)
 
     # --- derived values
@@ -91,21 +121,23 @@ class RunConfig:
         for name, f in FIELDS.items():
             section = SECTION_OF[name]
             value = getattr(getattr(self, section) if section else self, name)
-            data[name] = list(value) if f.type.startswith("tuple[") else dict(value) if isinstance(value, dict) else value
+            data[name] = (
+                list(value) if f.type.startswith("tuple[") else dict(value) if isinstance(value, dict) else value
+            )
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps({"schema": SCHEMA_VERSION, "config": self.to_dict()}, indent=indent, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         return from_mapping(json.loads(text)["config"], source="config JSON")
 
     def identity(self) -> dict[str, Any]:
         """The options that decide what the run computes; compared on resume."""
         return {k: v for k, v in self.to_dict().items() if FIELDS[k].metadata["identity"]}
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         """This config with options changed by their flat names, checked as a new one is."""
         return RunConfig.flat(**{**self.to_dict(), **changes})
 
@@ -168,9 +200,11 @@ def from_mapping(values: dict[str, Any], source: str) -> RunConfig:
 # --- the checks of a run configuration: each field's own (``fields.check_fields``), and those across
 # options that no one field's bounds can say
 
+
 def check_config(cfg: RunConfig) -> None:
     """Every field as its declaration says (types, choices, bounds, finite numbers), then the rules
     that join several options."""
+
     def bad(name: str, message: str) -> PhalanxError:
         return PhalanxError(message, flag(name))
 
@@ -185,8 +219,10 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.data.num_workers != "auto" and not cfg.data.num_workers.isdigit():
         raise bad("num_workers", f"must be a number of processes or 'auto' (got {cfg.data.num_workers!r})")
     if len(cfg.data.mean) != len(cfg.data.std):
-        raise bad("mean" if cfg.data.mean else "std", f"--mean has {len(cfg.data.mean)} values, --std {len(cfg.data.std)}; give both, "
-                  "one per channel")
+        raise bad(
+            "mean" if cfg.data.mean else "std",
+            f"--mean has {len(cfg.data.mean)} values, --std {len(cfg.data.std)}; give both, one per channel",
+        )
     if any(s <= 0 for s in cfg.data.std):
         raise bad("std", f"must be positive (got {cfg.data.std})")
     _check_optim(cfg, bad)
@@ -199,8 +235,11 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.storage.remote_transfer is not None:
         sections.parse_s3_url(cfg.storage.remote_transfer, "--remote-transfer")
     if cfg.devices.sync_bn and cfg.devices.uses_cpu and (cfg.network.compile or cfg.devices.strategy == "fsdp"):
-        raise bad("compile" if cfg.network.compile else "strategy", "with --sync-bn on CPU workers is not built "
-                  "yet (phalanx's own synchronised BatchNorm runs eagerly under DDP); train without one of them")
+        raise bad(
+            "compile" if cfg.network.compile else "strategy",
+            "with --sync-bn on CPU workers is not built "
+            "yet (phalanx's own synchronised BatchNorm runs eagerly under DDP); train without one of them",
+        )
     if cfg.devices.backend == "nccl" and cfg.devices.uses_cpu:
         raise bad("backend", "nccl needs GPUs; give --gpu-ids, or use gloo on the CPU")
     if cfg.devices.strategy == "fsdp":
@@ -213,8 +252,10 @@ def check_config(cfg: RunConfig) -> None:
     if any(i < -1 for i in ids):
         raise bad("gpu_ids", f"ids are >= 0, or -1 for CPU (got {min(ids)})")
     if len(ids) > 1 and cfg.optim.batch_size < len(ids):
-        raise bad("batch_size", f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; "
-                  f"use at least {len(ids)}")
+        raise bad(
+            "batch_size",
+            f"{cfg.optim.batch_size} is smaller than the {len(ids)} DataParallel devices; use at least {len(ids)}",
+        )
 
 
 def _check_required(cfg: RunConfig) -> None:
@@ -225,8 +266,11 @@ def _check_required(cfg: RunConfig) -> None:
     values = cfg.to_dict()
     for name in getattr(cls, "requires", ()):
         if name not in values:
-            raise PhalanxError(f"{cls.__name__}.requires names '{name}', which is not a general option "
-                               f"(they are the flags of `phalanx train --help`, spelt with underscores)", "--task")
+            raise PhalanxError(
+                f"{cls.__name__}.requires names '{name}', which is not a general option "
+                f"(they are the flags of `phalanx train --help`, spelt with underscores)",
+                "--task",
+            )
         if values[name] in (None, "", ()):
             raise PhalanxError(f"is required by --task {cfg.task} (its `requires`)", flag(name))
 
@@ -239,8 +283,12 @@ def _check_optim(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> Non
     if cfg.schedule.min_lr >= cfg.optim.lr:
         raise bad("min_lr", f"{cfg.schedule.min_lr:g} is not below --lr {cfg.optim.lr:g}")
     if cfg.optim.nesterov and (cfg.optim.optimizer != "sgd" or not cfg.optim.momentum):
-        raise bad("nesterov", "is SGD's with a momentum: give --optimizer sgd and --momentum above 0"
-                  if cfg.optim.optimizer == "sgd" else f"is SGD's; --optimizer {cfg.optim.optimizer} has none")
+        raise bad(
+            "nesterov",
+            "is SGD's with a momentum: give --optimizer sgd and --momentum above 0"
+            if cfg.optim.optimizer == "sgd"
+            else f"is SGD's; --optimizer {cfg.optim.optimizer} has none",
+        )
 
 
 def _check_fsdp(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None:
@@ -249,5 +297,7 @@ def _check_fsdp(cfg: RunConfig, bad: Callable[[str, str], PhalanxError]) -> None
         if on:
             raise bad(name, "with --strategy fsdp is not built yet; use --strategy ddp")
     if cfg.devices.fsdp_checkpoints == "sharded" and (cfg.storage.remote_transfer or cfg.storage.remote_transfer_cmd):
-        raise bad("fsdp_checkpoints", "uploading sharded checkpoints is not built yet; add --fsdp-checkpoints whole "
-                  "to upload whole ones")
+        raise bad(
+            "fsdp_checkpoints",
+            "uploading sharded checkpoints is not built yet; add --fsdp-checkpoints whole to upload whole ones",
+        )

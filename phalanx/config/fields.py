@@ -11,16 +11,28 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PhalanxError
 
 
-def option(default: Any, help: str | Callable[[], str], *, choices: tuple[str, ...] | None = None,
-           identity: bool = True, metavar: str | None = None, launch_help: str | None = None,
-           cli: bool = True, valued: bool = False, at_least: float | None = None, above: float | None = None,
-           at_most: float | None = None, below: float | None = None) -> Any:
+def option(
+    default: Any,
+    help: str | Callable[[], str],
+    *,
+    choices: tuple[str, ...] | None = None,
+    identity: bool = True,
+    metavar: str | None = None,
+    launch_help: str | None = None,
+    cli: bool = True,
+    valued: bool = False,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+) -> Any:
     """A dataclass field that is also a command-line option.
 
     ``identity=False`` marks options that do not change what a run computes (where files go,
@@ -33,9 +45,16 @@ def option(default: Any, help: str | Callable[[], str], *, choices: tuple[str, .
     names what the registry knows (the built-in tasks) is a function, read when help is shown
     (``help_of``): the configuration is then made without loading a task's declaration.
     """
-    meta = {"help": help, "choices": choices, "identity": identity, "metavar": metavar,
-            "launch_help": launch_help or help, "cli": cli, "valued": valued,
-            "bounds": (at_least, above, at_most, below)}
+    meta = {
+        "help": help,
+        "choices": choices,
+        "identity": identity,
+        "metavar": metavar,
+        "launch_help": launch_help or help,
+        "cli": cli,
+        "valued": valued,
+        "bounds": (at_least, above, at_most, below),
+    }
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     if isinstance(default, dict):
@@ -77,16 +96,22 @@ def parse_list(value: Any, kind: type, option: str) -> tuple:
             parts = item.split(",") if isinstance(item, str) else [item]
             parsed += [kind(part) for part in parts if not isinstance(part, str) or part.strip()]
     except (TypeError, ValueError):
-        raise PhalanxError(f"expected {kind.__name__}s (a comma-separated list, or repeated flags), got {value!r}",
-                           option) from None
+        raise PhalanxError(
+            f"expected {kind.__name__}s (a comma-separated list, or repeated flags), got {value!r}", option
+        ) from None
     if kind is float and not all(math.isfinite(v) for v in parsed):
         raise PhalanxError(f"expected finite numbers, got {value!r}", option)
     return tuple(parsed)
 
 
 # By a field's annotation: its text (options modules postpone annotations), which typeshed types ``type | str``.
-_EXPECTED: dict[object, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str,
-                                                    "str | None": (str, type(None))}
+_EXPECTED: dict[object, type | tuple[type, ...]] = {
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "str": str,
+    "str | None": (str, type(None)),
+}
 
 
 def check_fields(obj: Any) -> None:
@@ -95,8 +120,13 @@ def check_fields(obj: Any) -> None:
         value = getattr(obj, f.name)
         if f.type.startswith("tuple["):
             kind = int if f.type.startswith("tuple[int") else float if f.type.startswith("tuple[float") else str
-            object.__setattr__(obj, f.name, parse_list(value, kind, flag(f.name)) if kind is not str else
-                               tuple(str(v) for v in (value if isinstance(value, (list, tuple)) else [value])))
+            object.__setattr__(
+                obj,
+                f.name,
+                parse_list(value, kind, flag(f.name))
+                if kind is not str
+                else tuple(str(v) for v in (value if isinstance(value, (list, tuple)) else [value])),
+            )
             continue
         expected = _EXPECTED.get(f.type)
         if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
@@ -113,12 +143,23 @@ def check_fields(obj: Any) -> None:
 def check_bounds(value: float, bounds: tuple, integer: bool, option_name: str) -> None:
     """A number within its field's bounds, else one line saying them."""
     at_least, above, at_most, below = bounds
-    if ((at_least is None or value >= at_least) and (above is None or value > above)
-            and (at_most is None or value <= at_most) and (below is None or value < below)):
+    if (
+        (at_least is None or value >= at_least)
+        and (above is None or value > above)
+        and (at_most is None or value <= at_most)
+        and (below is None or value < below)
+    ):
         return
     if at_most is None and below is None:
-        words = ("a positive integer" if integer else "positive") if above == 0 else \
-            f"at least {at_least}" if at_least not in (None, 0) else f"above {above}" if above is not None else None
+        words = (
+            ("a positive integer" if integer else "positive")
+            if above == 0
+            else f"at least {at_least}"
+            if at_least not in (None, 0)
+            else f"above {above}"
+            if above is not None
+            else None
+        )
         message = f"must be {words}" if words else "must not be negative"
     else:
         left = f"[{at_least}" if at_least is not None else f"({above}" if above is not None else "(-inf"

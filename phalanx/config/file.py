@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import split_keys
 from ..errors import PhalanxError
+from . import split_keys
 
 MAX_CONFIG_BYTES = 1024 * 1024
 
@@ -81,6 +81,7 @@ def load_config_file(path: str) -> ConfigFileValues:
 
 def _json_lines(text: str, data: dict[str, Any]) -> dict[str, int]:
     """Each key's line in a JSON file (its first occurrence; a task: section's after "task"), 0 if not found."""
+
     def line(key: object, start: int = 0) -> int:
         at = text.find(f'"{key}"', start)
         return text.count("\n", 0, at) + 1 if at >= 0 else 0

@@ -10,7 +10,7 @@ ELSEWHERE = {
     "--amp": "--precision bf16 (or fp16: autocast, with a GradScaler on CUDA)",
     "--amp-dtype": "--precision bf16 or --precision fp16",
     "--pretrained": "--weights NAME_OR_PATH (a torchvision weights name such as ResNet18_Weights.IMAGENET1K_V1, "
-                    "a state dict or a checkpoint)",
+    "a state dict or a checkpoint)",
     "--initial-checkpoint": "--weights PATH",
     "--opt": "--optimizer sgd|adam|adamw",
     "--wd": "--weight-decay",
@@ -61,9 +61,21 @@ ELSEWHERE = {
 }
 
 # Lightning's and timm's precision names -> phalanx's.
-PRECISIONS = {"amp": "bf16 or fp16", "bf16-mixed": "bf16", "16-mixed": "fp16", "16": "fp16", "bf16-true": "bf16",
-              "32": "fp32", "32-true": "fp32", "64": "fp64", "64-true": "fp64", "float16": "fp16",
-              "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+PRECISIONS = {
+    "amp": "bf16 or fp16",
+    "bf16-mixed": "bf16",
+    "16-mixed": "fp16",
+    "16": "fp16",
+    "bf16-true": "bf16",
+    "32": "fp32",
+    "32-true": "fp32",
+    "64": "fp64",
+    "64-true": "fp64",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float64": "fp64",
+}
 
 
 def option_hint(option: str, known: list[str], command: str, args: list[str]) -> str | None:
@@ -91,9 +103,9 @@ def option_hint(option: str, known: list[str], command: str, args: list[str]) ->
 LAUNCH_FLAGS = ("--nodes", "--nnodes", "--num-nodes", "--nproc-per-node", "--num-processes")
 LAUNCH_HINTS = {
     "scale": "phalanx scale's world sizes are --workers N[,N...] (DDP workers on this machine, or srun steps in a "
-             "SLURM allocation)",
+    "SLURM allocation)",
     "trainlaunch": "it is torchrun's: give it inside --use-torchrun, as --use-torchrun \"--nnodes 2 --nproc-per-node 4 "
-                   "...\"",
+    '..."',
 }
 
 
@@ -102,8 +114,9 @@ def launch_hint(option: str, command: str) -> str | None:
     ``phalanx command`` takes it, or which command does."""
     if option.replace("_", "-") not in LAUNCH_FLAGS:
         return None
-    where = LAUNCH_HINTS.get(command, "several processes or nodes are phalanx trainlaunch's: --use-torchrun "
-                                      "\"--nnodes N --nproc-per-node M\"")
+    where = LAUNCH_HINTS.get(
+        command, 'several processes or nodes are phalanx trainlaunch\'s: --use-torchrun "--nnodes N --nproc-per-node M"'
+    )
     return f"No such option '{option}': {where}"
 
 
@@ -153,10 +166,17 @@ def checkpoint_hint(error: Exception, args: list[str]) -> str | None:
     if type(error).__name__ != "MissingParameter" or param is None or param.name != "checkpoint":
         return None
     ctx = getattr(error, "ctx", None)  # the options that take a value: a .pt after one is its value
-    valued = {spelling for option in (ctx.command.params if ctx else []) if not getattr(option, "is_flag", True)
-              for spelling in option.opts}
-    typed = [arg for before, arg in zip(["", *args], args)
-             if arg.endswith((".pt", ".pth")) and not arg.startswith("-") and before not in valued]
+    valued = {
+        spelling
+        for option in (ctx.command.params if ctx else [])
+        if not getattr(option, "is_flag", True)
+        for spelling in option.opts
+    }
+    typed = [
+        arg
+        for before, arg in zip(["", *args], args)
+        if arg.endswith((".pt", ".pth")) and not arg.startswith("-") and before not in valued
+    ]
     if not typed:
         return None
     return f"--checkpoint: the checkpoint is given as an option: --checkpoint {typed[0]}"

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import registry
-from .sections import DATASETS
 from ..errors import PhalanxError
+from . import registry
 from .fields import option
+from .sections import DATASETS
 
-CHECKPOINT_HELP = ("A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt), or a run directory (its best.pt, "
-                   "else its latest.pt); it is all these commands need.")
+CHECKPOINT_HELP = (
+    "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt), or a run directory (its best.pt, "
+    "else its latest.pt); it is all these commands need."
+)
 PROGRESS_HELP = "Show a progress bar on stderr."
-OVERWRITE_HELP = ("Replace an --output file that phalanx did not write (never the checkpoint itself); files phalanx "
-                  "wrote are replaced without it.")
+OVERWRITE_HELP = (
+    "Replace an --output file that phalanx did not write (never the checkpoint itself); files phalanx "
+    "wrote are replaced without it."
+)
 
 
 def at_least(value: int, least: int, option_name: str, why: str) -> None:
@@ -25,17 +29,24 @@ def at_least(value: int, least: int, option_name: str, why: str) -> None:
 @dataclass(frozen=True)
 class EvaluateOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    dataroot: str | None = option(None, "Evaluate on this data instead of the run's validation split: a folder of "
-                                  "class folders (DIR/val/ if there is one), or torchvision's files for --dataset.",
-                                  metavar="DIR")
+    dataroot: str | None = option(
+        None,
+        "Evaluate on this data instead of the run's validation split: a folder of "
+        "class folders (DIR/val/ if there is one), or torchvision's files for --dataset.",
+        metavar="DIR",
+    )
     dataset: str | None = option(None, "With --dataroot: the data set kind (default: folder).", choices=DATASETS)
     output: str | None = option(None, "Also write the results as JSON to this file.", metavar="FILE")
     batch_size: int = option(0, "Batch size (0: the run's).", metavar="N")
     gpu_ids: tuple[int, ...] = option((), "GPU to evaluate on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Evaluate the moving average of the weights (a run with --ema-decay).")
-    knn_k: int = option(0, "A self-supervised checkpoint's kNN accuracy with this many neighbours (0: the run's "
-                        "--knn-k); fewer than the labelled images, or every one votes.", metavar="K")
+    knn_k: int = option(
+        0,
+        "A self-supervised checkpoint's kNN accuracy with this many neighbours (0: the run's "
+        "--knn-k); fewer than the labelled images, or every one votes.",
+        metavar="K",
+    )
     progress: bool = option(True, PROGRESS_HELP)
     overwrite: bool = option(False, OVERWRITE_HELP)
 
@@ -50,25 +61,42 @@ class PredictOptions:
     TASK_SPECIFIC = ("top_k", "score_threshold", "tile_overlap", "region_size")
 
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    output: str = option(None, f"Where to write the predictions: {registry.predict_outputs_help()}; .npy with "
-                         "--features.", metavar="PATH")
-    features: bool = option(False, "Write each image's features instead (OUTPUT.npy, one row per image, the image "
-                            "list in OUTPUT.txt): a classifier without its last Linear layer, a self-supervised "
-                            "backbone.")
+    output: str = option(
+        None,
+        f"Where to write the predictions: {registry.predict_outputs_help()}; .npy with --features.",
+        metavar="PATH",
+    )
+    features: bool = option(
+        False,
+        "Write each image's features instead (OUTPUT.npy, one row per image, the image "
+        "list in OUTPUT.txt): a classifier without its last Linear layer, a self-supervised "
+        "backbone.",
+    )
     top_k: int = option(5, "How many of the most likely classes to list per image.", metavar="K")
     batch_size: int = option(64, "Images per batch.", metavar="N")
     gpu_ids: tuple[int, ...] = option((), "GPU to predict on (-1 or none: CPU).", metavar="ID")
     num_workers: str = option("auto", "DataLoader worker processes.", metavar="N|auto")
     ema: bool = option(False, "Predict with the moving average of the weights (a run with --ema-decay).")
     progress: bool = option(True, PROGRESS_HELP)
-    score_threshold: float = option(0.3, "Detection: detections below this score are left out (0 keeps "
-                                    "every detection, as COCO mAP counts them).", metavar="S")
-    tile_overlap: str = option("auto", "Translation: images larger than the training size are translated in "
-                               "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
-                               "the training size).", metavar="PIXELS|auto")
-    region_size: int = option(2048, "Translation: a TIFF (a whole slide: TIFF, OME-TIFF, SVS) larger than this on "
-                              "a side is read, translated and written region by region, OME-TIFF outputs; memory "
-                              "stays about one region's.", metavar="PIXELS")
+    score_threshold: float = option(
+        0.3,
+        "Detection: detections below this score are left out (0 keeps every detection, as COCO mAP counts them).",
+        metavar="S",
+    )
+    tile_overlap: str = option(
+        "auto",
+        "Translation: images larger than the training size are translated in "
+        "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
+        "the training size).",
+        metavar="PIXELS|auto",
+    )
+    region_size: int = option(
+        2048,
+        "Translation: a TIFF (a whole slide: TIFF, OME-TIFF, SVS) larger than this on "
+        "a side is read, translated and written region by region, OME-TIFF outputs; memory "
+        "stays about one region's.",
+        metavar="PIXELS",
+    )
     overwrite: bool = option(False, OVERWRITE_HELP)
 
     def __post_init__(self) -> None:
@@ -76,8 +104,9 @@ class PredictOptions:
         at_least(self.region_size, 1, "--region-size", "pixels on a side of a region of a slide")
         at_least(self.batch_size, 1, "--batch-size", "images per batch")
         if not 0 <= self.score_threshold <= 1:
-            raise PhalanxError(f"must be between 0 and 1 (a detection's score); got {self.score_threshold}",
-                               "--score-threshold")
+            raise PhalanxError(
+                f"must be between 0 and 1 (a detection's score); got {self.score_threshold}", "--score-threshold"
+            )
         self.overlap_pixels()  # checked now, used by translation
 
     def overlap_pixels(self) -> int | None:
@@ -88,8 +117,9 @@ class PredictOptions:
         try:
             pixels = int(text)
         except ValueError:
-            raise PhalanxError(f"expected a number of pixels or auto, got {self.tile_overlap!r}", "--tile-overlap") \
-                from None
+            raise PhalanxError(
+                f"expected a number of pixels or auto, got {self.tile_overlap!r}", "--tile-overlap"
+            ) from None
         at_least(pixels, 0, "--tile-overlap", "pixels two neighbouring tiles share")
         return pixels
 
@@ -97,11 +127,18 @@ class PredictOptions:
 @dataclass(frozen=True)
 class ExportOptions:
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
-    format: str = option("torchscript", "torchscript: loads with torch.jit.load; exported-program: loads with "
-                         "torch.export.load; " + "; ".join(f"{name} (--task {name}): its own model directory, --output DIR"
-                                                          for name in registry.native_formats()) + ".",
-                         choices=("torchscript", "exported-program", *registry.native_formats()))
-    output: str = option(None, "The file to write; class names and preprocessing go beside it, in FILE.json.",
-                         metavar="FILE")
+    format: str = option(
+        "torchscript",
+        "torchscript: loads with torch.jit.load; exported-program: loads with "
+        "torch.export.load; "
+        + "; ".join(
+            f"{name} (--task {name}): its own model directory, --output DIR" for name in registry.native_formats()
+        )
+        + ".",
+        choices=("torchscript", "exported-program", *registry.native_formats()),
+    )
+    output: str = option(
+        None, "The file to write; class names and preprocessing go beside it, in FILE.json.", metavar="FILE"
+    )
     ema: bool = option(False, "Export the moving average of the weights (a run with --ema-decay).")
     overwrite: bool = option(False, OVERWRITE_HELP)

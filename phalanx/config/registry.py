@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import PhalanxError
 from .fields import check_fields, flag, help_of, parse_text, suggest
@@ -23,9 +24,24 @@ OPTION = "--task"
 # The general options a task's own data and networks read; the trainer reads the others. A task
 # lists those it reads in ``Task.reads``: given to a task that does not read it, one is refused in
 # one line, not ignored.
-DATA_OPTIONS = ("dataroot", "dataset", "download", "synthetic_samples", "val_fraction", "image_size", "augment",
-                "hflip", "crop_scale", "val_crop_pct", "normalize", "mean", "std", "skip_broken", "fast_decode",
-                "model")
+DATA_OPTIONS = (
+    "dataroot",
+    "dataset",
+    "download",
+    "synthetic_samples",
+    "val_fraction",
+    "image_size",
+    "augment",
+    "hflip",
+    "crop_scale",
+    "val_crop_pct",
+    "normalize",
+    "mean",
+    "std",
+    "skip_broken",
+    "fast_decode",
+    "model",
+)
 
 
 @dataclass(frozen=True)
@@ -70,8 +86,10 @@ DEFAULT = "classify"
 
 def names_help() -> str:
     """The built-in tasks for ``--task``'s help: ``classify (default), translate (pix2pix), ...``."""
-    return ", ".join(name + (f" ({info.aka})" if info.aka else "") + (" (default)" if name == DEFAULT else "")
-                     for name, info in builtin().items())
+    return ", ".join(
+        name + (f" ({info.aka})" if info.aka else "") + (" (default)" if name == DEFAULT else "")
+        for name, info in builtin().items()
+    )
 
 
 def predict_outputs_help() -> str:
@@ -94,8 +112,11 @@ def is_user_task(name: str) -> bool:
 def check_name(name: str) -> None:
     if name in builtin() or is_user_task(name):
         return
-    raise PhalanxError(f"unknown task '{name}'{suggest(name, list(builtin()))}; built in: {', '.join(builtin())}, or "
-                       "your own as package.module:Class", OPTION)
+    raise PhalanxError(
+        f"unknown task '{name}'{suggest(name, list(builtin()))}; built in: {', '.join(builtin())}, or "
+        "your own as package.module:Class",
+        OPTION,
+    )
 
 
 def option_owners() -> dict[str, list[str]]:
@@ -109,8 +130,10 @@ def option_owners() -> dict[str, list[str]]:
 
 def own_options(name: str) -> dict[str, tuple[Any, str]]:
     """A built-in task's own options -> (default, help): ``--task moco --help`` shows MoCo's temperature."""
-    return {f.name: (f.default_factory() if callable(f.default_factory) else f.default,
-                     help_of(f)) for f in dataclasses.fields(builtin()[name].options)}
+    return {
+        f.name: (f.default_factory() if callable(f.default_factory) else f.default, help_of(f))
+        for f in dataclasses.fields(builtin()[name].options)
+    }
 
 
 def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
@@ -136,8 +159,11 @@ def resolve_options(task: str, given: dict[str, Any]) -> dict[str, Any]:
     if is_user_task(task):
         options = task_class(task).parse_options(given)
         # (is_dataclass is True of a dataclass's class too, which asdict refuses: typeshed's narrowing keeps both)
-        return dataclasses.asdict(options) if dataclasses.is_dataclass(options) and not isinstance(options, type) \
+        return (
+            dataclasses.asdict(options)
+            if dataclasses.is_dataclass(options) and not isinstance(options, type)
             else dict(given)
+        )
     return dataclasses.asdict(parse_options(builtin()[task].options, given, f"--task {task}", task))
 
 
@@ -150,12 +176,21 @@ def parse_options(options_class: type | None, given: Mapping[str, Any], owner: s
     for key, value in given.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise not_an_option_of(name, task, value=value) if name in option_owners() else \
-                PhalanxError(f"{owner} has no option '{key}'{suggest(name, sorted(known))}", "--task-option")
-        if isinstance(value, str) and known[name].type not in ("str", "str | None") \
-                and not known[name].type.startswith("tuple["):  # --task-option ngf=32
-            value = parse_text(value, str(known[name].type),  # (the annotation's text)
-                               flag(name) if task in builtin() else f"--task-option {name}")
+            raise (
+                not_an_option_of(name, task, value=value)
+                if name in option_owners()
+                else PhalanxError(f"{owner} has no option '{key}'{suggest(name, sorted(known))}", "--task-option")
+            )
+        if (
+            isinstance(value, str)
+            and known[name].type not in ("str", "str | None")
+            and not known[name].type.startswith("tuple[")
+        ):  # --task-option ngf=32
+            value = parse_text(
+                value,
+                str(known[name].type),  # (the annotation's text)
+                flag(name) if task in builtin() else f"--task-option {name}",
+            )
         values[name] = value
     if options_class is None:
         return None
@@ -178,11 +213,16 @@ def check_used(task: str, given: dict[str, Any], general_defaults: dict[str, Any
         return
     cls = task_class(task)
     for name in DATA_OPTIONS:
-        if name in given and name not in cls.reads \
-                and given[name] not in (general_defaults.get(name), cls.defaults.get(name, general_defaults.get(name))):
+        if (
+            name in given
+            and name not in cls.reads
+            and given[name] not in (general_defaults.get(name), cls.defaults.get(name, general_defaults.get(name)))
+        ):
             read = ", ".join(cls.reads) or "none"
-            raise PhalanxError(f"{cls.__name__} does not read it (the general options a task reads are its "
-                               f"`reads`: {read})", flag(name))
+            raise PhalanxError(
+                f"{cls.__name__} does not read it (the general options a task reads are its `reads`: {read})",
+                flag(name),
+            )
 
 
 def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -213,10 +253,16 @@ def task_class(name: str) -> Any:
     module = import_user_module(module_name, OPTION)
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
-        found = sorted(n for n, v in vars(module).items()
-                       if isinstance(v, type) and issubclass(v, Task) and v.__module__ == module.__name__)
-        hint = suggest(class_name, found) or (f"; its tasks: {', '.join(found[:8])}{', ...' if len(found) > 8 else ''}"
-                                              if found else "; it defines no subclass of phalanx.tasks.Task")
+        found = sorted(
+            n
+            for n, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, Task) and v.__module__ == module.__name__
+        )
+        hint = suggest(class_name, found) or (
+            f"; its tasks: {', '.join(found[:8])}{', ...' if len(found) > 8 else ''}"
+            if found
+            else "; it defines no subclass of phalanx.tasks.Task"
+        )
         raise PhalanxError(f"module '{module_name}' has no class '{class_name}'{hint}", OPTION)
     if not issubclass(cls, Task):
         raise PhalanxError(f"'{name}' is not a subclass of phalanx.tasks.Task", OPTION)

@@ -15,9 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import registry
-from . import FIELDS, from_mapping, split_keys
 from ..errors import PhalanxError
+from . import FIELDS, from_mapping, registry, split_keys
 from .fields import flag
 
 CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; anything larger is not one
@@ -26,12 +25,25 @@ CONFIG_BYTES = 1 << 20  # a run's config.json is a few kB; anything larger is no
 # what this machine or invocation decides (devices, workers, --max-steps) nor anything that sends
 # or runs something (--remote-transfer(-cmd), --pickle-dir): a checkpoint from elsewhere must not
 # choose where your files go.
-TAKEN_BEYOND_IDENTITY = ("dataroot", "epochs", "batch_size", "grad_accum", "lr", "best_metric", "val_every",
-                         "save_epoch_freq", "log_every", "snapshot_every", "clip_grad", "clip_mode", "min_lr",
-                         # never loaded at a resume (the checkpoint holds the weights); it decides what
-                         # --normalize auto is (ImageNet's with --weights): a fine-tune resumed without it
-                         # went on with [-1, 1] inputs instead
-                         "weights")
+TAKEN_BEYOND_IDENTITY = (
+    "dataroot",
+    "epochs",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "best_metric",
+    "val_every",
+    "save_epoch_freq",
+    "log_every",
+    "snapshot_every",
+    "clip_grad",
+    "clip_mode",
+    "min_lr",
+    # never loaded at a resume (the checkpoint holds the weights); it decides what
+    # --normalize auto is (ImageNet's with --weights): a fine-tune resumed without it
+    # went on with [-1, 1] inputs instead
+    "weights",
+)
 
 
 def saved_options(given: dict[str, Any]) -> dict[str, Any]:
@@ -43,20 +55,28 @@ def saved_options(given: dict[str, Any]) -> dict[str, Any]:
         return {}
     try:
         general, task_values = split_keys(given, "--config")
-        saved = from_mapping(_saved_config(given["resume"], general), source="the resumed run's configuration").to_dict()
+        saved = from_mapping(
+            _saved_config(given["resume"], general), source="the resumed run's configuration"
+        ).to_dict()
         task = general.get("task", saved["task"])
         if task != saved["task"]:
             return {}  # another task: nothing of this run's applies (rundir names the difference)
         options = {key: value for key, value in saved["task_options"].items() if key not in task_values}
         # What this command line alone resolves to (the task's and the model's defaults included).
-        alone = from_mapping({**general, "task": task, "task_options": {**options, **task_values}},
-                             source="--config").to_dict()
+        alone = from_mapping(
+            {**general, "task": task, "task_options": {**options, **task_values}}, source="--config"
+        ).to_dict()
         taken = {name: value for name, value in saved.items() if _takes(name, general) and value != alone[name]}
         # A default that follows another option (Adam's rate follows --optimizer, a torchvision
         # model's rate its batch) follows it as the run had it: an Adam run's typed 0.1 is not Adam's 0.001.
         followed = registry.defaults_of(task, {**general, **taken})
-        taken.update({name: saved[name] for name, value in followed.items()
-                      if name in saved and _takes(name, general) and _plain(saved[name]) != _plain(value)})
+        taken.update(
+            {
+                name: saved[name]
+                for name, value in followed.items()
+                if name in saved and _takes(name, general) and _plain(saved[name]) != _plain(value)
+            }
+        )
     except (PhalanxError, TypeError, AttributeError, ValueError):  # not a configuration: take nothing
         return {}
     return {**({} if "task" in general else {"task": task}), **taken, "task_options": options}
@@ -64,8 +84,12 @@ def saved_options(given: dict[str, Any]) -> dict[str, Any]:
 
 def _takes(name: str, typed: dict[str, Any]) -> bool:
     """Whether a resume takes the saved run's ``name`` where its value would otherwise differ."""
-    return name in FIELDS and name not in typed and name not in ("task", "task_options") and \
-        (FIELDS[name].metadata["identity"] or name in TAKEN_BEYOND_IDENTITY)
+    return (
+        name in FIELDS
+        and name not in typed
+        and name not in ("task", "task_options")
+        and (FIELDS[name].metadata["identity"] or name in TAKEN_BEYOND_IDENTITY)
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -83,8 +107,11 @@ def described(taken: dict[str, Any], task: str) -> list[str]:
         defaults = {}
     named = [f"--task {task}"] if "task" in taken and task != registry.DEFAULT else []
     named += [_as_flag(name, value) for name, value in taken.items() if name not in ("task", "task_options")]
-    return named + [_as_flag(key, value) for key, value in taken.get("task_options", {}).items()
-                    if key not in defaults or value != defaults[key]]
+    return named + [
+        _as_flag(key, value)
+        for key, value in taken.get("task_options", {}).items()
+        if key not in defaults or value != defaults[key]
+    ]
 
 
 def _as_flag(name: str, value: Any) -> str:
@@ -98,8 +125,9 @@ def _as_flag(name: str, value: Any) -> str:
 def _saved_config(resume: str, general: dict[str, Any]) -> Any:
     if resume == "auto":  # the run directory's config.json (written at each start): no checkpoint to load here
         try:
-            run_dir = Path(general.get("checkpoints_dir", FIELDS["checkpoints_dir"].default)) / \
-                general.get("name", FIELDS["name"].default)
+            run_dir = Path(general.get("checkpoints_dir", FIELDS["checkpoints_dir"].default)) / general.get(
+                "name", FIELDS["name"].default
+            )
             with open(run_dir / "config.json", "rb") as fh:
                 return json.loads(fh.read(CONFIG_BYTES + 1)[:CONFIG_BYTES]).get("config")
         except (OSError, TypeError, ValueError, AttributeError):  # no such file, or not a run's (rundir says why)

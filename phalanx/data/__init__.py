@@ -10,16 +10,16 @@ any loader worker, on any rank, at any world size, and after a resume.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
 from ..cores import available_cores
-from .sampling import derive_seed
 from . import transforms
+from .sampling import derive_seed
 from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
 from .transforms import Pipeline
 
@@ -110,8 +110,9 @@ class Mapped(Dataset):
         return self.transform(image), label
 
 
-def _in_chunks(transform: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, chunk: int = 256,
-               in_place: bool = False) -> torch.Tensor:
+def _in_chunks(
+    transform: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, chunk: int = 256, in_place: bool = False
+) -> torch.Tensor:
     """``transform`` of a stack of images, a chunk at a time: the resize before an evaluation crop
     (``image_size / crop_pct``) would otherwise hold every image enlarged at once. The results go
     into one tensor allocated once, or, with ``in_place`` and a transform that keeps the images'
@@ -121,16 +122,17 @@ def _in_chunks(transform: Callable[[torch.Tensor], torch.Tensor], images: torch.
         return transform(images)
     out = None
     for start in range(0, len(images), chunk):
-        part = transform(images[start:start + chunk])
+        part = transform(images[start : start + chunk])
         if out is None:
             keeps = in_place and part.shape[1:] == images.shape[1:] and part.dtype == images.dtype
             out = images if keeps else part.new_empty((len(images), *part.shape[1:]))
-        out[start:start + len(part)] = part  # each chunk reads its own rows only, before they are written
+        out[start : start + len(part)] = part  # each chunk reads its own rows only, before they are written
     return out
 
 
-def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float = 0.0,
-                   model: dict | None = None) -> DataBundle:
+def build_datasets(
+    cfg: RunConfig, channels: int | None, random_erasing: float = 0.0, model: dict | None = None
+) -> DataBundle:
     """``channels``: what the model insists on (3 for torchvision models), or None for any;
     ``random_erasing``: the probability of erasing a rectangle of a training image; ``model``: the
     model's own preferences for what the options leave to auto (timm: size, crop_pct, mean, std)."""
@@ -163,8 +165,11 @@ def build_datasets(cfg: RunConfig, channels: int | None, random_erasing: float =
     description = source.description.replace(f"{source.native_size}x{source.native_size}", f"{size}x{size}")
     if pipeline.random:
         flip = " + horizontal flip" if cfg.data.hflip else ""
-        policy = {"trivialaugment": " + TrivialAugmentWide", "randaugment": " + RandAugment",
-                  "autoaugment": " + AutoAugment (ImageNet's policy)"}.get(augment, "")
+        policy = {
+            "trivialaugment": " + TrivialAugmentWide",
+            "randaugment": " + RandAugment",
+            "autoaugment": " + AutoAugment (ImageNet's policy)",
+        }.get(augment, "")
         note = " (--no-hflip where a flip changes the label: digits, text)" if cfg.data.hflip else ""
         description += f", augment {augment}: random crop{flip}{policy}{note}"
     return DataBundle(train, val, source.classes, source.channels, description, pipeline, source.skipped)
@@ -192,15 +197,26 @@ def loader_workers(num_workers: str, local_processes: int, training_threads: int
     return max(0, available_cores() // max(1, local_processes) - training_threads)
 
 
-def run_loaders(train: Dataset, val: Dataset, collate: Callable | None, batches: Sampler, batch_size: int,
-                workers: int, pin: bool, rank: int, world_size: int) -> tuple[DataLoader, DataLoader]:
+def run_loaders(
+    train: Dataset,
+    val: Dataset,
+    collate: Callable | None,
+    batches: Sampler,
+    batch_size: int,
+    workers: int,
+    pin: bool,
+    rank: int,
+    world_size: int,
+) -> tuple[DataLoader, DataLoader]:
     """The training loader (the planned batches of ``batches``, as ``(epoch, index)`` keys) and the
     validation loader (this rank's shard: every sample counted once over the ranks)."""
     from .sampling import ShardSampler
 
     common = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0, "collate_fn": collate}
-    return (DataLoader(by_epoch(train), batch_sampler=batches, **common),
-            DataLoader(val, batch_size=batch_size, sampler=ShardSampler(len(val), rank, world_size), **common))
+    return (
+        DataLoader(by_epoch(train), batch_sampler=batches, **common),
+        DataLoader(val, batch_size=batch_size, sampler=ShardSampler(len(val), rank, world_size), **common),
+    )
 
 
 def close_loaders(*loaders: DataLoader) -> None:

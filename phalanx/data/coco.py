@@ -52,22 +52,29 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
         raise PhalanxError(f"{path} does not exist", what) from None
     except (OSError, ValueError) as exc:
         raise PhalanxError(f"{path} does not parse as JSON ({str(exc).splitlines()[0][:120]})", what) from None
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) or \
-            not isinstance(data.get("annotations"), list) or not isinstance(data.get("categories"), list):
-        raise PhalanxError(f"{path} is not COCO instances JSON (it needs images, annotations and categories lists)",
-                           what)
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("images"), list)
+        or not isinstance(data.get("annotations"), list)
+        or not isinstance(data.get("categories"), list)
+    ):
+        raise PhalanxError(
+            f"{path} is not COCO instances JSON (it needs images, annotations and categories lists)", what
+        )
     return data
 
 
-def load_split(split: Path, annotations: Path | None, skip_broken: bool,
-               categories: list[dict[str, Any]] | None = None) -> CocoSplit:
+def load_split(
+    split: Path, annotations: Path | None, skip_broken: bool, categories: list[dict[str, Any]] | None = None
+) -> CocoSplit:
     """Read and check one split; ``categories``: the training split's (validation must use the same)."""
     images_dir = split / "images"
     json_path = annotations or split / "annotations.json"
     where = "--annotations" if annotations else OPTION
     if not images_dir.is_dir():
-        raise PhalanxError(f"{split} has no images/ folder; expected {split}/images/ and {split}/annotations.json",
-                           OPTION)
+        raise PhalanxError(
+            f"{split} has no images/ folder; expected {split}/images/ and {split}/annotations.json", OPTION
+        )
     data = read_json(json_path, where)
     cats = _categories(data, json_path, where, categories)
     bad: dict[str, str] = {}
@@ -81,15 +88,25 @@ def load_split(split: Path, annotations: Path | None, skip_broken: bool,
     if not images:
         raise PhalanxError(f"no usable image in {json_path}", where)
     kept = {image["id"] for image in images}
-    return CocoSplit(images_dir, json_path, cats, images, {k: v for k, v in boxes.items() if k in kept}, data,
-                     {str(images_dir / k): v for k, v in bad.items()})
+    return CocoSplit(
+        images_dir,
+        json_path,
+        cats,
+        images,
+        {k: v for k, v in boxes.items() if k in kept},
+        data,
+        {str(images_dir / k): v for k, v in bad.items()},
+    )
 
 
-def _categories(data: dict[str, Any], json_path: Path, where: str,
-                training: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _categories(
+    data: dict[str, Any], json_path: Path, where: str, training: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
     try:
-        cats = sorted(({"id": int(c["id"]), "name": str(c.get("name", c["id"]))} for c in data["categories"]),
-                      key=lambda c: c["id"])
+        cats = sorted(
+            ({"id": int(c["id"]), "name": str(c.get("name", c["id"]))} for c in data["categories"]),
+            key=lambda c: c["id"],
+        )
     except (KeyError, TypeError, ValueError):
         raise PhalanxError(f"{json_path}: a category without an id", where) from None
     if not cats:
@@ -99,8 +116,9 @@ def _categories(data: dict[str, Any], json_path: Path, where: str,
     return cats
 
 
-def _images(data: dict[str, Any], images_dir: Path, json_path: Path, where: str,
-            bad: dict[str, str]) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, str]]]:
+def _images(
+    data: dict[str, Any], images_dir: Path, json_path: Path, where: str, bad: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int, str]]]:
     """The listed images whose files are there; the others go to ``bad`` with the reason."""
     images, sizes = [], {}
     for image in data["images"]:
@@ -120,8 +138,14 @@ def _images(data: dict[str, Any], images_dir: Path, json_path: Path, where: str,
     return images, sizes
 
 
-def _boxes(data: dict[str, Any], known: set[int], sizes: dict[int, tuple[int, int, str]], json_path: Path,
-           where: str, bad: dict[str, str]) -> dict[int, list[tuple[list[float], int]]]:
+def _boxes(
+    data: dict[str, Any],
+    known: set[int],
+    sizes: dict[int, tuple[int, int, str]],
+    json_path: Path,
+    where: str,
+    bad: dict[str, str],
+) -> dict[int, list[tuple[list[float], int]]]:
     """Each image's boxes and categories; an image with a box outside it or of an undeclared
     category goes to ``bad``."""
     boxes: dict[int, list[tuple[list[float], int]]] = {image_id: [] for image_id in sizes}
@@ -130,17 +154,26 @@ def _boxes(data: dict[str, Any], known: set[int], sizes: dict[int, tuple[int, in
             image_id, category = int(annotation["image_id"]), int(annotation["category_id"])
             x, y, w, h = (float(v) for v in annotation["bbox"])
         except (KeyError, TypeError, ValueError):
-            raise PhalanxError(f"{json_path}: annotation {annotation.get('id', '?')} has no image_id, category_id and "
-                               "bbox [x, y, w, h]", where) from None
+            raise PhalanxError(
+                f"{json_path}: annotation {annotation.get('id', '?')} has no image_id, category_id and "
+                "bbox [x, y, w, h]",
+                where,
+            ) from None
         if image_id not in sizes or annotation.get("iscrowd", 0):
             continue  # an image left out above, or a crowd region (COCO scores these apart)
         width, height, name = sizes[image_id]
         if category not in known:
-            bad.setdefault(name, f"annotation {annotation.get('id', '?')} has category {category}, which "
-                                 f"{json_path.name} does not declare")
+            bad.setdefault(
+                name,
+                f"annotation {annotation.get('id', '?')} has category {category}, which "
+                f"{json_path.name} does not declare",
+            )
         elif w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > width + 0.5 or y + h > height + 0.5:
-            bad.setdefault(name, f"annotation {annotation.get('id', '?')}'s box [{x:g}, {y:g}, {w:g}, {h:g}] is not "
-                                 f"inside the {width}x{height} image")
+            bad.setdefault(
+                name,
+                f"annotation {annotation.get('id', '?')}'s box [{x:g}, {y:g}, {w:g}, {h:g}] is not "
+                f"inside the {width}x{height} image",
+            )
         else:
             boxes[image_id].append(([x, y, w, h], category))
     return boxes
@@ -170,9 +203,11 @@ class CocoImages(Dataset):
         height, width = pixels.shape[-2:]
         found = self.split.boxes[info["id"]]
         xyxy = torch.tensor([[x, y, x + w, y + h] for (x, y, w, h), _ in found], dtype=torch.float32).reshape(-1, 4)
-        target = {"boxes": tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=(height, width)),
-                  "labels": torch.tensor([self.label_of[c] for _, c in found], dtype=torch.int64),
-                  "image_id": info["id"]}
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=(height, width)),
+            "labels": torch.tensor([self.label_of[c] for _, c in found], dtype=torch.int64),
+            "image_id": info["id"],
+        }
         image = tv_tensors.Image(pixels.float() / 255.0)
         if self.transform is not None:
             image, target = self.transform(image, target)
@@ -203,8 +238,11 @@ def predicted_ids(paths: list[Path]) -> PredictedIds:
     for folder in Path(os.path.abspath(paths[0])).parents[:3]:
         matched = _named_in(folder / ANNOTATIONS, paths)
         if matched is not None:
-            return PredictedIds([int(image["id"]) for image in matched], [str(image["file_name"]) for image in matched],
-                                folder / ANNOTATIONS)
+            return PredictedIds(
+                [int(image["id"]) for image in matched],
+                [str(image["file_name"]) for image in matched],
+                folder / ANNOTATIONS,
+            )
     return PredictedIds(list(range(len(paths))), [str(path) for path in paths])
 
 
@@ -217,7 +255,11 @@ def _named_in(annotations: Path, paths: list[Path]) -> list[dict[str, Any]] | No
     except PhalanxError:  # not COCO instances: not the images' annotations
         return None
     roots = (annotations.parent / "images", annotations.parent)
-    by_path = {os.path.abspath(root / str(image.get("file_name"))): image for image in found["images"]
-               if isinstance(image, dict) and "id" in image for root in roots}
+    by_path = {
+        os.path.abspath(root / str(image.get("file_name"))): image
+        for image in found["images"]
+        if isinstance(image, dict) and "id" in image
+        for root in roots
+    }
     matched = [by_path.get(os.path.abspath(path)) for path in paths]
     return matched if all(matched) else None

@@ -15,8 +15,8 @@ import io
 import os
 import stat
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ class PathTable:
         return len(self.offsets) - 1
 
     def __getitem__(self, index: int) -> str:
-        return self.blob[self.offsets[index]:self.offsets[index + 1]].tobytes().decode()
+        return self.blob[self.offsets[index] : self.offsets[index + 1]].tobytes().decode()
 
 
 def too_large() -> ValueError:
@@ -144,12 +144,12 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
             at += 1
             continue
         if marker in SOF_MARKERS:
-            height, width = int.from_bytes(data[at + 5:at + 7], "big"), int.from_bytes(data[at + 7:at + 9], "big")
+            height, width = int.from_bytes(data[at + 5 : at + 7], "big"), int.from_bytes(data[at + 7 : at + 9], "big")
             return (width, height) if width and height else None
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
             at += 2
             continue
-        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
     return None
 
 
@@ -206,6 +206,7 @@ class ImageFiles(Dataset):
         try:
             image = decode(read_bounded(path), self.mode, self.min_side, self.fast)
         except Exception as exc:  # truncated, corrupt, vanished since the scan
-            raise UnreadableImage(f"cannot read image {path} ({type(exc).__name__}: {exc})"[:300],
-                                  "--dataroot") from None
+            raise UnreadableImage(
+                f"cannot read image {path} ({type(exc).__name__}: {exc})"[:300], "--dataroot"
+            ) from None
         return image, int(self.labels[index])

@@ -4,8 +4,8 @@ loader workers; an image that cannot be read is reported with its reason, never 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.utils.data import Dataset
@@ -47,8 +47,11 @@ def output_names(paths: list[Path], suffix: str = ".png") -> list[Path]:
     for path, full in zip(paths, absolute):
         name = full.relative_to(base).with_suffix(suffix)
         if name in names:
-            raise PhalanxError(f"{names[name]} and {path} would both be written as {name}; predict them in separate "
-                               "runs (or rename one)", "IMAGES")
+            raise PhalanxError(
+                f"{names[name]} and {path} would both be written as {name}; predict them in separate "
+                "runs (or rename one)",
+                "IMAGES",
+            )
         names[name] = path
     return list(names)
 
@@ -66,8 +69,15 @@ class InputImages(Dataset):
     with ``slides_above``, a TIFF larger than that on a side is a ``Slide`` instead, not decoded
     (the predictor reads it region by region)."""
 
-    def __init__(self, paths: list[Path], mode: str, prepare: Callable[[torch.Tensor], torch.Tensor],
-                 min_side: int | None = None, keep_raw: bool = False, slides_above: int | None = None):
+    def __init__(
+        self,
+        paths: list[Path],
+        mode: str,
+        prepare: Callable[[torch.Tensor], torch.Tensor],
+        min_side: int | None = None,
+        keep_raw: bool = False,
+        slides_above: int | None = None,
+    ):
         self.paths, self.mode, self.prepare, self.min_side, self.keep_raw = paths, mode, prepare, min_side, keep_raw
         self.slides_above = slides_above
         import_decoders()

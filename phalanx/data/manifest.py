@@ -23,10 +23,10 @@ import hashlib
 import json
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..atomic import atomic_write_text
 from ..cores import available_cores
@@ -72,18 +72,22 @@ def scan(split_dir: Path, classes: list[str] | None, unlabelled: bool = False) -
         if images:
             return _columns([], [images], [-1])
     if not found and unlabelled:
-        raise PhalanxError(f"{split_dir} has no images; expected {split_dir}/<images> or {split_dir}/<class>/<images>",
-                           "--dataroot")
+        raise PhalanxError(
+            f"{split_dir} has no images; expected {split_dir}/<images> or {split_dir}/<class>/<images>", "--dataroot"
+        )
     if not found:
         raise PhalanxError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<images>", "--dataroot")
     if classes is not None and found != classes:
         raise PhalanxError(f"{split_dir} has classes {found}, but train/ has {classes}", "--dataroot")
-    with ThreadPoolExecutor(max_workers=min(SCAN_THREADS, len(found))) as pool:  # stat calls are I/O: threads overlap them
+    with ThreadPoolExecutor(
+        max_workers=min(SCAN_THREADS, len(found))
+    ) as pool:  # stat calls are I/O: threads overlap them
         per_class = list(pool.map(lambda name: _list_images(split_dir / name, f"{name}/"), found))
     for name, entries in zip(found, per_class):
         if not entries:
-            raise PhalanxError(f"class folder {split_dir / name} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})",
-                               "--dataroot")
+            raise PhalanxError(
+                f"class folder {split_dir / name} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})", "--dataroot"
+            )
     return _columns(found, per_class, range(len(found)))
 
 
@@ -190,15 +194,15 @@ def _plain_header(data: bytes) -> bool | None:
         if marker in _SKIPPED:
             pass
         elif marker in _SOF:
-            body = data[at + 4:end]
+            body = data[at + 4 : end]
             if len(body) < 6 or body[0] != 8 or body[5] not in (1, 3, 4) or (len(body) - 6) % 3:
                 return False
             size = body[3] << 8 | body[4], body[1] << 8 | body[2]
         elif marker == 0xDB:
-            if not _whole_tables(data[at + 4:end]):
+            if not _whole_tables(data[at + 4 : end]):
                 return False
         elif 0xE0 <= marker <= 0xEF:
-            if not _plain_app(marker, data[at + 4:end]):
+            if not _plain_app(marker, data[at + 4 : end]):
                 return False
         else:
             return False
@@ -269,12 +273,21 @@ def _checked(split_dir: Path, classes: list[str] | None, unlabelled: bool) -> Ch
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process checks; the others wait and read its result
         record = _read(cache, root)
-        if record and (record["paths"], record["sizes"], record["mtimes"]) == \
-                (scanned.paths, scanned.sizes, scanned.mtimes):
+        if record and (record["paths"], record["sizes"], record["mtimes"]) == (
+            scanned.paths,
+            scanned.sizes,
+            scanned.mtimes,
+        ):
             return _result(scanned, record["broken"])  # unchanged since: nothing to check or write
         broken = _check_all(root, scanned, _known(record))
-        record = {"version": VERSION, "root": str(root), "paths": scanned.paths, "sizes": scanned.sizes,
-                  "mtimes": scanned.mtimes, "broken": broken}
+        record = {
+            "version": VERSION,
+            "root": str(root),
+            "paths": scanned.paths,
+            "sizes": scanned.sizes,
+            "mtimes": scanned.mtimes,
+            "broken": broken,
+        }
         try:
             atomic_write_text(cache, json.dumps(record, separators=(",", ":")))
         except PhalanxError:  # a full or read-only cache: the run goes on without it
@@ -289,8 +302,13 @@ def _read(cache: Path, root: Path) -> dict | None:
         if record.get("version") != VERSION or record.get("root") != str(root):
             return None
         paths, sizes, mtimes, broken = record["paths"], record["sizes"], record["mtimes"], record["broken"]
-        if not (isinstance(paths, list) and isinstance(sizes, list) and isinstance(mtimes, list)
-                and isinstance(broken, dict) and len(paths) == len(sizes) == len(mtimes)):
+        if not (
+            isinstance(paths, list)
+            and isinstance(sizes, list)
+            and isinstance(mtimes, list)
+            and isinstance(broken, dict)
+            and len(paths) == len(sizes) == len(mtimes)
+        ):
             return None
         return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -302,8 +320,10 @@ def _known(record: dict | None) -> dict[str, list]:
     if not record:
         return {}
     broken = record["broken"]
-    return {path: [size, mtime, broken.get(path)] for path, size, mtime in
-            zip(record["paths"], record["sizes"], record["mtimes"])}
+    return {
+        path: [size, mtime, broken.get(path)]
+        for path, size, mtime in zip(record["paths"], record["sizes"], record["mtimes"])
+    }
 
 
 def _check_all(root: Path, scanned: Scanned, known: dict[str, list]) -> dict[str, str]:

@@ -54,10 +54,12 @@ def find_masks(split: Path, classes: int, ignore_index: int, skip_broken: bool) 
 
     images_dir, masks_dir = split / "images", split / "masks"
     if not images_dir.is_dir() or not masks_dir.is_dir():
-        raise PhalanxError(f"{split} must hold images/ and masks/ (masks/x.png for images/x.png, a class index per "
-                           "pixel)", OPTION)
-    names = sorted(e.name for e in os.scandir(images_dir) if e.is_file() and
-                   os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES)
+        raise PhalanxError(
+            f"{split} must hold images/ and masks/ (masks/x.png for images/x.png, a class index per pixel)", OPTION
+        )
+    names = sorted(
+        e.name for e in os.scandir(images_dir) if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+    )
     if not names:
         raise PhalanxError(f"{images_dir} has no images", OPTION)
     kept, bad, largest = [], {}, 0
@@ -72,8 +74,10 @@ def find_masks(split: Path, classes: int, ignore_index: int, skip_broken: bool) 
             if mask_size != size:
                 raise ValueError(f"is {size[0]}x{size[1]} but masks/{mask.name} is {mask_size[0]}x{mask_size[1]}")
             if classes and top >= classes:
-                raise ValueError(f"has masks/{mask.name} with class {top}, beyond the {classes} classes "
-                                 f"(0-{classes - 1}; --ignore-index {ignore_index})")
+                raise ValueError(
+                    f"has masks/{mask.name} with class {top}, beyond the {classes} classes "
+                    f"(0-{classes - 1}; --ignore-index {ignore_index})"
+                )
         except ValueError as exc:
             bad[f"images/{name}"] = str(exc)
             continue
@@ -111,7 +115,8 @@ class MaskPairs(Dataset):
             with Image.open(self.split.root / mask_file) as img:
                 mask = torch.from_numpy(np.asarray(img).astype(np.int64))
         except Exception as exc:
-            raise PhalanxError(f"cannot read {self.split.root / image_file} ({type(exc).__name__}: {exc})"[:300],
-                               OPTION) from None
+            raise PhalanxError(
+                f"cannot read {self.split.root / image_file} ({type(exc).__name__}: {exc})"[:300], OPTION
+            ) from None
         sample = tv_tensors.Image(image), tv_tensors.Mask(mask)
         return self.transform(*sample) if self.transform is not None else sample

@@ -43,8 +43,9 @@ class Pairs:
 
 
 def _images(folder: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(folder) if e.is_file() and
-                  os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES)
+    return sorted(
+        e.name for e in os.scandir(folder) if e.is_file() and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+    )
 
 
 def _size(path: Path) -> tuple[tuple[int, int], str]:
@@ -65,8 +66,17 @@ def find_pairs(split: Path, targets: int, skip_broken: bool, last: str = "") -> 
     ``last``: a plain layout's target folder that follows the ``B`` ones (DeepLIIF's ``seg``)."""
     if not split.is_dir():
         raise PhalanxError(f"{split} is not a directory", OPTION)
-    target_dirs = [Path(d.path) for d in sorted((d for d in os.scandir(split) if d.is_dir() and (d.name == "B" or
-                   (d.name[:1] == "B" and d.name[1:].isdigit()))), key=lambda d: (len(d.name), d.name))]
+    target_dirs = [
+        Path(d.path)
+        for d in sorted(
+            (
+                d
+                for d in os.scandir(split)
+                if d.is_dir() and (d.name == "B" or (d.name[:1] == "B" and d.name[1:].isdigit()))
+            ),
+            key=lambda d: (len(d.name), d.name),
+        )
+    ]
     if last and (split / last).is_dir():
         target_dirs.append(split / last)
     if (split / "A").is_dir() or target_dirs:
@@ -84,8 +94,11 @@ def _broken(split: Path, bad: dict[str, str], skip_broken: bool) -> None:
 def _aligned(split: Path, targets: int, skip_broken: bool) -> Pairs:
     names = _images(split)
     if not names:
-        raise PhalanxError(f"{split} has no images: expected {split}/*.png of input and target panels side by side "
-                           f"(aligned), or {split}/A/ and {split}/B/ (plain)", OPTION)
+        raise PhalanxError(
+            f"{split} has no images: expected {split}/*.png of input and target panels side by side "
+            f"(aligned), or {split}/A/ and {split}/B/ (plain)",
+            OPTION,
+        )
     kept, bad, panels_seen, modes = [], {}, None, set()
     for name in names:
         try:
@@ -95,8 +108,10 @@ def _aligned(split: Path, targets: int, skip_broken: bool) -> Pairs:
             continue
         panels = width // height if height else 0
         if panels < 2 or width != panels * height:
-            bad[name] = (f"is {width}x{height}: not square panels side by side (the width must be 2 or more times the "
-                         "height: input | target ...)")
+            bad[name] = (
+                f"is {width}x{height}: not square panels side by side (the width must be 2 or more times the "
+                "height: input | target ...)"
+            )
             continue
         if panels_seen is None:
             panels_seen = panels
@@ -117,8 +132,9 @@ def _plain(split: Path, target_dirs: list[Path], targets: int, skip_broken: bool
     if not inputs.is_dir() or not target_dirs:
         raise PhalanxError(f"{split} must hold A/ (inputs) and B/ or B1/, B2/, ... (targets, same names)", OPTION)
     if targets and len(target_dirs) != targets:
-        raise PhalanxError(f"{split} has {len(target_dirs)} target folder(s), the run expects {targets} (--targets)",
-                           OPTION)
+        raise PhalanxError(
+            f"{split} has {len(target_dirs)} target folder(s), the run expects {targets} (--targets)", OPTION
+        )
     names = _images(inputs)
     if not names:
         raise PhalanxError(f"{inputs} has no images", OPTION)
@@ -132,8 +148,9 @@ def _plain(split: Path, target_dirs: list[Path], targets: int, skip_broken: bool
                     raise ValueError(f"has no partner {target.name}/{name}")
                 target_size, target_mode = _size(target / name)
                 if target_size != size:
-                    raise ValueError(f"is {size[0]}x{size[1]} but {target.name}/{name} is "
-                                     f"{target_size[0]}x{target_size[1]}")
+                    raise ValueError(
+                        f"is {size[0]}x{size[1]} but {target.name}/{name} is {target_size[0]}x{target_size[1]}"
+                    )
                 modes.add(target_mode)
         except ValueError as exc:
             bad[f"A/{name}"] = str(exc) if str(exc).startswith(("has no", "is ")) else f"cannot be read ({exc})"
@@ -166,12 +183,13 @@ class PairFiles(Dataset):
         try:
             images = [decode(read_bounded(self.pairs.root / f), self.pairs.mode, None, fast=False) for f in files]
         except Exception as exc:  # vanished or changed since the scan
-            raise PhalanxError(f"cannot read {self.pairs.root / files[0]} ({type(exc).__name__}: {exc})"[:300],
-                               OPTION) from None
+            raise PhalanxError(
+                f"cannot read {self.pairs.root / files[0]} ({type(exc).__name__}: {exc})"[:300], OPTION
+            ) from None
         if self.pairs.layout == "aligned":
             image = images[0]
             side = image.shape[1]
-            panels = [image[:, :, i * side:(i + 1) * side] for i in range(image.shape[2] // side)]
+            panels = [image[:, :, i * side : (i + 1) * side] for i in range(image.shape[2] // side)]
             return panels[0], torch.stack(panels[1:])
         return images[0], torch.stack(images[1:])
 
@@ -190,11 +208,12 @@ class PairTransform:
         image, targets = sample
         stack = torch.cat([image[None], targets]).float()  # (1 + T, C, H, W): one geometry for all
         if stack.shape[-2:] != (self.load, self.load):
-            stack = torch.nn.functional.interpolate(stack, size=(self.load, self.load), mode="bilinear",
-                                                    antialias=True, align_corners=False)
+            stack = torch.nn.functional.interpolate(
+                stack, size=(self.load, self.load), mode="bilinear", antialias=True, align_corners=False
+            )
         if self.train:
             top, left = (int(v) for v in torch.randint(0, self.load - self.size + 1, (2,)))
-            stack = stack[..., top:top + self.size, left:left + self.size]
+            stack = stack[..., top : top + self.size, left : left + self.size]
             if self.flip and torch.rand(()) < 0.5:
                 stack = stack.flip(-1)
         stack = (stack / 127.5 - 1.0).clamp(-1, 1)

@@ -19,8 +19,9 @@ import hashlib
 import math
 import random
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -70,8 +71,9 @@ def sample_order(total: int, world_size: int) -> list[int]:
     return [offsets[position % world_size] + position // world_size for position in range(total)]
 
 
-def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int, rank: int,
-               grad_accum: int = 1) -> list[MicroBatch]:
+def plan_epoch(
+    order: torch.Tensor, start: int, batch_size: int, world_size: int, rank: int, grad_accum: int = 1
+) -> list[MicroBatch]:
     """This rank's micro-batches for the rest of an epoch, from global position ``start``."""
     total = len(order)
     per_micro = batch_size * world_size
@@ -81,12 +83,21 @@ def plan_epoch(order: torch.Tensor, start: int, batch_size: int, world_size: int
         step_end = min(total, step_start + per_step)
         for micro_start in range(step_start, step_end, per_micro):
             micro_end = min(step_end, micro_start + per_micro)
-            mine = order[micro_start + rank:micro_end:world_size].tolist()
+            mine = order[micro_start + rank : micro_end : world_size].tolist()
             real = len(mine)
             if not mine:  # fewer samples left than ranks: take part, weigh nothing
                 mine = [int(order[micro_start])]
-            plan.append(MicroBatch(mine, real, micro_start, micro_end, step_end - step_start,
-                                   ends_step=micro_end == step_end, step_start=step_start))
+            plan.append(
+                MicroBatch(
+                    mine,
+                    real,
+                    micro_start,
+                    micro_end,
+                    step_end - step_start,
+                    ends_step=micro_end == step_end,
+                    step_start=step_start,
+                )
+            )
     return plan
 
 
@@ -134,7 +145,8 @@ class EpochBatches(Sampler[list[tuple[int, int]]]):
         fails the run: a StopIteration raised inside a data set's ``__getitem__`` ends a
         DataLoader's iteration silently (an epoch cut short; under DDP, the other ranks waiting)."""
         made = 0
-        for made, pair in enumerate(zip(self.plan, loader), 1):
+        for pair in zip(self.plan, loader):
+            made += 1
             yield pair
         if made < len(self.plan):
             raise ended_early("training", made, len(self.plan), f" planned for epoch {self.epoch}")
@@ -145,15 +157,18 @@ def every_batch(loader: Any, what: str = "validation") -> Iterator[Any]:
     StopIteration inside a data set would otherwise end it silently, and the metrics would be over
     fewer images than the data set holds."""
     made = 0
-    for made, batch in enumerate(loader, 1):
+    for batch in loader:
+        made += 1
         yield batch
     if made < len(loader):
         raise ended_early(what, made, len(loader), "")
 
 
 def ended_early(what: str, made: int, planned: int, when: str) -> RunFailed:
-    return RunFailed(f"the {what} data ended after {made} of the {planned} batches{when}: a StopIteration raised "
-                     "inside the data set's __getitem__ ends a DataLoader")
+    return RunFailed(
+        f"the {what} data ended after {made} of the {planned} batches{when}: a StopIteration raised "
+        "inside the data set's __getitem__ ends a DataLoader"
+    )
 
 
 class ShardSampler(Sampler[int]):

@@ -130,13 +130,17 @@ class SlideOutputs:
             import zarr
 
             shape = (self.height, self.width, *array.shape[2:])
-            self.arrays[name] = zarr.create_array(store=str(self.scratch / name.replace("/", "_")), shape=shape,
-                                                  chunks=(TILE, TILE, *array.shape[2:]), dtype=array.dtype,
-                                                  fill_value=0)
-        self.arrays[name][top:top + array.shape[0], left:left + array.shape[1]] = array
+            self.arrays[name] = zarr.create_array(
+                store=str(self.scratch / name.replace("/", "_")),
+                shape=shape,
+                chunks=(TILE, TILE, *array.shape[2:]),
+                dtype=array.dtype,
+                fill_value=0,
+            )
+        self.arrays[name][top : top + array.shape[0], left : left + array.shape[1]] = array
 
     def read(self, name: str, top: int, left: int, height: int, width: int) -> np.ndarray:
-        return np.asarray(self.arrays[name][top:top + height, left:left + width])
+        return np.asarray(self.arrays[name][top : top + height, left : left + width])
 
     def outputs(self) -> list[str]:
         return [name for name in self.arrays if name not in self.scratch_only]
@@ -149,15 +153,23 @@ class SlideOutputs:
 
         def tiles():
             for top in range(0, self.height, TILE):
-                row = np.asarray(array[top:top + TILE])  # one tile row in memory
+                row = np.asarray(array[top : top + TILE])  # one tile row in memory
                 for left in range(0, self.width, TILE):
-                    yield row[:, left:left + TILE]
+                    yield row[:, left : left + TILE]
 
         target.parent.mkdir(parents=True, exist_ok=True)
 
         def write(fh) -> None:
-            tifffile.imwrite(fh, tiles(), shape=array.shape, dtype=array.dtype, tile=(TILE, TILE), compression="zlib",
-                             photometric="rgb" if array.ndim == 3 and array.shape[2] == 3 else "minisblack", ome=True)
+            tifffile.imwrite(
+                fh,
+                tiles(),
+                shape=array.shape,
+                dtype=array.dtype,
+                tile=(TILE, TILE),
+                compression="zlib",
+                photometric="rgb" if array.ndim == 3 and array.shape[2] == 3 else "minisblack",
+                ome=True,
+            )
 
         atomic_write(target, write)  # synced and renamed into place; a full disk is one line
 

@@ -78,8 +78,9 @@ class Tensors(Dataset):
         return self.images[index], int(self.labels[index])
 
 
-def split_in_place(images: torch.Tensor, train_idx: list[int], val_idx: list[int],
-                   chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def split_in_place(
+    images: torch.Tensor, train_idx: list[int], val_idx: list[int], chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The hold-out split of images no one else holds, without a second copy of the training rows:
     the validation rows copied out, the training rows (ascending) moved to the front where they lie.
     Row k receives row ``train_idx[k] >= k``, and a chunk is read whole before it is written, so no
@@ -87,21 +88,31 @@ def split_in_place(images: torch.Tensor, train_idx: list[int], val_idx: list[int
     val = images[val_idx]
     order = torch.tensor(train_idx, dtype=torch.long)
     for start in range(0, len(order), chunk):
-        part = order[start:start + chunk]
-        images[start:start + len(part)] = images[part]
-    return images[:len(order)], val
+        part = order[start : start + chunk]
+        images[start : start + len(part)] = images[part]
+    return images[: len(order)], val
 
 
-def _in_memory(images: torch.Tensor, labels: torch.Tensor, data: DataOptions, seed: int, classes: list[str], what: str) -> Source:
+def _in_memory(
+    images: torch.Tensor, labels: torch.Tensor, data: DataOptions, seed: int, classes: list[str], what: str
+) -> Source:
     """``images``: generated or decoded for this source alone (split where they lie)."""
     train_idx, val_idx = holdout_indices(len(labels), data.val_fraction, seed)
     train, val = split_in_place(images, train_idx, val_idx)
     size = images.shape[-1]
-    return Source(Tensors(train, labels[train_idx]), Tensors(val, labels[val_idx]), classes, images.shape[1], size,
-                  f"{what} ({len(train_idx)} train / {len(val_idx)} val, {size}x{size})", in_memory=(train, val))
+    return Source(
+        Tensors(train, labels[train_idx]),
+        Tensors(val, labels[val_idx]),
+        classes,
+        images.shape[1],
+        size,
+        f"{what} ({len(train_idx)} train / {len(val_idx)} val, {size}x{size})",
+        in_memory=(train, val),
+    )
 
 
 # --- built-in digits --------------------------------------------------------------------------
+
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """The 1,797 8x8 handwritten digits (UCI, as shipped by scikit-learn): pixels in [0, 1]."""
@@ -117,12 +128,17 @@ def _digits(data: DataOptions, seed: int, channels: int | None) -> Source:
     # The digits are held upscaled in memory: a size that would take more than 2 GiB is refused
     # before it is allocated (an --image-size of 3000 would ask for 60 GiB).
     per_pixel = len(images) * (channels or 1) * 4
-    _refuse_beyond(per_pixel * data.image_size ** 2, 2 ** 31, f"the built-in digits at {data.image_size} px",
-                   f"give at most {int((2 ** 31 / per_pixel) ** 0.5)} px, or a folder of your own images",
-                   "--image-size")
+    _refuse_beyond(
+        per_pixel * data.image_size**2,
+        2**31,
+        f"the built-in digits at {data.image_size} px",
+        f"give at most {int((2**31 / per_pixel) ** 0.5)} px, or a folder of your own images",
+        "--image-size",
+    )
     if data.image_size and data.image_size != 8:
-        images = torch.nn.functional.interpolate(images, size=data.image_size, mode="bilinear",
-                                                 align_corners=False).clamp(0, 1)
+        images = torch.nn.functional.interpolate(
+            images, size=data.image_size, mode="bilinear", align_corners=False
+        ).clamp(0, 1)
     if channels and channels != 1:
         images = images.expand(-1, channels, -1, -1).contiguous()
     return _in_memory(images, labels, data, seed, [str(d) for d in range(10)], "built-in digits")
@@ -134,9 +150,13 @@ def _synthetic(data: DataOptions, seed: int, channels: int | None) -> Source:
     # Every process holds its own copy: more than a quarter of the machine's memory is refused
     # before it is allocated (a fuzzed dry run took 23 GB and was killed for memory).
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    _refuse_beyond(data.synthetic_samples * chans * size * size * 4, limit,
-                   f"synthetic data ({data.synthetic_samples} images at {size} px)",
-                   "give fewer --synthetic-samples or a smaller --image-size", "--synthetic-samples")
+    _refuse_beyond(
+        data.synthetic_samples * chans * size * size * 4,
+        limit,
+        f"synthetic data ({data.synthetic_samples} images at {size} px)",
+        "give fewer --synthetic-samples or a smaller --image-size",
+        "--synthetic-samples",
+    )
     generator = torch.Generator().manual_seed(seed)
     images = torch.rand(data.synthetic_samples, chans, size, size, generator=generator)
     labels = torch.randint(0, 10, (data.synthetic_samples,), generator=generator)
@@ -146,29 +166,39 @@ def _synthetic(data: DataOptions, seed: int, channels: int | None) -> Source:
 def _refuse_beyond(nbytes: int, limit: int, what: str, advice: str, option: str) -> None:
     """Images generated into memory: refused before they are allocated when larger than ``limit``."""
     if nbytes > limit:
-        raise PhalanxError(f"{what} would take {nbytes / 2 ** 30:.0f} GiB in memory, more than the "
-                           f"{limit / 2 ** 30:.0f} GiB allowed; {advice}", option)
+        raise PhalanxError(
+            f"{what} would take {nbytes / 2**30:.0f} GiB in memory, more than the "
+            f"{limit / 2**30:.0f} GiB allowed; {advice}",
+            option,
+        )
 
 
 # --- ImageFolder trees ------------------------------------------------------------------------
 
-def _checked(split_dir: Path, classes: list[str] | None, data: DataOptions,
-             unlabelled: bool = False) -> manifest.Checked:
+
+def _checked(
+    split_dir: Path, classes: list[str] | None, data: DataOptions, unlabelled: bool = False
+) -> manifest.Checked:
     """A split's readable images (the manifest's listing); a broken one refused unless --skip-broken."""
     found = manifest.checked(split_dir, classes, unlabelled)
     if found.broken and not data.skip_broken:
         path, why = next(iter(found.broken.items()))
         more = f" (and {len(found.broken) - 1} more)" if len(found.broken) > 1 else ""
-        raise PhalanxError(f"cannot read image {split_dir / path} ({why}){more}; --skip-broken leaves "
-                           "unreadable images out", "--dataroot")
+        raise PhalanxError(
+            f"cannot read image {split_dir / path} ({why}){more}; --skip-broken leaves unreadable images out",
+            "--dataroot",
+        )
     if not found.paths:
         raise PhalanxError(f"no readable image in {split_dir}", "--dataroot")
     return found
 
 
-def _files(split_dir: Path, found: manifest.Checked, mode: str, data: DataOptions) -> tuple[list[str], ImageFiles, dict]:
-    files = ImageFiles(split_dir, PathTable(found.paths), np.asarray(found.labels, dtype=np.int64), mode,
-                       fast=data.fast_decode)
+def _files(
+    split_dir: Path, found: manifest.Checked, mode: str, data: DataOptions
+) -> tuple[list[str], ImageFiles, dict]:
+    files = ImageFiles(
+        split_dir, PathTable(found.paths), np.asarray(found.labels, dtype=np.int64), mode, fast=data.fast_decode
+    )
     return found.classes, files, {str(split_dir / p): why for p, why in found.broken.items()}
 
 
@@ -199,10 +229,15 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
         how = f"{data.val_fraction:g} hold-out"
     size = data.image_size or FOLDER_SIZE
     gone = f"; {len(skipped)} unreadable image(s) left out" if skipped else ""
-    return Source(train_set, val_set, classes, 1 if mode == "L" else 3, size,
-                  f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, "
-                  f"{labels}, "
-                  f"{size}x{size}{gone})", skipped=skipped)
+    return Source(
+        train_set,
+        val_set,
+        classes,
+        1 if mode == "L" else 3,
+        size,
+        f"{root} ({len(train_set)} train / {len(val_set)} val from {how}, {labels}, {size}x{size}{gone})",
+        skipped=skipped,
+    )
 
 
 def _layout_hint(root: Path, looked_at: int = 64) -> str:
@@ -213,8 +248,9 @@ def _layout_hint(root: Path, looked_at: int = 64) -> str:
         return f" (did you mean --dataroot {root.parent}?)"
     try:
         with os.scandir(root) as entries:
-            folders = sorted(e.name for e in itertools.islice(entries, looked_at)
-                             if e.is_dir() and not e.name.startswith("."))
+            folders = sorted(
+                e.name for e in itertools.islice(entries, looked_at) if e.is_dir() and not e.name.startswith(".")
+            )
     except OSError:
         return ""
     if folders and not set(folders) & set(VALIDATION_NAMES):
@@ -259,6 +295,7 @@ def image_files(dataset: Dataset) -> ImageFiles | None:
 
 # --- torchvision datasets ---------------------------------------------------------------------
 
+
 class Channels(Dataset):
     """A torchvision data set's images as uint8 tensors with the channels the model takes."""
 
@@ -283,18 +320,26 @@ class Channels(Dataset):
 def _torchvision_dataset(data: DataOptions, seed: int, channels: int | None) -> Source:
     import torchvision.datasets as tvd
 
-    spec = {"mnist": (tvd.MNIST, 1, 28), "fashionmnist": (tvd.FashionMNIST, 1, 28),
-            "cifar10": (tvd.CIFAR10, 3, 32)}
+    spec = {"mnist": (tvd.MNIST, 1, 28), "fashionmnist": (tvd.FashionMNIST, 1, 28), "cifar10": (tvd.CIFAR10, 3, 32)}
     cls, native_channels, native_size = spec[data.dataset]
     out_channels = channels or native_channels
     try:
         train = cls(data.dataroot, train=True, download=data.download)
         val = cls(data.dataroot, train=False, download=data.download)
     except RuntimeError as exc:  # torchvision: "Dataset not found. You can use download=True ..."
-        raise PhalanxError(f"no {cls.__name__} files under {data.dataroot} ({str(exc).splitlines()[0]}); "
-                           "add --download where there is internet", "--dataroot") from None
+        raise PhalanxError(
+            f"no {cls.__name__} files under {data.dataroot} ({str(exc).splitlines()[0]}); "
+            "add --download where there is internet",
+            "--dataroot",
+        ) from None
     except OSError as exc:
         raise PhalanxError(f"cannot read {cls.__name__} under {data.dataroot} ({exc})", "--dataroot") from None
     size = data.image_size or native_size
-    return Source(Channels(train, out_channels), Channels(val, out_channels), list(train.classes), out_channels,
-                  native_size, f"{cls.__name__} ({len(train)} train / {len(val)} val, {size}x{size})")
+    return Source(
+        Channels(train, out_channels),
+        Channels(val, out_channels),
+        list(train.classes),
+        out_channels,
+        native_size,
+        f"{cls.__name__} ({len(train)} train / {len(val)} val, {size}x{size})",
+    )

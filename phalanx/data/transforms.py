@@ -11,8 +11,8 @@ importing torchvision costs a process seconds, and runs without augmentation nev
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -58,13 +58,16 @@ def one_size(data: DataOptions, task: str) -> int:
     if not data.image_size:
         from ..errors import PhalanxError
 
-        raise PhalanxError(f"--task {task} resizes every image to one size; 0 (each image's own) cannot be: give "
-                           "--image-size N", "--image-size")
+        raise PhalanxError(
+            f"--task {task} resizes every image to one size; 0 (each image's own) cannot be: give --image-size N",
+            "--image-size",
+        )
     return data.image_size
 
 
-def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
-            model: dict | None = None) -> tuple[int, str, float]:
+def resolve(
+    data: DataOptions, native_size: int, channels: int, dataset: str, model: dict | None = None
+) -> tuple[int, str, float]:
     """(image size, augmentation, evaluation crop fraction) for this run; ``model``: what the model
     prefers where the options say auto (timm's pretrained config: ``size``, ``crop_pct``)."""
     model = model or {}
@@ -76,8 +79,9 @@ def resolve(data: DataOptions, native_size: int, channels: int, dataset: str,
     return size, augment, crop_pct
 
 
-def normalisation(data: DataOptions, weights: str | None, channels: int,
-                  model: dict | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+def normalisation(
+    data: DataOptions, weights: str | None, channels: int, model: dict | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Mean and std from the options, or None when the data set's own must be computed; ``model``:
     a model's own statistics (timm's pretrained config), taken by auto."""
     if data.normalize == "weights":  # a checkpoint's own, recorded with the run (models.weights.learnt_normalisation)
@@ -115,16 +119,22 @@ def _learnt(data: DataOptions, channels: int) -> tuple[tuple[float, ...], tuple[
 
     mean, std = tuple(data.mean), tuple(data.std)
     if not mean:
-        raise PhalanxError("takes the --weights checkpoint's mean and std: give --weights of a phalanx checkpoint, or "
-                           "another --normalize", "--normalize")
+        raise PhalanxError(
+            "takes the --weights checkpoint's mean and std: give --weights of a phalanx checkpoint, or "
+            "another --normalize",
+            "--normalize",
+        )
     if len(mean) == channels:
         return mean, std
     if len(mean) == 1:
         return mean * channels, std * channels
     if len(mean) == 3 and channels == 1:
         return (sum(mean) / 3,), (sum(std) / 3,)
-    raise PhalanxError(f"the --weights checkpoint learnt on {len(mean)}-channel images, this run's have {channels}; "
-                       "give --mean and --std", "--normalize")
+    raise PhalanxError(
+        f"the --weights checkpoint learnt on {len(mean)}-channel images, this run's have {channels}; "
+        "give --mean and --std",
+        "--normalize",
+    )
 
 
 class Prepare:
@@ -158,7 +168,7 @@ class Prepare:
             x = torch.nn.functional.pad(x, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))
             h, w = x.shape[-2:]
         top, left = int(round((h - self.crop) / 2.0)), int(round((w - self.crop) / 2.0))
-        x = x[..., top:top + self.crop, left:left + self.crop]
+        x = x[..., top : top + self.crop, left : left + self.crop]
         return x if image.dim() == 4 else x[0]
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +201,7 @@ class PadCropFlip:
         out = torch.zeros((channels, size, size), dtype=x.dtype)
         dy, dx = top - self.pad, left - self.pad  # where the crop starts, in the image's coordinates
         rows, cols = slice(max(0, -dy), size - max(0, dy)), slice(max(0, -dx), size - max(0, dx))
-        out[:, rows, cols] = x[:, max(0, dy):size + min(0, dy), max(0, dx):size + min(0, dx)]
+        out[:, rows, cols] = x[:, max(0, dy) : size + min(0, dy), max(0, dx) : size + min(0, dx)]
         return self.prepare.scale(out.flip(-1) if flipped else out)
 
 
@@ -200,21 +210,24 @@ def _geometry(pipeline: Pipeline, data: DataOptions) -> list:
 
     size = pipeline.size
     if size <= SMALL:
-        steps = [v2.Resize(size, antialias=True), v2.CenterCrop(size),
-                 v2.RandomCrop(size, padding=max(1, size // 8))]
+        steps = [v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.RandomCrop(size, padding=max(1, size // 8))]
     else:
         steps = [v2.RandomResizedCrop(size, scale=(data.crop_scale, 1.0), antialias=True)]
     if data.hflip:
         steps.append(v2.RandomHorizontalFlip())
-    policy = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment,
-              "autoaugment": v2.AutoAugment}.get(pipeline.augment)
+    policy = {
+        "trivialaugment": v2.TrivialAugmentWide,
+        "randaugment": v2.RandAugment,
+        "autoaugment": v2.AutoAugment,
+    }.get(pipeline.augment)
     if policy is not None:
         steps.append(policy())
     return steps
 
 
-def build(pipeline: Pipeline, data: DataOptions, train: bool,
-          random_erasing: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
+def build(
+    pipeline: Pipeline, data: DataOptions, train: bool, random_erasing: float = 0.0
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The transform of one image: uint8 or [0, 1] float in, normalised float32 out. Random erasing
     applies with or without the other augmentation (--augment none --random-erasing 0.25 erases)."""
     erasing = train and random_erasing > 0
@@ -233,20 +246,24 @@ def build(pipeline: Pipeline, data: DataOptions, train: bool,
     return v2.Compose(steps)
 
 
-def dataset_statistics(images: Callable[[int], torch.Tensor], count: int, seed: int,
-                       limit: int = 10_000) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def dataset_statistics(
+    images: Callable[[int], torch.Tensor], count: int, seed: int, limit: int = 10_000
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of the training images (resized, not augmented), over every image
     or a seeded sample of ``limit``: the same numbers on every rank and every resume."""
-    indices = range(count) if count <= limit else \
-        torch.randperm(count, generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    indices = (
+        range(count)
+        if count <= limit
+        else torch.randperm(count, generator=torch.Generator().manual_seed(seed))[:limit].tolist()
+    )
     total = squares = None
     pixels = 0
     for index in indices:
         image = images(index).double()
         flat = image.reshape(image.shape[0], -1)
         total = flat.sum(1) if total is None else total + flat.sum(1)
-        squares = (flat ** 2).sum(1) if squares is None else squares + (flat ** 2).sum(1)
+        squares = (flat**2).sum(1) if squares is None else squares + (flat**2).sum(1)
         pixels += flat.shape[1]
     mean = total / pixels
-    std = (squares / pixels - mean ** 2).clamp(min=1e-12).sqrt()
+    std = (squares / pixels - mean**2).clamp(min=1e-12).sqrt()
     return tuple(round(v, 6) for v in mean.tolist()), tuple(round(v, 6) for v in std.tolist())

@@ -5,7 +5,7 @@ activations."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch import nn
 

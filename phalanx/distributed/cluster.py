@@ -9,8 +9,8 @@ Standard library only: ``--dry-run`` reports it without loading torch.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..errors import PhalanxError
 
@@ -28,8 +28,10 @@ class Placement:
     master_port: int
 
     def describe(self) -> str:
-        return (f"{self.launcher}: rank {self.rank} of {self.world_size} (local rank {self.local_rank} of "
-                f"{self.local_world_size}), rendezvous at {self.master_addr}:{self.master_port}")
+        return (
+            f"{self.launcher}: rank {self.rank} of {self.world_size} (local rank {self.local_rank} of "
+            f"{self.local_world_size}), rendezvous at {self.master_addr}:{self.master_port}"
+        )
 
 
 def placement_from(env: Mapping[str, str]) -> Placement | None:
@@ -68,29 +70,51 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 def _master(env: Mapping[str, str], how: str) -> tuple[str, int]:
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if var not in env:
-            raise PhalanxError(f"{how}: {var} is not set; export MASTER_ADDR (the host of rank 0) and MASTER_PORT "
-                               "(a free port there) for every process", ENVIRONMENT)
+            raise PhalanxError(
+                f"{how}: {var} is not set; export MASTER_ADDR (the host of rank 0) and MASTER_PORT "
+                "(a free port there) for every process",
+                ENVIRONMENT,
+            )
     return env["MASTER_ADDR"], _int(env, "MASTER_PORT")
 
 
 def _checked(placement: Placement) -> Placement:
     if not 0 <= placement.rank < placement.world_size:
-        raise PhalanxError(f"rank {placement.rank} is outside world size {placement.world_size} ({placement.launcher})",
-                           ENVIRONMENT)
+        raise PhalanxError(
+            f"rank {placement.rank} is outside world size {placement.world_size} ({placement.launcher})", ENVIRONMENT
+        )
     return placement
 
 
 def _from_torch(env: Mapping[str, str], launcher: str) -> Placement:
     addr, port = _master(env, "RANK and WORLD_SIZE are set")
     # A pod or a machine per rank sets no LOCAL_*: it is the only worker on its node.
-    return _checked(Placement(launcher, _int(env, "RANK"), _int(env, "LOCAL_RANK", 0), _int(env, "WORLD_SIZE"),
-                              _int(env, "LOCAL_WORLD_SIZE", 1), addr, port))
+    return _checked(
+        Placement(
+            launcher,
+            _int(env, "RANK"),
+            _int(env, "LOCAL_RANK", 0),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_WORLD_SIZE", 1),
+            addr,
+            port,
+        )
+    )
 
 
 def _from_mpi(env: Mapping[str, str]) -> Placement:
     addr, port = _master(env, "started by mpirun (Open MPI)")
-    return _checked(Placement("mpi", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-                              _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1), addr, port))
+    return _checked(
+        Placement(
+            "mpi",
+            _int(env, "OMPI_COMM_WORLD_RANK"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+            _int(env, "OMPI_COMM_WORLD_SIZE"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+            addr,
+            port,
+        )
+    )
 
 
 STEP_PORT_STRIDE = 7919  # a prime, coprime with 20000: steps 0..19999 of one job get distinct ports
@@ -102,13 +126,18 @@ def _from_slurm(env: Mapping[str, str]) -> Placement:
     # The port unless given: every task of a step derives the same one. Step 0 keeps the job's
     # (15000 + job id); later steps of the job (phalanx scale's world sizes, each a rendezvous) move
     # by a large prime stride, so they meet neither the job's earlier steps nor neighbouring jobs.
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else \
-        15000 + (_int(env, "SLURM_JOB_ID") + STEP_PORT_STRIDE * _int(env, "SLURM_STEP_ID", 0)) % 20000
+    port = (
+        _int(env, "MASTER_PORT")
+        if "MASTER_PORT" in env
+        else 15000 + (_int(env, "SLURM_JOB_ID") + STEP_PORT_STRIDE * _int(env, "SLURM_STEP_ID", 0)) % 20000
+    )
     world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
-    local_world = tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1",
-                                _int(env, "SLURM_NODEID", 0))
-    return _checked(Placement("slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", 0), world, local_world,
-                              addr, port))
+    local_world = tasks_on_node(
+        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1", _int(env, "SLURM_NODEID", 0)
+    )
+    return _checked(
+        Placement("slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", 0), world, local_world, addr, port)
+    )
 
 
 def first_host(nodelist: str) -> str:
@@ -136,13 +165,17 @@ def tasks_on_node(spec: str, node: int) -> int:
 
 # --- an allocation's batch script (phalanx scale runs its world sizes as srun steps) --------------
 
+
 def slurm_tasks(env: Mapping[str, str]) -> int | None:
     """The tasks of the SLURM allocation whose batch script runs this (not an srun task), or None."""
     if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" in env:
         return None
     if "SLURM_NTASKS" not in env:  # sbatch sets it only when asked for tasks
-        raise PhalanxError("this SLURM allocation names no tasks (SLURM_NTASKS is not set): give sbatch --ntasks or "
-                           "--ntasks-per-node, one task per worker to measure", "--workers")
+        raise PhalanxError(
+            "this SLURM allocation names no tasks (SLURM_NTASKS is not set): give sbatch --ntasks or "
+            "--ntasks-per-node, one task per worker to measure",
+            "--workers",
+        )
     try:
         return max(1, int(env["SLURM_NTASKS"]))
     except ValueError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch import nn
 

@@ -11,12 +11,11 @@ from typing import Protocol
 
 import torch
 
-from .cluster import Placement, placement_from
 from ..config import RunConfig
 from ..config.sections import DeviceOptions, means_cpu
 from ..cores import available_cores
 from ..errors import PhalanxError
-
+from .cluster import Placement, placement_from
 
 
 def placement() -> Placement | None:
@@ -61,8 +60,7 @@ def missing_gpus(gpu_ids: tuple[int, ...]) -> str | None:
     if means_cpu(gpu_ids):
         return None
     if not torch.cuda.is_available():
-        return (f"GPU {gpu_ids[0]} asked for, but CUDA is not available here; use --gpu-ids -1 (or no "
-                "--gpu-ids) for CPU")
+        return f"GPU {gpu_ids[0]} asked for, but CUDA is not available here; use --gpu-ids -1 (or no --gpu-ids) for CPU"
     count = torch.cuda.device_count()
     beyond = [i for i in gpu_ids if i >= count]
     if beyond:
@@ -90,9 +88,11 @@ def local_rank_device(devices: DeviceOptions, local_rank: int, local_world_size:
     if devices.uses_cpu:
         return torch.device("cpu")
     if local_rank >= len(devices.gpu_ids):
-        raise PhalanxError(f"local rank {local_rank} has no GPU id: {len(devices.gpu_ids)} id(s) for "
-                           f"{local_world_size} workers on this node; give one --gpu-ids per worker",
-                           "--gpu-ids")
+        raise PhalanxError(
+            f"local rank {local_rank} has no GPU id: {len(devices.gpu_ids)} id(s) for "
+            f"{local_world_size} workers on this node; give one --gpu-ids per worker",
+            "--gpu-ids",
+        )
     return torch.device("cuda", devices.gpu_ids[local_rank])
 
 
@@ -113,8 +113,11 @@ class DeclaresDataParallel(Protocol):
 def refuse_data_parallel(mode: str, task: DeclaresDataParallel) -> None:
     """A plan's DataParallel refused for a task that declares it cannot train under it."""
     if mode == "dataparallel" and task.data_parallel_refused:
-        raise PhalanxError(f"--task {task.name} cannot train under DataParallel: {task.data_parallel_refused}; use "
-                           "trainlaunch (DDP), one GPU a worker", "--gpu-ids")
+        raise PhalanxError(
+            f"--task {task.name} cannot train under DataParallel: {task.data_parallel_refused}; use "
+            "trainlaunch (DDP), one GPU a worker",
+            "--gpu-ids",
+        )
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,10 @@ class RunPlan:
 def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     """The plan of this process: a DDP worker of ``env``, DataParallel over several ids, or one device."""
     if env is None and cfg.devices.strategy == "fsdp":
-        raise PhalanxError("shards the networks over DDP workers: launch with trainlaunch (or under torchrun, "
-                           "SLURM or MPI)", "--strategy")
+        raise PhalanxError(
+            "shards the networks over DDP workers: launch with trainlaunch (or under torchrun, SLURM or MPI)",
+            "--strategy",
+        )
     devices: tuple[torch.device, ...]
     if env is not None:
         device = worker_device(cfg.devices, env)
@@ -156,8 +161,16 @@ def plan_run(cfg: RunConfig, env: Placement | None) -> RunPlan:
     else:
         devices = tuple(torch.device("cuda", i) for i in cfg.devices.gpu_ids)
         mode, device, world, sharing, backend = "dataparallel", devices[0], 1, len(devices), None
-    return RunPlan(mode, device, devices, backend, world, sharing, cfg.optim.batch_size * cfg.optim.grad_accum * world,
-                   cfg.schedule.effective_lr(cfg.optim.lr, sharing))
+    return RunPlan(
+        mode,
+        device,
+        devices,
+        backend,
+        world,
+        sharing,
+        cfg.optim.batch_size * cfg.optim.grad_accum * world,
+        cfg.schedule.effective_lr(cfg.optim.lr, sharing),
+    )
 
 
 def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> list[str]:
@@ -165,26 +178,39 @@ def plan_report(cfg: RunConfig, plan: RunPlan, train_samples: int | None) -> lis
     for ``train --dry-run`` and for each worker of ``trainlaunch --dry-run``."""
     from ..data.sampling import steps_per_epoch
 
-    steps = "" if train_samples is None else \
-        f"; {steps_per_epoch(train_samples, cfg.optim.batch_size, plan.world_size, cfg.optim.grad_accum)} optimizer steps per epoch"
+    steps = (
+        ""
+        if train_samples is None
+        else f"; {steps_per_epoch(train_samples, cfg.optim.batch_size, plan.world_size, cfg.optim.grad_accum)} optimizer steps per epoch"
+    )
     if cfg.schedule.max_steps:
         steps += f"; stops at optimizer step {cfg.schedule.max_steps} (--max-steps)"
-    return [f"batch size: {cfg.optim.batch_size} per process, {plan.effective_batch} effective (x{cfg.optim.grad_accum} "
-            f"accumulation x{plan.world_size} processes){steps}",
-            f"learning rate: {plan.lr:g} (--lr {cfg.optim.lr:g}, --scale-lr {cfg.schedule.scale_lr}), {cfg.schedule.lr_schedule} schedule "
-            f"over {cfg.schedule.epochs} epoch{'s' if cfg.schedule.epochs != 1 else ''}"
-            + (f" to {cfg.schedule.min_lr:g}" if cfg.schedule.min_lr else "") + f", {cfg.schedule.warmup_epochs:g} warmup"
-            + (f"; gradients clipped to {cfg.optim.clip_grad:g} ({'their total norm' if cfg.optim.clip_mode == 'norm' else 'each element'})"
-               if cfg.optim.clip_grad else "")]
+    return [
+        f"batch size: {cfg.optim.batch_size} per process, {plan.effective_batch} effective (x{cfg.optim.grad_accum} "
+        f"accumulation x{plan.world_size} processes){steps}",
+        f"learning rate: {plan.lr:g} (--lr {cfg.optim.lr:g}, --scale-lr {cfg.schedule.scale_lr}), {cfg.schedule.lr_schedule} schedule "
+        f"over {cfg.schedule.epochs} epoch{'s' if cfg.schedule.epochs != 1 else ''}"
+        + (f" to {cfg.schedule.min_lr:g}" if cfg.schedule.min_lr else "")
+        + f", {cfg.schedule.warmup_epochs:g} warmup"
+        + (
+            f"; gradients clipped to {cfg.optim.clip_grad:g} ({'their total norm' if cfg.optim.clip_mode == 'norm' else 'each element'})"
+            if cfg.optim.clip_grad
+            else ""
+        ),
+    ]
 
 
 def option_warnings(cfg: RunConfig, device_type: str, world_size: int) -> list[str]:
     """Options that do less than they seem to on these devices, said as a run starts."""
     said = []
     if cfg.optim.precision == "fp16" and device_type == "cpu":
-        said.append("--precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's measurements; "
-                    "bf16 is the CPU's fast half precision")
+        said.append(
+            "--precision fp16 on the CPU trained about 50x slower than fp32 in phalanx's measurements; "
+            "bf16 is the CPU's fast half precision"
+        )
     if cfg.devices.sync_bn and world_size == 1:
-        said.append("--sync-bn normalises over the rows of several processes (trainlaunch's workers, a "
-                    "scheduler's tasks); in one process it changes nothing")
+        said.append(
+            "--sync-bn normalises over the rows of several processes (trainlaunch's workers, a "
+            "scheduler's tasks); in one process it changes nothing"
+        )
     return said

@@ -13,8 +13,14 @@ import traceback
 from pathlib import Path
 
 # What gloo and NCCL say when another process of the group went away.
-_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited",
-              "communicator was aborted", "socket closed")
+_PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+    "socket closed",
+)
 _TIMED_OUT = ("timed out", "timeout")
 _CPP_LOCATION = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
@@ -46,8 +52,9 @@ def summarize(exc: BaseException, backend: str | None = None) -> str:
     short = line.split(". ")[0]
     if any(words in lowered for words in _PEER_LOST):
         return f"lost its peers ({backend or 'process group'}: {short})"
-    if type(exc).__name__ in ("DistBackendError", "DistError", "RuntimeError") and \
-            any(words in lowered for words in _TIMED_OUT):
+    if type(exc).__name__ in ("DistBackendError", "DistError", "RuntimeError") and any(
+        words in lowered for words in _TIMED_OUT
+    ):
         return f"a collective timed out ({short}): a peer hung or died (see --dist-timeout)"
     root = innermost(exc)
     text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__

@@ -16,18 +16,19 @@ under DDP.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypedDict, cast
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 from torch import nn
 
+from ..config import RunConfig
+from ..errors import PhalanxError
 from .blocks import blocks
 from .cluster import Placement
-from ..config import RunConfig
 from .devices import RunPlan
-from ..errors import PhalanxError
-from .strategy import DDPStrategy, prepare_model
 from .rank_buffers import broadcast_from_rank0
+from .strategy import DDPStrategy, prepare_model
 
 if TYPE_CHECKING:  # (imported where used: torch.distributed's FSDP and DTensor load slowly)
     from torch.distributed.device_mesh import DeviceMesh
@@ -73,14 +74,20 @@ class FSDPStrategy(DDPStrategy):
 
         model = prepare_model(model, self.sync_bn, self.device).to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
-            raise PhalanxError("a network without trainable weights (a momentum teacher) is not sharded yet; "
-                               "use --strategy ddp for this task", "--strategy")
+            raise PhalanxError(
+                "a network without trainable weights (a momentum teacher) is not sharded yet; "
+                "use --strategy ddp for this task",
+                "--strategy",
+            )
         for module in model.modules():  # FSDP2 hands a block its inputs as views, which may not change in place
             if getattr(module, "inplace", False) is True:
                 # (nn.Module's __setattr__ is typed for tensors and modules only; any value is allowed)
                 module.inplace = False  # type: ignore[assignment]  # (see above)
-        policy = MixedPrecisionPolicy(param_dtype=self.gathered_dtype, reduce_dtype=torch.float32) \
-            if self.gathered_dtype else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=self.gathered_dtype, reduce_dtype=torch.float32)
+            if self.gathered_dtype
+            else MixedPrecisionPolicy()
+        )
         shard = _Sharding(mesh=self.mesh(), reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         for block in reversed(blocks(model)):  # inner blocks first, as fully_shard needs
             fully_shard(block, **shard)
@@ -158,9 +165,13 @@ class FSDPStrategy(DDPStrategy):
 
     def local_optimizer_state(self, saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        state = {index: {key: _shard_like(value, params[int(index)]) if torch.is_tensor(value) and value.dim() else value
-                         for key, value in values.items()}
-                 for index, values in saved["state"].items()}
+        state = {
+            index: {
+                key: _shard_like(value, params[int(index)]) if torch.is_tensor(value) and value.dim() else value
+                for key, value in values.items()
+            }
+            for index, values in saved["state"].items()
+        }
         return {**saved, "state": state}
 
     def describe(self) -> str:
@@ -175,5 +186,6 @@ def _shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import distribute_tensor
 
     spread = distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-    return dtensor.from_local(spread.to_local().clone(), spread.device_mesh, spread.placements, shape=spread.shape,
-                              stride=spread.stride())
+    return dtensor.from_local(
+        spread.to_local().clone(), spread.device_mesh, spread.placements, shape=spread.shape, stride=spread.stride()
+    )

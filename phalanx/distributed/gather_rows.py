@@ -18,7 +18,9 @@ class GatherRows(torch.autograd.Function):
     GatherLayer, lightly-ai/lightly#1528)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int, clock: CommClock) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, rows: int, counts: list[int], rank: int, clock: CommClock
+    ) -> torch.Tensor:
         import torch.distributed as dist
 
         most = max(counts)
@@ -37,10 +39,10 @@ class GatherRows(torch.autograd.Function):
         padded = grad.new_zeros((len(ctx.counts), ctx.most, *grad.shape[1:]))
         at = 0
         for index, count in enumerate(ctx.counts):
-            padded[index, :count] = grad[at:at + count]
+            padded[index, :count] = grad[at : at + count]
             at += count
         with ctx.clock.collective():
             dist.all_reduce(padded)
         mine = grad.new_zeros((ctx.local_rows, *grad.shape[1:]))
-        mine[:ctx.rows] = padded[ctx.rank, :ctx.rows]
+        mine[: ctx.rows] = padded[ctx.rank, : ctx.rows]
         return mine, None, None, None, None

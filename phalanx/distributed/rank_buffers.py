@@ -12,19 +12,22 @@ gives it: rank 0's buffers at its forward."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 
-def ddp_without_buffer_broadcasts(model: nn.Module, device_ids: list[int] | None,
-                                  find_unused_parameters: bool) -> nn.Module:
+def ddp_without_buffer_broadcasts(
+    model: nn.Module, device_ids: list[int] | None, find_unused_parameters: bool
+) -> nn.Module:
     """``model`` in DDP, its buffers rank 0's at the start and never broadcast by a forward."""
     ddp = nn.parallel.DistributedDataParallel
     if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:  # torch >= 2.13
-        return ddp(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters,
-                   forward_sync_buffers=False)  # (still synchronised at construction)
+        return ddp(
+            model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, forward_sync_buffers=False
+        )  # (still synchronised at construction)
     wrapped = ddp(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False)
     broadcast_from_rank0([model])  # the older flag also skips the start's broadcast
     return wrapped
@@ -52,7 +55,7 @@ def broadcast_from_rank0(models: Iterable[nn.Module], clock: Any = None) -> None
             dist.broadcast(flat, src=0)
         at = 0
         for buffer in buffers:
-            buffer.data.copy_(flat[at:at + buffer.numel()].view_as(buffer))
+            buffer.data.copy_(flat[at : at + buffer.numel()].view_as(buffer))
             at += buffer.numel()
 
 

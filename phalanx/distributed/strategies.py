@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
+from ..config import RunConfig
 from . import processes as process_exit
 from .cluster import Placement
-from ..config import RunConfig
 from .devices import check_gpu_ids, plan_run, tune_cpu_allocator
-from .strategy import DataParallelStrategy, DDPStrategy, Strategy
 from .fsdp import FSDPStrategy
+from .strategy import DataParallelStrategy, DDPStrategy, Strategy
 
 
 def make_strategy(cfg: RunConfig, env: Placement | None) -> Strategy:

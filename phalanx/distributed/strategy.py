@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Iterable, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from .cluster import Placement
-from .comm_clock import CommClock
 from ..config import RunConfig
 from ..cores import available_cores, cpu_quota
+from . import sync_norm
+from .cluster import Placement
+from .comm_clock import CommClock
 from .devices import RunPlan, cpu_threads_per_worker, elastic_restart_count
 from .gather_rows import GatherRows
 from .rank_buffers import broadcast_from_rank0, ddp_without_buffer_broadcasts, max_difference_from_rank0
-from . import sync_norm
 
 
 def prepare_model(model: nn.Module, sync_bn: bool, device: torch.device | None = None) -> nn.Module:
@@ -32,8 +33,11 @@ def prepare_model(model: nn.Module, sync_bn: bool, device: torch.device | None =
     checkpoints still load into the plain model."""
     if not sync_bn:
         return model
-    return sync_norm.convert(model) if device is not None and device.type == "cpu" else \
-        nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return (
+        sync_norm.convert(model)
+        if device is not None and device.type == "cpu"
+        else nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    )
 
 
 class Strategy:
@@ -181,16 +185,27 @@ class DDPStrategy(Strategy):
 
         timeout = timedelta(seconds=cfg.devices.dist_timeout)
         if env.launcher in ("slurm", "mpi"):  # torch's env:// rendezvous reads these
-            os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
-                              LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
-                              MASTER_PORT=str(env.master_port))
+            os.environ.update(
+                RANK=str(env.rank),
+                WORLD_SIZE=str(env.world_size),
+                LOCAL_RANK=str(env.local_rank),
+                LOCAL_WORLD_SIZE=str(env.local_world_size),
+                MASTER_ADDR=env.master_addr,
+                MASTER_PORT=str(env.master_port),
+            )
         store, rank, world = next(rendezvous("env://", timeout=timeout))
         # torchrun keeps one store across elastic restarts; without a prefix per attempt the
         # restarted workers read the dead workers' addresses and fail to connect.
         store = dist.PrefixStore(f"phalanx/attempt_{elastic_restart_count()}", store)
         # device_id binds NCCL to this worker's GPU; gloo ignores it and takes the CPU.
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
 
     def wrap(self, model: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
         model = prepare_model(model, self.sync_bn, self.device).to(self.device)
@@ -213,7 +228,7 @@ class DDPStrategy(Strategy):
             counts[self.rank] = rows
             dist.all_reduce(counts)
             counts_list = counts.tolist()
-            return GatherRows.apply(tensor, rows, counts_list, self.rank, self.clock), sum(counts_list[:self.rank])
+            return GatherRows.apply(tensor, rows, counts_list, self.rank, self.clock), sum(counts_list[: self.rank])
 
     def _queued_work_done(self) -> None:
         """Before a collective whose host waits for the GPU (its result read on the host): the

@@ -12,7 +12,7 @@ nothing to the statistics (``padding_rows``), so an uneven last batch stays exac
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -113,8 +113,12 @@ class GlobalBatchNorm3d(GlobalBatchNorm, nn.BatchNorm3d):
     _check_input_dim = nn.BatchNorm3d._check_input_dim
 
 
-_GLOBAL = {nn.BatchNorm1d: GlobalBatchNorm1d, nn.BatchNorm2d: GlobalBatchNorm2d, nn.BatchNorm3d: GlobalBatchNorm3d,
-           nn.SyncBatchNorm: GlobalBatchNorm}
+_GLOBAL = {
+    nn.BatchNorm1d: GlobalBatchNorm1d,
+    nn.BatchNorm2d: GlobalBatchNorm2d,
+    nn.BatchNorm3d: GlobalBatchNorm3d,
+    nn.SyncBatchNorm: GlobalBatchNorm,
+}
 
 
 def convert(model: nn.Module) -> nn.Module:
@@ -126,6 +130,9 @@ def convert(model: nn.Module) -> nn.Module:
         if type(module) in _GLOBAL:
             module.__class__ = _GLOBAL[type(module)]
         elif isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlobalBatchNorm):
-            raise PhalanxError(f"{name or 'the model'} is a {type(module).__name__}, a BatchNorm of its own that "
-                               "phalanx cannot synchronise on CPU workers; train without --sync-bn", "--sync-bn")
+            raise PhalanxError(
+                f"{name or 'the model'} is a {type(module).__name__}, a BatchNorm of its own that "
+                "phalanx cannot synchronise on CPU workers; train without --sync-bn",
+                "--sync-bn",
+            )
     return model

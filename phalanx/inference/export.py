@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from ..config import registry
 from ..atomic import atomic_write, atomic_write_bytes, atomic_write_text
+from ..config import registry
+from ..config.inference import ExportOptions
 from ..errors import PhalanxError
 from .model import load_trained
-from ..config.inference import ExportOptions
 from .outputs import check_export_files, check_place
 
 SUFFIXES = {"torchscript": (".ts", ".pt", ".pth", ".torchscript", ".jit"), "exported-program": (".pt2",)}
@@ -35,9 +35,13 @@ def check_output(output: Path, fmt: str) -> None:
     if output.suffix.lower() in SUFFIXES[fmt]:
         return
     other = next((f for f, suffixes in SUFFIXES.items() if output.suffix.lower() in suffixes), None)
-    hint = (f"that is --format {other}'s extension" if other else
-            "phalanx does not write ONNX; export an exported-program and convert it with torch.onnx"
-            if output.suffix.lower() == ".onnx" else f"{output.suffix or 'no extension'} is not one")
+    hint = (
+        f"that is --format {other}'s extension"
+        if other
+        else "phalanx does not write ONNX; export an exported-program and convert it with torch.onnx"
+        if output.suffix.lower() == ".onnx"
+        else f"{output.suffix or 'no extension'} is not one"
+    )
     raise PhalanxError(f"--format {fmt} writes {', '.join(SUFFIXES[fmt])} files ({output.name}: {hint})", "--output")
 
 
@@ -51,35 +55,57 @@ def export(opts: ExportOptions) -> list[Path]:
         return model_directory(output, inference.native_files(opts.format), opts, trained.config.task)
     scripted = inference.script_export
     if scripted and opts.format != "torchscript":
-        raise PhalanxError(f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
-                           "list of images, which torch.export cannot follow)", "--format")
+        raise PhalanxError(
+            f"--task {trained.config.task} exports as torchscript only (scripted: its network takes a "
+            "list of images, which torch.export cannot follow)",
+            "--format",
+        )
     modules = inference.export_modules()
-    paths = {name: output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
-             for name in modules}
+    paths = {
+        name: output if len(modules) == 1 else output.with_name(f"{output.stem}_{name}{output.suffix}")
+        for name in modules
+    }
     check_export_files(list(paths.values()), opts.checkpoint, opts.overwrite)
     written = []
     for name, (module, example) in modules.items():
         path = paths[name]
         if isinstance(example, torch.Tensor) and example.is_floating_point():  # a float64 run (--precision fp64)
             example = example.to(next((p.dtype for p in module.parameters()), example.dtype))
-        _write(path, module.cpu().eval(), example, opts.format, trained.config.network.model if name == "model" else name,
-               scripted)
-        meta = {**inference.export_metadata(), "network": name, "task": trained.config.task,
-                "format": opts.format, "checkpoint": str(trained.path.resolve()), "input_shape": list(example.shape[1:])}
+        _write(
+            path,
+            module.cpu().eval(),
+            example,
+            opts.format,
+            trained.config.network.model if name == "model" else name,
+            scripted,
+        )
+        meta = {
+            **inference.export_metadata(),
+            "network": name,
+            "task": trained.config.task,
+            "format": opts.format,
+            "checkpoint": str(trained.path.resolve()),
+            "input_shape": list(example.shape[1:]),
+        }
         atomic_write_text(path.with_name(path.name + ".json"), json.dumps(meta, indent=2) + "\n")
         written.append(path)
-        print(f"phalanx: wrote {path} and {path.name}.json ({opts.format}, {trained.config.task} {name}, "
-              f"input {'x'.join(map(str, example.shape[1:]))})")
+        print(
+            f"phalanx: wrote {path} and {path.name}.json ({opts.format}, {trained.config.task} {name}, "
+            f"input {'x'.join(map(str, example.shape[1:]))})"
+        )
     return written
 
 
-def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, opts: ExportOptions,
-                    task: str) -> list[Path]:
+def model_directory(
+    folder: Path, files: dict[str, Callable[[], bytes]] | None, opts: ExportOptions, task: str
+) -> list[Path]:
     """Another tool's own model directory (a task's ``--format``), each file written atomically; a
     directory that already holds one of them is left as it is without ``--overwrite``."""
     if files is None:
-        raise PhalanxError(f"--format {opts.format} writes --task {opts.format}'s networks; this checkpoint's task is "
-                           f"{task}", "--format")
+        raise PhalanxError(
+            f"--format {opts.format} writes --task {opts.format}'s networks; this checkpoint's task is {task}",
+            "--format",
+        )
     if folder.exists() and not folder.is_dir():
         raise PhalanxError(f"{folder} exists and is not a directory", "--output")
     taken = [name for name in files if (folder / name).exists()]
@@ -89,13 +115,16 @@ def model_directory(folder: Path, files: dict[str, Callable[[], bytes]] | None, 
     made = {name: make() for name, make in files.items()}  # all made before any is written
     for name, data in made.items():
         atomic_write_bytes(folder / name, data)
-    print(f"phalanx: wrote {len(files)} files to {folder} ({opts.format}'s model directory: "
-          f"{', '.join(list(files)[:3])}, ...)")
+    print(
+        f"phalanx: wrote {len(files)} files to {folder} ({opts.format}'s model directory: "
+        f"{', '.join(list(files)[:3])}, ...)"
+    )
     return [folder / name for name in files]
 
 
-def _write(path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str,
-           scripted: bool = False) -> None:
+def _write(
+    path: Path, module: torch.nn.Module, example: torch.Tensor, fmt: str, what: str, scripted: bool = False
+) -> None:
     """``scripted``: a network whose input is not one tensor (a detector's list of images) is
     scripted (``torch.jit.script``), not traced."""
     try:

@@ -4,26 +4,31 @@ resolved to (classes, image size, normalisation)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from ..checkpoint import in_run_directory
 from ..checkpoint.sharded import load_whole
-from ..train.state import NetworkMismatch, load_for_inference
 from ..config import RunConfig, from_mapping
-from ..errors import PhalanxError
 from ..config.fields import flag
 from ..config.registry import task_class
+from ..errors import PhalanxError
 from ..tasks.base import Task, TaskData
 from ..tasks.inference import Trained
+from ..train.state import NetworkMismatch, load_for_inference
 
 OPTION = "--checkpoint"
 
 
-def load_trained(path: str, ema: bool = False, changes: Mapping[str, Any] | None = None,
-                 task_changes: Mapping[str, Any] | None = None) -> Trained:
+def load_trained(
+    path: str,
+    ema: bool = False,
+    changes: Mapping[str, Any] | None = None,
+    task_changes: Mapping[str, Any] | None = None,
+) -> Trained:
     """Rebuild the task's networks by name and load their weights and the task's own state (a
     momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
     ``changes``: this command's options over the run's (devices, batch size, data); ``task_changes``:
@@ -72,5 +77,11 @@ def _infer_data(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> dict[str, A
     outputs = [v for k, v in weights.items() if k.endswith("weight") and v.dim() == 2][-1].shape[0]
     channels = next(v for v in weights.values() if v.dim() == 4).shape[1]
     size = cfg.data.image_size or (8 if cfg.data.dataset == "digits" else 32)
-    return {"classes": [str(i) for i in range(outputs)], "channels": channels, "size": size, "crop_pct": 1.0,
-            "mean": [0.5] * channels, "std": [0.5] * channels}
+    return {
+        "classes": [str(i) for i in range(outputs)],
+        "channels": channels,
+        "size": size,
+        "crop_pct": 1.0,
+        "mean": [0.5] * channels,
+        "std": [0.5] * channels,
+    }

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PhalanxError
 
@@ -56,8 +57,10 @@ def check_file(output: Path, checkpoint: str, overwrite: bool, ours: Callable[[P
     if _same_file(output, Path(checkpoint)):
         raise PhalanxError(f"{output} is the checkpoint itself (--checkpoint); write {what} elsewhere", OPTION)
     if not overwrite and not ours(output):
-        raise PhalanxError(f"{output} exists and is not {what} phalanx wrote; pass --overwrite to replace it, or "
-                           "choose another file", OPTION)
+        raise PhalanxError(
+            f"{output} exists and is not {what} phalanx wrote; pass --overwrite to replace it, or choose another file",
+            OPTION,
+        )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -147,11 +150,17 @@ def check_apart(inputs: tuple[str, ...], output: Path) -> None:
     for item in inputs:
         given = Path(os.path.realpath(item))
         if given.is_dir() and (written == given or given in written.parents):
-            raise PhalanxError(f"{output} is inside the input folder {item}: the next predict of {item} would read "
-                               "these outputs back as images; write them to a folder outside it", OPTION)
+            raise PhalanxError(
+                f"{output} is inside the input folder {item}: the next predict of {item} would read "
+                "these outputs back as images; write them to a folder outside it",
+                OPTION,
+            )
         if written in given.parents:
-            raise PhalanxError(f"the input {item} is inside the output folder {output}: predict writes its own "
-                               "files there; give an output folder that holds no input", OPTION)
+            raise PhalanxError(
+                f"the input {item} is inside the output folder {output}: predict writes its own "
+                "files there; give an output folder that holds no input",
+                OPTION,
+            )
 
 
 def check_predict_files(output: Path, features: bool, checkpoint: str, overwrite: bool) -> None:

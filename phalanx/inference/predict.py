@@ -10,15 +10,15 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from ..config.inference import PredictOptions
 from ..data import loader_workers
 from ..data.inputs import collate_inputs, image_paths
+from ..distributed.devices import inference_device
 from ..errors import EXIT_FAILED, PhalanxError
-from ..train.progress import ProgressBar
 from ..tasks.features import FeaturesPredictor, check_features_output
 from ..tasks.inference import STDOUT, Inference, Predictor
-from ..distributed.devices import inference_device
+from ..train.progress import ProgressBar
 from .model import load_trained
-from ..config.inference import PredictOptions
 from .outputs import check_apart, check_predict_files, check_predict_place
 
 
@@ -32,16 +32,24 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     trained = load_trained(opts.checkpoint, opts.ema)
     inference = trained.inference()
     if to_stdout and (opts.features or not inference.streams):
-        raise PhalanxError(f"- (stdout) takes a table of predictions, a JSON line an image; --task {trained.config.task}'s "
-                           f"predict{' --features' if opts.features else ''} writes files: give a path", "--output")
+        raise PhalanxError(
+            f"- (stdout) takes a table of predictions, a JSON line an image; --task {trained.config.task}'s "
+            f"predict{' --features' if opts.features else ''} writes files: give a path",
+            "--output",
+        )
     read = () if opts.features else inference.predict_options
     unread = [name for name in PredictOptions.TASK_SPECIFIC if name in typed and name not in read]
     if unread:
-        raise PhalanxError(f"--task {trained.config.task}'s predict{' --features' if opts.features else ''} does not "
-                           "read it (another task's option: see `phalanx predict --help`)", f"--{unread[0].replace('_', '-')}")
+        raise PhalanxError(
+            f"--task {trained.config.task}'s predict{' --features' if opts.features else ''} does not "
+            "read it (another task's option: see `phalanx predict --help`)",
+            f"--{unread[0].replace('_', '-')}",
+        )
     if opts.features:
         if type(inference).feature_inputs is Inference.feature_inputs:
-            raise PhalanxError(f"--task {trained.config.task} has no network that makes features of an image", "--features")
+            raise PhalanxError(
+                f"--task {trained.config.task} has no network that makes features of an image", "--features"
+            )
         check_features_output(opts.output)
     else:
         inference.check_predict_output(opts.output)
@@ -62,10 +70,13 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
     for path, why in skipped:
         print(f"phalanx: warning: skipped {path}: {why}", file=sys.stderr, flush=True)
     if not predicted:
-        raise PhalanxError(f"no image could be predicted ({len(skipped)} skipped); nothing written", "IMAGES",
-                           exit_code=EXIT_FAILED)
-    print(f"phalanx: {predicted} image(s) predicted, {len(skipped)} skipped; wrote {'stdout' if to_stdout else opts.output}",
-          file=sys.stderr if to_stdout else sys.stdout)  # stdout holds the predictions alone
+        raise PhalanxError(
+            f"no image could be predicted ({len(skipped)} skipped); nothing written", "IMAGES", exit_code=EXIT_FAILED
+        )
+    print(
+        f"phalanx: {predicted} image(s) predicted, {len(skipped)} skipped; wrote {'stdout' if to_stdout else opts.output}",
+        file=sys.stderr if to_stdout else sys.stdout,
+    )  # stdout holds the predictions alone
     return len(skipped)
 
 
@@ -74,15 +85,18 @@ def run(predictor: Predictor, opts: PredictOptions, label: str) -> tuple[int, li
     """Every input through the task's predictor; returns (images predicted, [(path, why skipped)])."""
     device = predictor.device
     workers = loader_workers(opts.num_workers, 1, torch.get_num_threads() if device.type == "cpu" else 1)
-    loader = DataLoader(predictor.inputs, batch_size=predictor.batch_size, num_workers=workers,
-                        collate_fn=collate_inputs)
+    loader = DataLoader(
+        predictor.inputs, batch_size=predictor.batch_size, num_workers=workers, collate_fn=collate_inputs
+    )
     done, skipped = 0, []
     bar = ProgressBar(len(loader), label, opts.progress)
     for indices, images, raws, bad in loader:
         skipped += [(predictor.paths[i], why) for i, why in bad]
         if images:
-            images = [image.to(predictor.dtype) if isinstance(image, torch.Tensor) and image.is_floating_point()
-                      else image for image in images]  # (a Slide is read by the predictor itself)
+            images = [
+                image.to(predictor.dtype) if isinstance(image, torch.Tensor) and image.is_floating_point() else image
+                for image in images
+            ]  # (a Slide is read by the predictor itself)
             failed = len(predictor.unreadable)
             predictor.predict(indices, images, raws)
             done += len(images) - (len(predictor.unreadable) - failed)

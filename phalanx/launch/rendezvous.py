@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import os
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

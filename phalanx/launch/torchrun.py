@@ -26,8 +26,8 @@ if _QUIET_CPP_LOG:
 from ..checkpoint import rundir  # noqa: E402  (imports torch)
 from ..config import RunConfig  # noqa: E402
 from ..distributed.devices import plan_report, plan_run  # noqa: E402
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
 from ..distributed.failures import cause_line, innermost, summarize  # noqa: E402
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed  # noqa: E402
 
 OPTION = "--use-torchrun"
 WORKER_MODULE = "phalanx.launch.worker"
@@ -47,10 +47,18 @@ class LaunchPlan:
         """One node, and no port, endpoint or --standalone named: the rendezvous takes a free port of this
         machine (torch 2.14's torchrun does so itself; 2.11's, the GPU image's, listened on 29500, and a
         second run on the machine failed with EADDRINUSE: two runs at once there, 2026-11-27)."""
-        named = any(option.startswith(("--master", "--rdzv-endpoint", "--rdzv_endpoint", "--standalone"))
-                    for option in self.torchrun_options)
-        return (self.nnodes[1] == 1 and self.args.rdzv_backend == "static" and not self.args.rdzv_endpoint
-                and not self.args.standalone and not named and "PET_MASTER_PORT" not in os.environ)
+        named = any(
+            option.startswith(("--master", "--rdzv-endpoint", "--rdzv_endpoint", "--standalone"))
+            for option in self.torchrun_options
+        )
+        return (
+            self.nnodes[1] == 1
+            and self.args.rdzv_backend == "static"
+            and not self.args.rdzv_endpoint
+            and not self.args.standalone
+            and not named
+            and "PET_MASTER_PORT" not in os.environ
+        )
 
     @property
     def rank_may_change(self) -> bool:
@@ -61,8 +69,11 @@ class LaunchPlan:
     @property
     def world_size(self) -> str:
         low, high = self.nnodes
-        return str(low * self.nproc_per_node) if low == high else \
-            f"{low * self.nproc_per_node}..{high * self.nproc_per_node}"
+        return (
+            str(low * self.nproc_per_node)
+            if low == high
+            else f"{low * self.nproc_per_node}..{high * self.nproc_per_node}"
+        )
 
 
 def _torchrun_parser() -> argparse.ArgumentParser:
@@ -96,8 +107,7 @@ def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
     try:
         args = _torchrun_parser().parse_args(argv)
     except SystemExit:  # -h/--help: argparse printed torchrun's help and wants to exit
-        raise PhalanxError("asks for torchrun's help; see `python -m torch.distributed.run --help`",
-                           OPTION) from None
+        raise PhalanxError("asks for torchrun's help; see `python -m torch.distributed.run --help`", OPTION) from None
     if args.training_script != WORKER_MODULE:
         raise PhalanxError(f"unexpected argument {args.training_script!r}; pass torchrun options only", OPTION)
     try:
@@ -107,8 +117,11 @@ def plan_launch(cfg: RunConfig, torchrun_options: str | None) -> LaunchPlan:
         raise PhalanxError(f"torchrun says: {exc}", OPTION) from None
     _check_counts(nproc, nnodes)
     if not cfg.devices.uses_cpu and nproc > len(cfg.devices.gpu_ids):
-        raise PhalanxError(f"{nproc} workers per node but only {len(cfg.devices.gpu_ids)} --gpu-ids; give one "
-                           "--gpu-ids per worker, or lower --nproc-per-node", OPTION)
+        raise PhalanxError(
+            f"{nproc} workers per node but only {len(cfg.devices.gpu_ids)} --gpu-ids; give one "
+            "--gpu-ids per worker, or lower --nproc-per-node",
+            OPTION,
+        )
     return LaunchPlan(argv, options, nproc, nnodes, args)
 
 
@@ -128,19 +141,28 @@ def describe(cfg: RunConfig, plan: LaunchPlan, train_samples: int | None = None)
     from ..distributed.cluster import Placement, launcher_name
 
     world = plan.nnodes[1] * plan.nproc_per_node
-    workers = [plan_run(cfg, Placement("torchrun", r, r, world, plan.nproc_per_node, "", 0))
-               for r in range(plan.nproc_per_node)]
+    workers = [
+        plan_run(cfg, Placement("torchrun", r, r, world, plan.nproc_per_node, "", 0))
+        for r in range(plan.nproc_per_node)
+    ]
     nodes = f"{plan.nnodes[0]}{'' if plan.nnodes[0] == plan.nnodes[1] else '..' + str(plan.nnodes[1])}"
-    lines = [f"torchrun {shlex.join(plan.torchrun_argv)}",
-             f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {nodes}), backend "
-             f"{workers[0].backend}"]
+    lines = [
+        f"torchrun {shlex.join(plan.torchrun_argv)}",
+        f"world size: {plan.world_size} ({plan.nproc_per_node} per node x nodes {nodes}), backend {workers[0].backend}",
+    ]
     if plan.picks_port:
-        lines.append("rendezvous: on this machine, at a free port taken at launch (torchrun's --master-port "
-                     "to choose one)")
+        lines.append(
+            "rendezvous: on this machine, at a free port taken at launch (torchrun's --master-port to choose one)"
+        )
     lines += [f"local rank {r}: {worker.device}" for r, worker in enumerate(workers)]
-    return lines + plan_report(cfg, workers[0], train_samples) + \
-        [f"this node: started by {launcher_name(os.environ, workers_of_its_own=True)}; trainlaunch starts "
-         "torchrun's workers here, each with torchrun's variables"]
+    return (
+        lines
+        + plan_report(cfg, workers[0], train_samples)
+        + [
+            f"this node: started by {launcher_name(os.environ, workers_of_its_own=True)}; trainlaunch starts "
+            "torchrun's workers here, each with torchrun's variables"
+        ]
+    )
 
 
 def launch(cfg: RunConfig, torchrun_options: str | None, dry_run: bool = False) -> int:
@@ -198,8 +220,10 @@ def run_workers(cfg: RunConfig, plan: LaunchPlan) -> None:
     except SignalException as exc:
         import signal
 
-        raise RunFailed(f"stopped by {exc.sigval.name}; every worker was stopped",
-                        exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED) from None
+        raise RunFailed(
+            f"stopped by {exc.sigval.name}; every worker was stopped",
+            exit_code=EXIT_INTERRUPTED if exc.sigval == signal.SIGINT else EXIT_TERMINATED,
+        ) from None
     except Exception as exc:  # the agent itself: rendezvous, store, anything torchrun raises
         raise RunFailed(_agent_failure(exc, plan), OPTION) from None
 
@@ -222,9 +246,13 @@ def _agent_failure(exc: Exception, plan: LaunchPlan) -> str:
     root = innermost(exc)
     detail = f" ({type(root).__name__}: {cause_line(root)})" if cause_line(root) else ""
     if "EADDRINUSE" in detail:  # the store's port: waiting longer would not help
-        where = f"port {plan.args.master_port or 29500}" if plan.args.rdzv_backend == "static" else plan.args.rdzv_endpoint
-        return (f"rendezvous failed: {where} is in use on this machine (another run's?); give torchrun another "
-                "--master-port (or --rdzv-endpoint), or leave both out on one node for a free port")
+        where = (
+            f"port {plan.args.master_port or 29500}" if plan.args.rdzv_backend == "static" else plan.args.rdzv_endpoint
+        )
+        return (
+            f"rendezvous failed: {where} is in use on this machine (another run's?); give torchrun another "
+            "--master-port (or --rdzv-endpoint), or leave both out on one node for a free port"
+        )
     if plan.args.rdzv_backend == "static":
         hint = "--rdzv-conf timeout=SECONDS"
     else:
@@ -243,29 +271,37 @@ def _raised_at(exc: BaseException) -> str:
 def _worker_failures(exc) -> RunFailed:
     """One line per failed rank: ranks that only lost their peers first, the root cause last
     (it is also the error raised, so its exit code is the launcher's)."""
+
     def secondary(failure) -> bool:  # failed because another rank did
         stopped_by_torchrun = failure.exitcode == -15 and not failure.message.startswith("lost")
-        return stopped_by_torchrun or first_line(failure.message).startswith(("lost its peers",
-                                                                              "a collective timed out"))
+        return stopped_by_torchrun or first_line(failure.message).startswith(
+            ("lost its peers", "a collective timed out")
+        )
 
     def when(failure) -> int:
         message = failure.message
         extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
         return int(extra.get("time_ns", failure.timestamp * 10**9))
 
-    *others, (rank, failure) = sorted(exc.failures.items(),
-                                      key=lambda item: (not secondary(item[1]), -when(item[1])))
+    *others, (rank, failure) = sorted(exc.failures.items(), key=lambda item: (not secondary(item[1]), -when(item[1])))
     code = failure.exitcode if failure.exitcode in MEANINGFUL else EXIT_FAILED  # bad input, a signal: kept
     # Every rank refused the same input: one line, as `train`'s. A rank torchrun stopped before it
     # got as far (a slower one, on a busy machine) refused nothing else.
-    if code == EXIT_BAD_INPUT and all((o.exitcode, first_line(o.message)) == (failure.exitcode, first_line(
-            failure.message)) or o.exitcode == -15 and secondary(o) for _, o in others):
+    if code == EXIT_BAD_INPUT and all(
+        (o.exitcode, first_line(o.message)) == (failure.exitcode, first_line(failure.message))
+        or o.exitcode == -15
+        and secondary(o)
+        for _, o in others
+    ):
         return RunFailed(first_line(failure.message), exit_code=code)
     for other_rank, other in others:
         said = "stopped by torchrun after another rank failed" if other.exitcode == -15 else first_line(other.message)
         print(f"phalanx: rank {other_rank} (local rank {other.local_rank}): {said}", file=sys.stderr, flush=True)
-    return RunFailed(f"rank {rank} (local rank {failure.local_rank}) failed with exit code {failure.exitcode}: "
-                     f"{first_line(failure.message)}", exit_code=code)
+    return RunFailed(
+        f"rank {rank} (local rank {failure.local_rank}) failed with exit code {failure.exitcode}: "
+        f"{first_line(failure.message)}",
+        exit_code=code,
+    )
 
 
 def first_line(message: object) -> str:

@@ -15,8 +15,8 @@ import time
 import traceback
 
 from ..config import RunConfig
-from ..errors import EXIT_FAILED, PhalanxError, RunFailed
 from ..distributed.lifeline import die_with_parent
+from ..errors import EXIT_FAILED, PhalanxError, RunFailed
 
 
 def _report(message: str, exc: BaseException) -> None:
@@ -25,8 +25,11 @@ def _report(message: str, exc: BaseException) -> None:
         print(f"phalanx: {message}", file=sys.stderr)
         return
     # torch's ErrorHandler format, so torchrun and its tools read it as their own.
-    info = {"py_callstack": "".join(traceback.format_exception(exc)), "timestamp": str(int(time.time())),
-            "time_ns": time.time_ns()}
+    info = {
+        "py_callstack": "".join(traceback.format_exception(exc)),
+        "timestamp": str(int(time.time())),
+        "time_ns": time.time_ns(),
+    }
     with open(path, "w") as fh:
         json.dump({"message": {"message": message, "extraInfo": info}}, fh)
 

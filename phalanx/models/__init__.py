@@ -26,8 +26,10 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 32):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(4),  # 8x8 digits and 224x224 photos alike end at 4x4
         )
         self.classifier = nn.Sequential(
@@ -55,10 +57,13 @@ def required_channels(spec: str) -> int | None:
 def build_model(spec: str, num_classes: int, in_channels: int, drop_path: float = 0.0) -> nn.Module:
     """``drop_path``: stochastic depth's rate, for the models that have one (refused for others)."""
     if spec.startswith(TIMM):
-        return _timm_model(spec[len(TIMM):], num_classes, in_channels, drop_path)
+        return _timm_model(spec[len(TIMM) :], num_classes, in_channels, drop_path)
     if drop_path and (spec == "smallcnn" or ":" in spec):
-        raise PhalanxError(f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
-                           "EfficientNet, Swin and MaxViT have)", "--drop-path")
+        raise PhalanxError(
+            f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
+            "EfficientNet, Swin and MaxViT have)",
+            "--drop-path",
+        )
     if spec == "smallcnn":
         return SmallCNN(num_classes=num_classes, in_channels=in_channels)
     if ":" in spec:
@@ -77,8 +82,11 @@ def build_model(spec: str, num_classes: int, in_channels: int, drop_path: float 
     except TypeError:
         if not depth:
             raise
-        raise PhalanxError(f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
-                           "EfficientNet, Swin and MaxViT have)", "--drop-path") from None
+        raise PhalanxError(
+            f"--model {spec} has no stochastic depth (timm/ models and torchvision's ConvNeXt, "
+            "EfficientNet, Swin and MaxViT have)",
+            "--drop-path",
+        ) from None
 
 
 def check_input_size(model: nn.Module, spec: str, size: int) -> None:
@@ -86,19 +94,28 @@ def check_input_size(model: nn.Module, spec: str, size: int) -> None:
     refused at other sizes before anything runs: they failed at the first step with torch's
     assertion."""
     embed = getattr(model, "patch_embed", None)
-    fixed = getattr(model, "image_size", None) if isinstance(getattr(model, "image_size", None), int) else \
-        embed.img_size[-1] if embed is not None and getattr(embed, "strict_img_size", False) else None
+    fixed = (
+        getattr(model, "image_size", None)
+        if isinstance(getattr(model, "image_size", None), int)
+        else embed.img_size[-1]
+        if embed is not None and getattr(embed, "strict_img_size", False)
+        else None
+    )
     if fixed is not None and fixed != size:
-        raise PhalanxError(f"--model {spec} is built for {fixed} px images and takes no other size (this run's are "
-                           f"{size} px); give --image-size {fixed}", "--image-size")
+        raise PhalanxError(
+            f"--model {spec} is built for {fixed} px images and takes no other size (this run's are "
+            f"{size} px); give --image-size {fixed}",
+            "--image-size",
+        )
 
 
 def _timm():
     try:
         import timm
     except ImportError:
-        raise PhalanxError("timm/ models need timm: pip install 'phalanx[timm]' (or pip install timm)", "--model") \
-            from None
+        raise PhalanxError(
+            "timm/ models need timm: pip install 'phalanx[timm]' (or pip install timm)", "--model"
+        ) from None
     return timm
 
 
@@ -127,11 +144,16 @@ def timm_preferences(spec: str) -> dict | None:
     _timm()
     from timm.models import get_pretrained_cfg
 
-    pretrained = get_pretrained_cfg(spec[len(TIMM):])
+    pretrained = get_pretrained_cfg(spec[len(TIMM) :])
     if pretrained is None:
         return None
-    return {"mean": list(pretrained.mean), "std": list(pretrained.std), "size": int(pretrained.input_size[-1]),
-            "crop_pct": pretrained.crop_pct, "hf_hub_id": pretrained.hf_hub_id}
+    return {
+        "mean": list(pretrained.mean),
+        "std": list(pretrained.std),
+        "size": int(pretrained.input_size[-1]),
+        "crop_pct": pretrained.crop_pct,
+        "hf_hub_id": pretrained.hf_hub_id,
+    }
 
 
 def _user_model(spec: str, num_classes: int, in_channels: int) -> nn.Module:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ class LoadsWeights(Protocol):
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: Any) -> list[str]: ...
 
+
 OPTION = "--weights"
 Stats = tuple[list[float], list[float]]  # a mean and a std, per channel
 
@@ -42,8 +44,10 @@ def weights_file(spec: str, model: str = "") -> Path:
     if spec == "timm":
         return _timm_weights(model)
     if "_Weights." not in spec:
-        raise PhalanxError(f"{spec} does not exist (a file, or a torchvision weights name such as "
-                           "ResNet18_Weights.IMAGENET1K_V1)", OPTION)
+        raise PhalanxError(
+            f"{spec} does not exist (a file, or a torchvision weights name such as ResNet18_Weights.IMAGENET1K_V1)",
+            OPTION,
+        )
     from torchvision.models import get_weight
 
     try:
@@ -52,8 +56,9 @@ def weights_file(spec: str, model: str = "") -> Path:
         raise PhalanxError(f"{spec} is not a torchvision weights name", OPTION) from None
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
     if not cached.is_file():
-        raise PhalanxError(f"{spec} is not in torch's hub cache; phalanx does not download: put {weights.url} "
-                           f"at {cached}", OPTION)
+        raise PhalanxError(
+            f"{spec} is not in torch's hub cache; phalanx does not download: put {weights.url} at {cached}", OPTION
+        )
     return cached
 
 
@@ -67,22 +72,28 @@ def _timm_weights(model: str) -> Path:
     preferences = timm_preferences(model)
     repo = (preferences or {}).get("hf_hub_id")
     if not repo:
-        raise PhalanxError(f"timm has no pretrained weights for {model[len(TIMM):]} on the Hugging Face hub", OPTION)
+        raise PhalanxError(f"timm has no pretrained weights for {model[len(TIMM) :]} on the Hugging Face hub", OPTION)
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.constants import HF_HUB_CACHE
 
     # Read now, not when huggingface_hub was imported: the environment may have changed since.
-    cache = os.environ.get("HF_HUB_CACHE") or (os.environ.get("HF_HOME") and os.path.join(os.environ["HF_HOME"], "hub")) \
+    cache = (
+        os.environ.get("HF_HUB_CACHE")
+        or (os.environ.get("HF_HOME") and os.path.join(os.environ["HF_HOME"], "hub"))
         or HF_HUB_CACHE
+    )
     for filename in ("model.safetensors", "pytorch_model.bin"):
         found = try_to_load_from_cache(repo, filename, cache_dir=cache)
         if isinstance(found, str):
             return Path(found)
     folder = Path(cache) / f"models--{repo.replace('/', '--')}"
-    raise PhalanxError(f"{repo} is not in the Hugging Face cache; phalanx does not download: put "
-                       f"https://huggingface.co/{repo}/resolve/main/model.safetensors at "
-                       f"{folder}/snapshots/<revision>/model.safetensors with the revision in {folder}/refs/main "
-                       f"(huggingface-cli download {repo} does both where there is internet)", OPTION)
+    raise PhalanxError(
+        f"{repo} is not in the Hugging Face cache; phalanx does not download: put "
+        f"https://huggingface.co/{repo}/resolve/main/model.safetensors at "
+        f"{folder}/snapshots/<revision>/model.safetensors with the revision in {folder}/refs/main "
+        f"(huggingface-cli download {repo} does both where there is internet)",
+        OPTION,
+    )
 
 
 # The entry other tools' checkpoints keep their network in (timm: state_dict; torchvision's reference
@@ -136,8 +147,9 @@ def _state_of(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None, st
     return {k.removeprefix("module."): v for k, v in state.items()}, classes, note, stats
 
 
-def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: str = "",
-                 normalised: Stats | None = None) -> str:
+def load_weights(
+    model: nn.Module, spec: str, classes: list[str], model_spec: str = "", normalised: Stats | None = None
+) -> str:
     """Load what fits; report what was loaded, replaced, left as built. A head trained on other
     classes starts anew: of another shape, or (a phalanx checkpoint tells) of other class names,
     whose rows would otherwise mean the wrong classes. ``normalised``: this run's mean and std, said
@@ -147,13 +159,25 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
     own = model.state_dict()
     head = f"{head_module(model)[0]}."
     other_classes = trained_on is not None and list(trained_on) != list(classes)
-    fits = {k for k, v in state.items() if k in own and own[k].shape == v.shape
-            and not (other_classes and k.startswith(head))}
+    fits = {
+        k
+        for k, v in state.items()
+        if k in own and own[k].shape == v.shape and not (other_classes and k.startswith(head))
+    }
     loaded = {k: state[k] for k in fits}
     # RGB weights for a one-channel input (grayscale data): summed over the colours, as timm adapts them.
-    adapted = [k for k, v in state.items() if k in own and k not in fits and v.dim() == 4 and own[k].dim() == 4
-               and v.shape[1] == 3 and own[k].shape[1] == 1 and v.shape[0] == own[k].shape[0]
-               and v.shape[2:] == own[k].shape[2:]]
+    adapted = [
+        k
+        for k, v in state.items()
+        if k in own
+        and k not in fits
+        and v.dim() == 4
+        and own[k].dim() == 4
+        and v.shape[1] == 3
+        and own[k].shape[1] == 1
+        and v.shape[0] == own[k].shape[0]
+        and v.shape[2:] == own[k].shape[2:]
+    ]
     loaded.update({k: state[k].sum(1, keepdim=True) for k in adapted})
     replaced = [k for k in state if k in own and k not in fits and k not in adapted]
     untouched = [k for k in own if k not in loaded and k not in replaced]
@@ -163,13 +187,20 @@ def load_weights(model: nn.Module, spec: str, classes: list[str], model_spec: st
     model.load_state_dict(loaded, strict=False)
     shapes = ", ".join(f"{k} {_shape(state[k])} -> {_shape(own[k])}" for k in replaced[:3])
     for_classes = [k for k in replaced if other_classes and k.startswith(head)]  # a stem of another shape is not
-    why = "trained on other classes, trained anew" if for_classes == replaced else \
-        "another shape, trained anew" if not for_classes else "the head's for other classes, the rest of another " \
-        "shape, trained anew"
-    return (f"phalanx: weights {path}{note}: {loaded_count} tensors loaded, {len(replaced)} replaced"
-            + (f" ({why}: {shapes})" if replaced else "")
-            + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")
-            + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused" + _other_inputs(stats, normalised))
+    why = (
+        "trained on other classes, trained anew"
+        if for_classes == replaced
+        else "another shape, trained anew"
+        if not for_classes
+        else "the head's for other classes, the rest of another shape, trained anew"
+    )
+    return (
+        f"phalanx: weights {path}{note}: {loaded_count} tensors loaded, {len(replaced)} replaced"
+        + (f" ({why}: {shapes})" if replaced else "")
+        + (f", {len(adapted)} adapted to one input channel (RGB weights summed, as timm does)" if adapted else "")
+        + f", {len(untouched)} left as built, {len(set(state) - set(own))} unused"
+        + _other_inputs(stats, normalised)
+    )
 
 
 def learnt_normalisation(cfg: RunConfig) -> RunConfig:
@@ -190,8 +221,9 @@ def learnt_normalisation(cfg: RunConfig) -> RunConfig:
     info = state.get("data") if isinstance(state, dict) and state.get("format") == "phalanx-checkpoint" else None
     if not isinstance(info, dict) or not info.get("mean") or not info.get("std"):
         return cfg
-    return cfg.replace(normalize="weights", mean=tuple(float(v) for v in info["mean"]),
-                       std=tuple(float(v) for v in info["std"]))
+    return cfg.replace(
+        normalize="weights", mean=tuple(float(v) for v in info["mean"]), std=tuple(float(v) for v in info["std"])
+    )
 
 
 def weights_preview(task: LoadsWeights, models: Mapping[str, nn.Module], spec: str, data: object) -> list[str]:
@@ -213,8 +245,10 @@ def _other_inputs(own: Stats | None, run: Stats | None) -> str:
     if _close(own, run):  # (--normalize auto takes them from the checkpoint)
         return f"; inputs normalised as the checkpoint's were (mean {mean}, std {std})"
     run_mean, run_std = (",".join(f"{v:.4g}" for v in values) for values in run)
-    return (f"\nphalanx: --weights: the checkpoint learnt on inputs normalised with mean {mean}, std {std}; this "
-            f"run's are mean {run_mean}, std {run_std}: give --mean {mean} --std {std} to feed it what it learnt on")
+    return (
+        f"\nphalanx: --weights: the checkpoint learnt on inputs normalised with mean {mean}, std {std}; this "
+        f"run's are mean {run_mean}, std {run_std}: give --mean {mean} --std {std} to feed it what it learnt on"
+    )
 
 
 def _close(a: Stats, b: Stats) -> bool:
@@ -285,9 +319,13 @@ class Backbone:
         for param in model.parameters():
             if id(param) not in self.head:
                 param.requires_grad_(False)
-        self.norms = [m for name, m in model.named_modules()
-                      if isinstance(m, nn.modules.batchnorm._NormBase) and not isinstance(m, ProbeNorm)
-                      and not name.startswith(head_name)]
+        self.norms = [
+            m
+            for name, m in model.named_modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase)
+            and not isinstance(m, ProbeNorm)
+            and not name.startswith(head_name)
+        ]
         self.description = f"backbone frozen, training {head_name} only"
 
     def train_mode(self) -> None:
@@ -302,6 +340,8 @@ def param_groups(model: nn.Module, head_lr_mult: float) -> list[dict[str, Any]]:
     if head_lr_mult == 1.0:
         return [{"params": params, "lr_mult": 1.0}]
     head = {id(p) for p in head_module(model)[1].parameters()}
-    groups = [{"params": [p for p in params if id(p) not in head], "lr_mult": 1.0},
-              {"params": [p for p in params if id(p) in head], "lr_mult": head_lr_mult}]
+    groups = [
+        {"params": [p for p in params if id(p) not in head], "lr_mult": 1.0},
+        {"params": [p for p in params if id(p) in head], "lr_mult": head_lr_mult},
+    ]
     return [g for g in groups if g["params"]]

@@ -40,8 +40,25 @@ FIELDS: dict[str, dict[str, Any]] = {
 }
 
 #: Keys of ``train`` and ``val`` records that are not a task's losses or metrics.
-RESERVED = frozenset({"kind", "epoch", "step", "epoch_progress", "lr", "lrs", "samples_per_s", "samples", "seconds",
-                      "time", "world_size", "memory_gib", "epochs", "state", *STEP_TIME_KEYS})
+RESERVED = frozenset(
+    {
+        "kind",
+        "epoch",
+        "step",
+        "epoch_progress",
+        "lr",
+        "lrs",
+        "samples_per_s",
+        "samples",
+        "seconds",
+        "time",
+        "world_size",
+        "memory_gib",
+        "epochs",
+        "state",
+        *STEP_TIME_KEYS,
+    }
+)
 
 
 def _pane(win: str, title: str, ylabel: str, record: str, traces: list[list[str]], percent: bool = False) -> dict:
@@ -51,10 +68,17 @@ def _pane(win: str, title: str, ylabel: str, record: str, traces: list[list[str]
 #: The panes of every snapshot before schema 3 (which only classifiers wrote); a classifier's today.
 SCHEMA_2_PANES = [
     _pane("train_loss", "train loss (mean over ranks)", "cross-entropy loss", "train", [["loss", "loss"]]),
-    _pane("val_loss", "validation loss", "cross-entropy loss", "val",
-          [["loss", "val loss"], ["ema_loss", "EMA val loss"]]),
-    _pane("val_acc", "validation accuracy (top-1)", "accuracy (%)", "val",
-          [["acc", "val accuracy"], ["ema_acc", "EMA val accuracy"]], percent=True),
+    _pane(
+        "val_loss", "validation loss", "cross-entropy loss", "val", [["loss", "val loss"], ["ema_loss", "EMA val loss"]]
+    ),
+    _pane(
+        "val_acc",
+        "validation accuracy (top-1)",
+        "accuracy (%)",
+        "val",
+        [["acc", "val accuracy"], ["ema_acc", "EMA val accuracy"]],
+        percent=True,
+    ),
 ]
 
 
@@ -84,8 +108,11 @@ def _pane_ok(pane: dict[str, Any]) -> bool:
     (a kind this phalanx does not know is left undrawn, not refused: a newer run's snapshot)."""
     if pane.get("kind", "lines") != "lines":
         return isinstance(pane.get("kind"), str) and isinstance(pane.get("record"), str)
-    return pane.get("record") in ("train", "val") and isinstance(pane.get("traces"), list) and \
-        all(isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t) for t in pane["traces"])
+    return (
+        pane.get("record") in ("train", "val")
+        and isinstance(pane.get("traces"), list)
+        and all(isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t) for t in pane["traces"])
+    )
 
 
 def panes_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

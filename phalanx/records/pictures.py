@@ -4,7 +4,7 @@ arrays), small ones enlarged to be seen, and side-by-side strips (input | output
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -53,8 +53,9 @@ def strip(images: Sequence[torch.Tensor], gap: int = 2) -> torch.Tensor:
         if image.shape[0] != channels:
             image = image.expand(channels, -1, -1)
         if image.shape[1] != height:
-            image = torch.nn.functional.interpolate(image[None], size=(height, image.shape[2] * height // image.shape[1]),
-                                                    mode="nearest")[0]
+            image = torch.nn.functional.interpolate(
+                image[None], size=(height, image.shape[2] * height // image.shape[1]), mode="nearest"
+            )[0]
         parts.append(image)
         if index < len(images) - 1:
             parts.append(torch.ones(channels, height, gap))

@@ -13,9 +13,9 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..config.sections import parse_s3_url
 from ..errors import PhalanxError
@@ -75,8 +75,14 @@ class Uploader:
     the whole backoff; what did not make it is listed.
     """
 
-    def __init__(self, senders: list[Send], attempts: int = 5, backoff: float = 0.5,
-                 warn: Callable[[str], None] | None = None, close_timeout: float = 15.0):
+    def __init__(
+        self,
+        senders: list[Send],
+        attempts: int = 5,
+        backoff: float = 0.5,
+        warn: Callable[[str], None] | None = None,
+        close_timeout: float = 15.0,
+    ):
         self.senders, self.attempts, self.backoff = senders, attempts, backoff
         self.close_timeout = close_timeout
         self.warn = warn or (lambda line: print(f"phalanx: warning: {line}", file=sys.stderr, flush=True))
@@ -108,8 +114,10 @@ class Uploader:
         self._queue.put(None)
         self._thread.join()
         if self.failed:
-            self.warn(f"{len(self.failed)} of {len(self.keys)} file(s) not uploaded: "
-                      + "; ".join(f"{f.key} ({f.error})" for f in self.failures[:5]))
+            self.warn(
+                f"{len(self.failed)} of {len(self.keys)} file(s) not uploaded: "
+                + "; ".join(f"{f.key} ({f.error})" for f in self.failures[:5])
+            )
         return self.failures
 
     def _run(self) -> None:
@@ -150,8 +158,9 @@ class Uploader:
                 time.sleep(pause)
 
 
-def make_uploader(remote_transfer: str | None, remote_transfer_cmd: str | None,
-                  s3_endpoint_url: str | None) -> Uploader | None:
+def make_uploader(
+    remote_transfer: str | None, remote_transfer_cmd: str | None, s3_endpoint_url: str | None
+) -> Uploader | None:
     """Checked at start-up, before anything is written: a bad spec is one clear error."""
     senders = []
     if remote_transfer_cmd:

@@ -24,9 +24,10 @@ import io
 import pickle
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .. import records as record_kinds
 from . import READABLE_SCHEMAS, SCHEMA
@@ -102,8 +103,14 @@ def loads(data: bytes) -> dict[str, Any]:
     _check_plain(segment)
     if not isinstance(segment, dict) or segment.get("schema") not in READABLE_SCHEMAS:
         raise ValueError(f"not a phalanx snapshot (schema {' or '.join(map(str, READABLE_SCHEMAS))})")
-    for key, kind in (("run_id", str), ("generation", int), ("segment", int), ("sealed", bool),
-                      ("records", list), ("options", dict)):
+    for key, kind in (
+        ("run_id", str),
+        ("generation", int),
+        ("segment", int),
+        ("sealed", bool),
+        ("records", list),
+        ("options", dict),
+    ):
         if not isinstance(segment.get(key, {} if key == "options" else None), kind):
             raise ValueError(f"snapshot field {key!r} is missing or not {kind.__name__}")
     for index, record in enumerate(segment["records"]):
@@ -171,10 +178,17 @@ class SnapshotWriter:
     def flush(self) -> None:
         """Write every segment that changed since the last write (usually just the open one)."""
         for index in range(self._dirty_from // SEGMENT_RECORDS, self._segment_count()):
-            chunk = self.records[index * SEGMENT_RECORDS:(index + 1) * SEGMENT_RECORDS]
-            segment = {"schema": SCHEMA, "run_id": self.run_id, "generation": self.generation,
-                       "segment": index + 1, "sealed": len(chunk) == SEGMENT_RECORDS,
-                       "written_at": time.time(), "options": self.options, "records": chunk}
+            chunk = self.records[index * SEGMENT_RECORDS : (index + 1) * SEGMENT_RECORDS]
+            segment = {
+                "schema": SCHEMA,
+                "run_id": self.run_id,
+                "generation": self.generation,
+                "segment": index + 1,
+                "sealed": len(chunk) == SEGMENT_RECORDS,
+                "written_at": time.time(),
+                "options": self.options,
+                "records": chunk,
+            }
             path = self.directory / segment_name(index + 1)
             self.write_file(path, dumps(segment))
             self.on_written(path)

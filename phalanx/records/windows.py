@@ -49,9 +49,15 @@ class Lines(WindowKind):
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
         """``record``: ``{"x": [...], "traces": {label: [...]}, "replace": bool}``, the new points."""
-        opts = {"title": pane.get("title", pane["win"]), "xlabel": "epoch", "ylabel": pane.get("ylabel", ""),
-                "showlegend": True, "width": WIDTH, "height": HEIGHT,
-                **({"ytickmin": 0, "ytickmax": 100} if pane.get("percent") else {})}
+        opts = {
+            "title": pane.get("title", pane["win"]),
+            "xlabel": "epoch",
+            "ylabel": pane.get("ylabel", ""),
+            "showlegend": True,
+            "width": WIDTH,
+            "height": HEIGHT,
+            **({"ytickmin": 0, "ytickmax": 100} if pane.get("percent") else {}),
+        }
         for index, (name, y) in enumerate(record["traces"].items()):
             # The first trace of a fresh window creates it; every other call appends.
             update = None if record["replace"] and index == 0 else "append"
@@ -64,22 +70,36 @@ class Matrix(WindowKind):
     name = "matrix"
     record = "confusion"
     fields = {"epoch": int, "matrix": list, "classes": list}
-    defaults: tuple[dict[str, str], ...] = ({"win": "confusion", "kind": "matrix", "title": "confusion matrix"},
-                {"win": "per_class", "kind": "row_shares", "title": "accuracy per class"})
+    defaults: tuple[dict[str, str], ...] = (
+        {"win": "confusion", "kind": "matrix", "title": "confusion matrix"},
+        {"win": "per_class", "kind": "row_shares", "title": "accuracy per class"},
+    )
 
     def check(self, index: int, record: dict[str, Any]) -> None:
         classes, matrix = record["classes"], record["matrix"]
-        if len(matrix) != len(classes) or not all(isinstance(row, list) and len(row) == len(classes) and
-                                                   all(type(v) is int for v in row) for row in matrix):
+        if len(matrix) != len(classes) or not all(
+            isinstance(row, list) and len(row) == len(classes) and all(type(v) is int for v in row) for row in matrix
+        ):
             raise ValueError(f"record {index} ({record['kind']}) is not a square matrix of counts")
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
         if not record["classes"]:
             return  # visdom's heatmap refuses an empty matrix
         names = [str(c) for c in record["classes"]]
-        viz.heatmap(X=record["matrix"], win=pane["win"], env=env, opts={
-            "title": f"{pane.get('title', 'confusion matrix')}, epoch {record['epoch']}", "columnnames": names,
-            "rownames": names, "xlabel": "predicted class", "ylabel": "true class", "width": WIDTH, "height": HEIGHT})
+        viz.heatmap(
+            X=record["matrix"],
+            win=pane["win"],
+            env=env,
+            opts={
+                "title": f"{pane.get('title', 'confusion matrix')}, epoch {record['epoch']}",
+                "columnnames": names,
+                "rownames": names,
+                "xlabel": "predicted class",
+                "ylabel": "true class",
+                "width": WIDTH,
+                "height": HEIGHT,
+            },
+        )
 
 
 class RowShares(Matrix):
@@ -96,10 +116,22 @@ class RowShares(Matrix):
         title = f"{pane.get('title', 'accuracy per class')}, epoch {record['epoch']}"
         # visdom's ``bar`` squeezes its input, so a single bar (a one-class run) fails its own "X
         # should be one or two-dimensional": the plotly trace is sent as it is.
-        layout = {"title": title, "showlegend": False, "margin": {"l": 60, "r": 60, "t": 60, "b": 60},
-                  "xaxis": {"title": "class", "type": "category"}, "yaxis": {"title": "accuracy (%)"}}
-        viz._send({"data": [{"x": names, "y": heights, "type": "bar"}], "win": pane["win"], "eid": env,
-                   "layout": layout, "opts": {"title": title, "width": WIDTH, "height": HEIGHT}})
+        layout = {
+            "title": title,
+            "showlegend": False,
+            "margin": {"l": 60, "r": 60, "t": 60, "b": 60},
+            "xaxis": {"title": "class", "type": "category"},
+            "yaxis": {"title": "accuracy (%)"},
+        }
+        viz._send(
+            {
+                "data": [{"x": names, "y": heights, "type": "bar"}],
+                "win": pane["win"],
+                "eid": env,
+                "layout": layout,
+                "opts": {"title": title, "width": WIDTH, "height": HEIGHT},
+            }
+        )
 
 
 class Images(WindowKind):
@@ -112,9 +144,15 @@ class Images(WindowKind):
 
     def check(self, index: int, record: dict[str, Any]) -> None:
         for item in record["items"]:
-            if not (isinstance(item, dict) and isinstance(item.get("png"), bytes) and
-                    (isinstance(item.get("caption"), str) or
-                     isinstance(item.get("label"), str) and isinstance(item.get("predicted"), str))):
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("png"), bytes)
+                and (
+                    isinstance(item.get("caption"), str)
+                    or isinstance(item.get("label"), str)
+                    and isinstance(item.get("predicted"), str)
+                )
+            ):
                 raise ValueError(f"record {index} (images) has an item without png bytes and a caption")
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
@@ -124,17 +162,22 @@ class Images(WindowKind):
             ok = item.get("ok", item.get("label") == item.get("predicted") if "label" in item else None)
             color = "#333" if ok is None else "#070" if ok else "#b00"
             data = base64.b64encode(item["png"]).decode()
-            cells.append(f'<figure style="margin:4px;text-align:center"><img src="data:image/png;base64,{data}" '
-                         f'style="height:64px;image-rendering:pixelated"><figcaption style="font:12px '
-                         f'sans-serif;color:{color}">{escape(caption)}</figcaption></figure>')
+            cells.append(
+                f'<figure style="margin:4px;text-align:center"><img src="data:image/png;base64,{data}" '
+                f'style="height:64px;image-rendering:pixelated"><figcaption style="font:12px '
+                f'sans-serif;color:{color}">{escape(caption)}</figcaption></figure>'
+            )
         title = str(record.get("title") or pane.get("title") or "validation images (true \u2192 predicted)")
         right = [item for item in record["items"] if "ok" in item or "label" in item]
         shown = sum(item.get("ok", item.get("label") == item.get("predicted")) for item in right)
         tally = f" ({shown} of {len(right)} right)" if right else ""
-        page = (f'<div class="phalanx-images"><b>{escape(title)}, epoch {record["epoch"]}</b>{tally}'
-                f'<div style="display:flex;flex-wrap:wrap">{"".join(cells)}</div></div>')
-        viz.text(page, win=pane["win"], env=env, opts={"title": title.split(" (")[0], "width": 2 * WIDTH,
-                                                       "height": HEIGHT})
+        page = (
+            f'<div class="phalanx-images"><b>{escape(title)}, epoch {record["epoch"]}</b>{tally}'
+            f'<div style="display:flex;flex-wrap:wrap">{"".join(cells)}</div></div>'
+        )
+        viz.text(
+            page, win=pane["win"], env=env, opts={"title": title.split(" (")[0], "width": 2 * WIDTH, "height": HEIGHT}
+        )
 
 
 class Table(WindowKind):
@@ -149,10 +192,16 @@ class Table(WindowKind):
             raise ValueError(f"record {index} (table) has a row that is not [name, value]")
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
-        table = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{escape(str(k))}</th>"
-                        f"<td>{escape(str(v))}</td></tr>" for k, v in record["rows"])
-        viz.text(f'<table class="phalanx-{escape(pane["win"])}">{table}</table>', win=pane["win"], env=env,
-                 opts={"title": pane.get("title", pane["win"]), "width": WIDTH, "height": HEIGHT})
+        table = "".join(
+            f"<tr><th style='text-align:left;padding-right:12px'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+            for k, v in record["rows"]
+        )
+        viz.text(
+            f'<table class="phalanx-{escape(pane["win"])}">{table}</table>',
+            win=pane["win"],
+            env=env,
+            opts={"title": pane.get("title", pane["win"]), "width": WIDTH, "height": HEIGHT},
+        )
 
 
 class Text(WindowKind):
@@ -163,9 +212,16 @@ class Text(WindowKind):
     fields = {"epoch": int, "text": str}
 
     def draw(self, viz: Any, env: str, pane: dict[str, Any], record: dict[str, Any]) -> None:
-        viz.text(f"<pre>{escape(record['text'][:100_000])}</pre>", win=pane["win"], env=env,
-                 opts={"title": f"{pane.get('title', pane['win'])}, epoch {record['epoch']}", "width": WIDTH,
-                       "height": HEIGHT})
+        viz.text(
+            f"<pre>{escape(record['text'][:100_000])}</pre>",
+            win=pane["win"],
+            env=env,
+            opts={
+                "title": f"{pane.get('title', pane['win'])}, epoch {record['epoch']}",
+                "width": WIDTH,
+                "height": HEIGHT,
+            },
+        )
 
 
 KINDS: dict[str, WindowKind] = {kind.name: kind for kind in (Lines(), Matrix(), RowShares(), Images(), Table(), Text())}
@@ -189,6 +245,10 @@ def drawn_windows(panes: list[dict[str, Any]], record_kinds: set[str]) -> list[d
     no pane names (old snapshots; tasks that name no window)."""
     named = [p for p in panes if p.get("kind", "lines") != "lines" and p.get("kind") in KINDS]
     covered = {p.get("record") for p in named}
-    defaults = [{**d, "record": kind.record} for kind in RECORDS.values() if kind.record in record_kinds
-                and kind.record not in covered for d in kind.defaults]
+    defaults = [
+        {**d, "record": kind.record}
+        for kind in RECORDS.values()
+        if kind.record in record_kinds and kind.record not in covered
+        for d in kind.defaults
+    ]
     return named + defaults

@@ -21,21 +21,51 @@ any world size) or a 0-dim mean over the micro-batch's samples (weighted by them
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from ..checkpoint import check_loadable
 from ..config import registry
 from ..errors import PhalanxError
-from ..checkpoint import check_loadable
-from .contract import (Batch, Declaration, Evaluation, Pending, Plain, PlainRecord, RunContext, StepContext, StepLosses,
-                       TaskData, Visuals, dataset_size, pane)
+from .contract import (
+    Batch,
+    Declaration,
+    Evaluation,
+    Pending,
+    Plain,
+    PlainRecord,
+    RunContext,
+    StepContext,
+    StepLosses,
+    TaskData,
+    Visuals,
+    dataset_size,
+    pane,
+)
 
-__all__ = ["Batch", "Declaration", "Evaluation", "Pending", "Plain", "PlainRecord", "RunContext", "StepContext",
-           "StepLosses", "Task", "TaskData", "Visuals", "check_step_losses", "dataset_size", "fixed_sample",
-           "full_precision", "pane"]
+__all__ = [
+    "Batch",
+    "Declaration",
+    "Evaluation",
+    "Pending",
+    "Plain",
+    "PlainRecord",
+    "RunContext",
+    "StepContext",
+    "StepLosses",
+    "Task",
+    "TaskData",
+    "Visuals",
+    "check_step_losses",
+    "dataset_size",
+    "fixed_sample",
+    "full_precision",
+    "pane",
+]
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -133,18 +163,23 @@ class Task:
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         """The task's declarations, once its data and networks exist (default: the class's)."""
-        return Declaration(loss_names=tuple(self.loss_names), metrics=tuple(self.metrics or metrics_of(self)),
-                           primary_model=self.primary_model, best_metric=(*self.best_metric,),  # a list: a tuple
-                           ema_models=tuple(self.ema_models or (self.primary_model,)),
-                           metric_labels=MappingProxyType(dict(self.metric_labels)),
-                           manual_optimization=self.manual_optimization,
-                           find_unused_parameters=self.find_unused_parameters)
+        return Declaration(
+            loss_names=tuple(self.loss_names),
+            metrics=tuple(self.metrics or metrics_of(self)),
+            primary_model=self.primary_model,
+            best_metric=(*self.best_metric,),  # a list: a tuple
+            ema_models=tuple(self.ema_models or (self.primary_model,)),
+            metric_labels=MappingProxyType(dict(self.metric_labels)),
+            manual_optimization=self.manual_optimization,
+            find_unused_parameters=self.find_unused_parameters,
+        )
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
         """Each optimizer by name -> its parameter groups (``{"params": [...], "lr_mult": 1.0}``).
         Every optimizer follows the run's schedule from the base LR times its group's ``lr_mult``.
         Default: one optimizer, named after the primary model, over every trainable parameter; with
         ``manual_optimization``, one per network that has any (a GAN's generator and discriminator)."""
+
         def trainable(module: nn.Module) -> list[nn.Parameter]:
             return [p for p in module.parameters() if p.requires_grad]
 
@@ -188,15 +223,18 @@ class Task:
         still takes part in the all-reduce)."""
         return {"loss": torch.zeros(()), "samples": torch.zeros(())}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext) -> dict[str, torch.Tensor]:
+    def validation_step(
+        self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext
+    ) -> dict[str, torch.Tensor]:
         """Sums over one validation batch (same keys as ``empty_sums``); the trainer all-reduces them."""
         raise NotImplementedError
 
     def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
         """Default: each sum but ``samples`` as a mean per validation sample."""
         count = float(sums["samples"])
-        return Evaluation({k: float(v) / max(count, 1.0) for k, v in sums.items() if k != "samples"},
-                          {"samples": int(count)})
+        return Evaluation(
+            {k: float(v) / max(count, 1.0) for k, v in sums.items() if k != "samples"}, {"samples": int(count)}
+        )
 
     @torch.no_grad()
     def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
@@ -208,10 +246,12 @@ class Task:
                 found = self.validation_step(models, batch, ctx)
             for key, value in found.items():
                 if key not in sums:  # else a bare KeyError after a whole epoch of training
-                    raise PhalanxError(f"{type(self).__name__}.validation_step returned {key!r}, which its "
-                                       f"empty_sums() does not declare ({', '.join(sums)}); declare every sum "
-                                       "there (a rank with no validation sample still all-reduces it)",
-                                       exit_code=1)
+                    raise PhalanxError(
+                        f"{type(self).__name__}.validation_step returned {key!r}, which its "
+                        f"empty_sums() does not declare ({', '.join(sums)}); declare every sum "
+                        "there (a rank with no validation sample still all-reduces it)",
+                        exit_code=1,
+                    )
                 sums[key] += value.detach().to(torch.float64)
         return self.validation_metrics(ctx.all_reduce_sums(sums))
 
@@ -236,10 +276,14 @@ class Task:
         """Line panes: each named loss and each validation metric on its own axes, labelled with
         ``metric_labels`` (the status pane's words) where it names them."""
         label = declared.label
-        panes = [pane(f"train_{name}", f"train {label(name)} (mean over ranks)", label(name), "train",
-                      [(name, label(name))]) for name in declared.loss_names]
-        return panes + [pane(f"val_{name}", f"validation {label(name)}", label(name), "val",
-                             [(name, label(name))]) for name in declared.metrics]
+        panes = [
+            pane(f"train_{name}", f"train {label(name)} (mean over ranks)", label(name), "train", [(name, label(name))])
+            for name in declared.loss_names
+        ]
+        return panes + [
+            pane(f"val_{name}", f"validation {label(name)}", label(name), "val", [(name, label(name))])
+            for name in declared.metrics
+        ]
 
     def visuals(self, data: TaskData) -> Visuals | None:
         """What global rank 0 shows of each epoch: an object with ``record(models, epoch, ctx)``
@@ -263,40 +307,57 @@ def check_step_losses(task: Task, losses: object, declared: Declaration) -> None
     name = type(task).__name__
     if not isinstance(losses, dict) or not wanted <= got:
         missing = ", ".join(sorted(wanted - got)) or "a dict"
-        raise PhalanxError(f"{name}.training_step returned {sorted(got) if isinstance(losses, dict) else type(losses).__name__}"
-                           f" without {missing}: it returns a dict with every name of {name}.loss_names "
-                           f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)"))
+        raise PhalanxError(
+            f"{name}.training_step returned {sorted(got) if isinstance(losses, dict) else type(losses).__name__}"
+            f" without {missing}: it returns a dict with every name of {name}.loss_names "
+            f"({', '.join(loss_names)})" + ("" if manual else " and 'loss' (the one backward takes)")
+        )
     undeclared = sorted(got - wanted)
     if undeclared:
-        raise PhalanxError(f"{name}.training_step returned {', '.join(map(repr, undeclared))}, which {name}.loss_names "
-                           f"({', '.join(loss_names)}) does not declare, so it would never be logged: add it to "
-                           "loss_names, or leave it out of the dict")
+        raise PhalanxError(
+            f"{name}.training_step returned {', '.join(map(repr, undeclared))}, which {name}.loss_names "
+            f"({', '.join(loss_names)}) does not declare, so it would never be logged: add it to "
+            "loss_names, or leave it out of the dict"
+        )
 
 
-def check_declaration(task: Task, declared: Declaration, data: TaskData, models: Mapping[str, nn.Module],
-                      best_metric_given: bool) -> None:
+def check_declaration(
+    task: Task, declared: Declaration, data: TaskData, models: Mapping[str, nn.Module], best_metric_given: bool
+) -> None:
     """What a task declares against what it built, before the first step: a primary network, moving
     averages and a best metric that exist, sums that validation can start from, and data info that a
     checkpoint can hold (each was a KeyError, or a refusal at the first save, after a whole epoch)."""
     name = type(task).__name__
     built = ", ".join(models) or "none"
     if declared.primary_model not in models:
-        raise PhalanxError(f"{name}.primary_model is {declared.primary_model!r}, a network build_models did not make "
-                           f"({built}): declare primary_model = the one predict, export and --weights use")
+        raise PhalanxError(
+            f"{name}.primary_model is {declared.primary_model!r}, a network build_models did not make "
+            f"({built}): declare primary_model = the one predict, export and --weights use"
+        )
     absent = [model for model in declared.ema_models if model not in models]
     if absent:
-        raise PhalanxError(f"{name}.ema_models names {', '.join(map(repr, absent))}, which build_models did not make ({built})")
+        raise PhalanxError(
+            f"{name}.ema_models names {', '.join(map(repr, absent))}, which build_models did not make ({built})"
+        )
     sums = task.empty_sums()
-    if not isinstance(sums, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sums.items()):
-        raise PhalanxError(f"{name}.empty_sums() returned {sums!r:.80}; it returns a dict of name -> zero tensor "
-                           "(torch.zeros(())), one per sum validation_step returns")
+    if not isinstance(sums, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sums.items()
+    ):
+        raise PhalanxError(
+            f"{name}.empty_sums() returned {sums!r:.80}; it returns a dict of name -> zero tensor "
+            "(torch.zeros(())), one per sum validation_step returns"
+        )
     if type(task).validation_metrics is Task.validation_metrics and "samples" not in sums:
-        raise PhalanxError(f"{name}.empty_sums() has no 'samples' ({', '.join(sums)}); the default validation_metrics "
-                           "divides each sum by it: add \"samples\": torch.zeros(()), and count them in validation_step")
+        raise PhalanxError(
+            f"{name}.empty_sums() has no 'samples' ({', '.join(sums)}); the default validation_metrics "
+            'divides each sum by it: add "samples": torch.zeros(()), and count them in validation_step'
+        )
     metric = declared.best_metric[0]
     if not best_metric_given and metric not in declared.metrics:  # (the task's metrics or those of zero sums)
-        raise PhalanxError(f"{name}.best_metric is {tuple(declared.best_metric)!r}, but its validation metrics are "
-                           f"{', '.join(declared.metrics)}: declare best_metric = (one of them, \"max\" or \"min\")")
+        raise PhalanxError(
+            f"{name}.best_metric is {tuple(declared.best_metric)!r}, but its validation metrics are "
+            f'{", ".join(declared.metrics)}: declare best_metric = (one of them, "max" or "min")'
+        )
     check_loadable(data.info, "TaskData.info", PhalanxError)  # else refused at the first save
 
 

@@ -1,24 +1,25 @@
-"""The plain types the task contract exchanges: what a task's data is, what a validation pass
-found, what a task declares about itself, a dashboard pane, and what the trainer lends a task
-(``RunContext``, ``StepContext``: protocols the trainer implements, so tasks import nothing of it). Kept apart from ``base.Task`` so
-the contract reads in one screen; ``phalanx.tasks.base`` re-exports them."""
+"""The plain types the task contract exchanges: what a task's data is, what a validation pass found,
+what a task declares about itself, a dashboard pane, and what the trainer lends a task
+(``RunContext``, ``StepContext``: protocols the trainer implements, so tasks import nothing of it).
+Kept apart from ``base.Task`` so the contract reads in one screen; ``phalanx.tasks.base`` re-exports
+them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import contextlib
-from typing import Any, Callable, Mapping, Protocol, Sized, Union, cast
+from collections.abc import Callable, Mapping, Sized
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-
 # What a loader yields and a step takes: tensors, in tuples, lists and dicts (a detector's targets).
 # The containers hold what the task's collate made of its samples: the task knows their shape.
-Batch = Union[torch.Tensor, tuple[Any, ...], list[Any], dict[Any, Any]]
+Batch = torch.Tensor | tuple[Any, ...] | list[Any] | dict[Any, Any]
 # Plain data: what checkpoints, records and JSON hold (numbers, strings, lists, dicts, tensors).
-Plain = Union[None, bool, int, float, str, list[Any], tuple[Any, ...], dict[Any, Any], torch.Tensor]
+Plain = bool | int | float | str | list[Any] | tuple[Any, ...] | dict[Any, Any] | torch.Tensor | None
 # Plain data read back (a checkpoint's data info, a task's state): a dict of ``Plain`` by name whose
 # values only the task that wrote them knows the types of (a class list, an image size, ...).
 PlainRecord = dict[str, Any]
@@ -56,15 +57,22 @@ class Evaluation:
     extra: dict[str, Any] = field(default_factory=dict)  # the task's own: it reads back what it put
 
 
-def pane(win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *,
-         percent: bool = False) -> dict[str, Plain]:
+def pane(
+    win: str, title: str, ylabel: str, record: str, traces: list[tuple[str, str]], *, percent: bool = False
+) -> dict[str, Plain]:
     """A line pane of the dashboard (plain data: it travels in the snapshots to ``visualize``).
 
     ``record`` is the kind of record whose ``traces`` keys it plots (``train``: against epochs of
     progress; ``val``: against epochs); ``percent`` plots 100 x the value on a 0-100 axis.
     """
-    return {"win": win, "title": title, "ylabel": ylabel, "record": record,
-            "traces": [[key, label] for key, label in traces], "percent": percent}
+    return {
+        "win": win,
+        "title": title,
+        "ylabel": ylabel,
+        "record": record,
+        "traces": [[key, label] for key, label in traces],
+        "percent": percent,
+    }
 
 
 @dataclass(frozen=True)
@@ -123,8 +131,9 @@ class RunContext(Protocol):
     def all_reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each tensor summed over the ranks (float64), in one collective."""
 
-    def all_reduce_sums_later(self, sums: dict[str, torch.Tensor],
-                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> Pending:
+    def all_reduce_sums_later(
+        self, sums: dict[str, torch.Tensor], finish: Callable[[dict[str, torch.Tensor]], Any] | None = None
+    ) -> Pending:
         """``all_reduce_sums`` started now, finished at ``result()`` (beside a step's backward)."""
 
     def all_gather(self, tensor: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, int]:

@@ -23,15 +23,19 @@ if TYPE_CHECKING:
 
 def check_features_output(output: str) -> None:
     if Path(output).suffix != ".npy":
-        raise PhalanxError(f"must end in .npy: the features, one row per image, with the image list beside it in "
-                           f".txt (got {Path(output).name})", "--output")
+        raise PhalanxError(
+            f"must end in .npy: the features, one row per image, with the image list beside it in "
+            f".txt (got {Path(output).name})",
+            "--output",
+        )
 
 
 class FeaturesPredictor(Predictor):
     """A network's features of each image, kept in order; written with the image list at the end."""
 
-    def __init__(self, network: nn.Module, inputs: Dataset, paths: list[Path], opts: PredictOptions,
-                 device: torch.device):
+    def __init__(
+        self, network: nn.Module, inputs: Dataset, paths: list[Path], opts: PredictOptions, device: torch.device
+    ):
         super().__init__(inputs, paths, device)
         self.network, self.output, self.batch_size = network.to(device).eval(), Path(opts.output), opts.batch_size
         self.rows: list[np.ndarray] = []

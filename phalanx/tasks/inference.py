@@ -6,10 +6,10 @@ every task; an ``Inference`` says what is task-specific."""
 from __future__ import annotations
 
 import importlib
-
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -114,8 +114,12 @@ class Inference:
             if found is not None:
                 return found
         data = self.task.build_data()  # from this command's configuration: --dataroot if given
-        return data.val, f"the run's validation split ({data.description})" if not dataroot else \
-            f"the validation split of {data.description}"
+        return (
+            data.val,
+            f"the run's validation split ({data.description})"
+            if not dataroot
+            else f"the validation split of {data.description}",
+        )
 
     def evaluation_split(self, split: Path) -> tuple[Dataset[Any], str] | None:
         """``evaluate --dataroot``: one folder read as a split of this task's data (no train/ needed),

@@ -20,11 +20,16 @@ class Best:
             known = list(declared.metrics)
             known += [f"ema_{k}" for k in known]
             if name not in known:
-                raise PhalanxError(f"this task's validation metrics are {', '.join(known)} (got {name!r})",
-                                   "--best-metric")
-            mode = given_mode or (declared.best_metric[1] if name.removeprefix("ema_") == declared.best_metric[0]
-                                  else "min" if any(w in name.lower() for w in ("loss", "l1", "l2", "error"))
-                                  else "max")
+                raise PhalanxError(
+                    f"this task's validation metrics are {', '.join(known)} (got {name!r})", "--best-metric"
+                )
+            mode = given_mode or (
+                declared.best_metric[1]
+                if name.removeprefix("ema_") == declared.best_metric[0]
+                else "min"
+                if any(w in name.lower() for w in ("loss", "l1", "l2", "error"))
+                else "max"
+            )
             if mode not in ("max", "min"):
                 raise PhalanxError(f"the direction after ':' is max or min (got {mode!r})", "--best-metric")
         self.name, self.mode = name, mode
@@ -45,11 +50,18 @@ class Best:
     def spec(self, declared: Declaration, panes: list[dict[str, Any]]) -> dict[str, Any]:
         """How the dashboard names and shows it (the ``panes`` record's ``best``)."""
         bare = self.name.removeprefix("ema_")
-        percent = any(pane.get("percent") for pane in panes
-                      if pane["record"] == "val" and any(key == bare for key, _ in pane["traces"]))
+        percent = any(
+            pane.get("percent")
+            for pane in panes
+            if pane["record"] == "val" and any(key == bare for key, _ in pane["traces"])
+        )
         label = declared.label(bare)
-        return {"metric": self.name, "mode": self.mode, "percent": percent,
-                "label": f"EMA {label}" if self.name.startswith("ema_") else label}
+        return {
+            "metric": self.name,
+            "mode": self.mode,
+            "percent": percent,
+            "label": f"EMA {label}" if self.name.startswith("ema_") else label,
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("metric") == self.name:  # another --best-metric starts its own record

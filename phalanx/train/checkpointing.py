@@ -29,8 +29,17 @@ class Progress:
 
 
 class Checkpointer:
-    def __init__(self, cfg: RunConfig, strategy: Strategy, parts: RunState, best: Best, writer: CheckpointWriter,
-                 primary: str, run_id: str, data_info: dict[str, Any]):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        strategy: Strategy,
+        parts: RunState,
+        best: Best,
+        writer: CheckpointWriter,
+        primary: str,
+        run_id: str,
+        data_info: dict[str, Any],
+    ):
         self.cfg, self.strategy, self.parts, self.best, self.writer = cfg, strategy, parts, best, writer
         self.primary, self.run_id, self.data_info = primary, run_id, data_info
 
@@ -38,10 +47,19 @@ class Checkpointer:
         parts = self.parts.state_dict()
         # "model": the primary network again, for readers of the file alone (a sharded one names it)
         named = {"model": parts["models"][self.primary]} if "models" in parts else {"primary": self.primary}
-        return {**parts, "task": self.cfg.task, "epoch": progress.epoch, "position": progress.position,
-                "step": progress.step, "world_size": self.strategy.world_size,
-                "effective_batch": self.strategy.plan.effective_batch, "run_id": self.run_id, **named,
-                "config": self.cfg.to_dict(), "data": self.data_info}
+        return {
+            **parts,
+            "task": self.cfg.task,
+            "epoch": progress.epoch,
+            "position": progress.position,
+            "step": progress.step,
+            "world_size": self.strategy.world_size,
+            "effective_batch": self.strategy.plan.effective_batch,
+            "run_id": self.run_id,
+            **named,
+            "config": self.cfg.to_dict(),
+            "data": self.data_info,
+        }
 
     def restore(self, state: dict[str, Any]) -> Progress:
         self.parts.load_state_dict(state)
@@ -68,8 +86,13 @@ class Checkpointer:
         shards = {}
         if self.strategy.writes_shards:
             self.collect_shards()
-            shards["sharded"] = sharded_checkpoint.save(self.cfg.run_dir, f"epoch{progress.epoch:04d}-step{progress.step:08d}",
-                                                        self.parts.bare_models(), self.parts.optimizers, self.strategy)
+            shards["sharded"] = sharded_checkpoint.save(
+                self.cfg.run_dir,
+                f"epoch{progress.epoch:04d}-step{progress.step:08d}",
+                self.parts.bare_models(),
+                self.parts.optimizers,
+                self.strategy,
+            )
         state = self.state_dict(progress) if self.strategy.is_main or self.strategy.gathers_state else None
         if self.strategy.is_main:
             assert state is not None  # (rank 0 always makes it)
@@ -78,6 +101,8 @@ class Checkpointer:
     def collect_shards(self) -> None:
         """Rank 0, once every file is written: remove the shards no checkpoint names any more (also
         after a sharded run was resumed under another strategy, whose files name none)."""
-        if self.strategy.is_main and (self.strategy.writes_shards or (self.cfg.run_dir / sharded_checkpoint.SHARDS).is_dir()):
+        if self.strategy.is_main and (
+            self.strategy.writes_shards or (self.cfg.run_dir / sharded_checkpoint.SHARDS).is_dir()
+        ):
             self.writer.wait()
             sharded_checkpoint.collect(self.cfg.run_dir)

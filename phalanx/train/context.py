@@ -9,17 +9,19 @@ task runs in one process, under DataParallel and as a DDP worker.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..distributed.comm_clock import CommClock
 from ..config.sections import OptimOptions
-from ..errors import PhalanxError
-from .optim import clip_gradients, step as step_optimizer
-from ..distributed.strategy import Strategy
 from ..data.sampling import MicroBatch, sample_order
+from ..distributed.comm_clock import CommClock
+from ..distributed.strategy import Strategy
+from ..errors import PhalanxError
+from .optim import clip_gradients
+from .optim import step as step_optimizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,16 +63,22 @@ class DeviceContext:
         same on every rank)."""
         return self.all_reduce_sums_later(sums).result()
 
-    def all_reduce_sums_later(self, sums: dict[str, torch.Tensor],
-                              finish: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> PendingSums:
+    def all_reduce_sums_later(
+        self, sums: dict[str, torch.Tensor], finish: Callable[[dict[str, torch.Tensor]], Any] | None = None
+    ) -> PendingSums:
         """``all_reduce_sums`` started now and finished at ``result()``: in a training step, the
         collective runs beside the backward pass instead of stopping every rank mid-step (a
         monitor of the global batch, a centre for the next step). A step may return the
         ``PendingSums`` as a named loss: the trainer takes its ``result()`` after the backward."""
         keys = list(sums)
         flat = torch.cat([sums[k].detach().reshape(-1).to(self.device, torch.float64) for k in keys])
-        return PendingSums(self.strategy.start_all_reduce_sum(flat), flat, {k: sums[k].shape for k in keys}, finish,
-                       self.strategy.clock)
+        return PendingSums(
+            self.strategy.start_all_reduce_sum(flat),
+            flat,
+            {k: sums[k].shape for k in keys},
+            finish,
+            self.strategy.clock,
+        )
 
     def all_gather(self, tensor: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, int]:
         """Every rank's rows of ``tensor`` concatenated in rank order, and where this rank's begin.
@@ -87,8 +95,14 @@ class DeviceContext:
 class PendingSums:
     """Sums on their way through an all-reduce: ``result()`` waits for them (then ``finish``)."""
 
-    def __init__(self, work: Any, flat: torch.Tensor, shapes: dict[str, torch.Size],
-                 finish: Callable[[dict[str, torch.Tensor]], Any] | None, clock: CommClock):
+    def __init__(
+        self,
+        work: Any,
+        flat: torch.Tensor,
+        shapes: dict[str, torch.Size],
+        finish: Callable[[dict[str, torch.Tensor]], Any] | None,
+        clock: CommClock,
+    ):
         self.work, self.flat, self.shapes, self.finish, self.clock = work, flat, shapes, finish, clock
         self.value: Any = None
         self.done = False
@@ -103,7 +117,7 @@ class PendingSums:
             out, at = {}, 0
             for key, shape in self.shapes.items():
                 size = shape.numel()
-                out[key] = self.flat[at:at + size].view(shape)
+                out[key] = self.flat[at : at + size].view(shape)
                 at += size
             self.value = self.finish(out) if self.finish else out
         return self.value
@@ -112,9 +126,17 @@ class PendingSums:
 class TrainingStepContext(DeviceContext):
     """One micro-batch of training: set by the trainer before each ``training_step``."""
 
-    def __init__(self, strategy: Strategy, optim: OptimOptions, channels_last: bool, models: Mapping[str, nn.Module],
-                 optimizers: Mapping[str, torch.optim.Optimizer], scalers: Mapping[str, torch.amp.GradScaler],
-                 manual: bool = True, task: str = "the task"):
+    def __init__(
+        self,
+        strategy: Strategy,
+        optim: OptimOptions,
+        channels_last: bool,
+        models: Mapping[str, nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        scalers: Mapping[str, torch.amp.GradScaler],
+        manual: bool = True,
+        task: str = "the task",
+    ):
         super().__init__(strategy, optim.precision, channels_last)
         self.optim = optim
         self.manual, self.task = manual, task  # (whether the task's step may call backward and step itself)
@@ -145,17 +167,22 @@ class TrainingStepContext(DeviceContext):
                 raise PhalanxError(f"ctx.backward needs an optimizer name ({', '.join(self.optimizers)})", "--task")
             return next(iter(self.optimizers))
         if name not in self.optimizers:
-            raise PhalanxError(f"{self.task} has no optimizer '{name}' (its param_groups made "
-                               f"{', '.join(self.optimizers)}): param_groups returns one entry per optimizer the step "
-                               "names", "--task")
+            raise PhalanxError(
+                f"{self.task} has no optimizer '{name}' (its param_groups made "
+                f"{', '.join(self.optimizers)}): param_groups returns one entry per optimizer the step "
+                "names",
+                "--task",
+            )
         return name
 
     def _manual(self, call: str) -> None:
         if not self.manual:
-            raise PhalanxError(f"{self.task}.training_step called ctx.{call}, which only a task with "
-                               "manual_optimization = True calls (it steps its optimizers in turn, as a GAN does); "
-                               f"declare manual_optimization = True in {self.task}, or return {{\"loss\": ...}} and "
-                               "let the trainer do backward and the step")
+            raise PhalanxError(
+                f"{self.task}.training_step called ctx.{call}, which only a task with "
+                "manual_optimization = True calls (it steps its optimizers in turn, as a GAN does); "
+                f'declare manual_optimization = True in {self.task}, or return {{"loss": ...}} and '
+                "let the trainer do backward and the step"
+            )
 
     def backward(self, loss: torch.Tensor, optimizer: str | None = None) -> None:
         """Backpropagate a per-sample (1-D) or mean (0-dim) loss of this micro-batch, scaled so

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,8 +23,11 @@ def first_non_finite(losses: dict[str, torch.Tensor], models: dict[str, nn.Modul
     """The first loss or weight with an inf or nan in it, named; None when all are finite. One host
     sync, however many tensors."""
     named = [(f"train {loss_name(name)}", value.detach()) for name, value in losses.items()]
-    named += [(f"weight {model}.{name}", _local(param.detach())) for model, network in models.items()
-              for name, param in network.named_parameters()]
+    named += [
+        (f"weight {model}.{name}", _local(param.detach()))
+        for model, network in models.items()
+        for name, param in network.named_parameters()
+    ]
     if not named:
         return None
     finite = torch.stack([torch.isfinite(value).all().to(device) for _, value in named]).tolist()
@@ -46,23 +50,31 @@ def diverged(what: str, epoch: int, saved_epoch: int, lr: float, precision: str)
     kept = f"{LATEST} holds epoch {saved_epoch}" if saved_epoch else "no checkpoint was saved yet"
     # fp16 ends at 65504: a network whose activations grow (Barlow Twins on a backbone without
     # normalisation did, on an H100 and on the CPU) overflows there while fp32 and bf16 go on.
-    range_hint = ("; fp16 overflows above 65504, where bf16 has float32's range" if precision == "fp16" else "")
-    return RunFailed(f"{what} (epoch {epoch}): training diverged, so it stopped; {kept}. "
-                     f"Lower --lr (it is {lr:g}) or add --warmup-epochs{range_hint}")
+    range_hint = "; fp16 overflows above 65504, where bf16 has float32's range" if precision == "fp16" else ""
+    return RunFailed(
+        f"{what} (epoch {epoch}): training diverged, so it stopped; {kept}. "
+        f"Lower --lr (it is {lr:g}) or add --warmup-epochs{range_hint}"
+    )
 
 
 def non_finite_at_start(what: str) -> RunFailed:
     """A loss that is inf or nan at the very first step came before any update: from the data or
     the model as built, not from the learning rate."""
-    return RunFailed(f"{what} at step 1, before any update: the data or the model gave it, not the learning rate; "
-                     "look for inf or nan in the inputs and targets (a division by zero, log(0) in the loss, an "
-                     "image that did not decode)")
+    return RunFailed(
+        f"{what} at step 1, before any update: the data or the model gave it, not the learning rate; "
+        "look for inf or nan in the inputs and targets (a division by zero, log(0) in the loss, an "
+        "image that did not decode)"
+    )
 
 
 def rank_divergence(strategy: Any, models: Iterable[nn.Module]) -> tuple[float, str | None]:
     """The largest difference between the ranks' copies of any parameter or buffer at the end of a
     run, and a warning where there is one (DDP keeps the parameters identical, phalanx the buffers)."""
     worst = max((strategy.max_divergence(model) for model in models), default=0.0)
-    return worst, (f"phalanx: warning: the ranks' parameters or buffers differ by up to {worst:.3g} (DDP keeps the "
-                   "parameters identical, phalanx the buffers after each step; something changed them outside the "
-                   "forward, backward and optimizer)" if worst > 0 else None)
+    return worst, (
+        f"phalanx: warning: the ranks' parameters or buffers differ by up to {worst:.3g} (DDP keeps the "
+        "parameters identical, phalanx the buffers after each step; something changed them outside the "
+        "forward, backward and optimizer)"
+        if worst > 0
+        else None
+    )

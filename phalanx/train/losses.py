@@ -32,8 +32,9 @@ class TrainLosses:
         """The first loss's mean over the window so far (a host sync: for the progress line)."""
         return (self.window[0] / self.window[-1].clamp(min=1)).item()
 
-    def log(self, strategy: Any, stopping: bool,
-            extra: list[float]) -> tuple[dict[str, float], int, float, bool, list[float]]:
+    def log(
+        self, strategy: Any, stopping: bool, extra: list[float]
+    ) -> tuple[dict[str, float], int, float, bool, list[float]]:
         """All-reduce the window (with this rank's stop flag and ``extra`` numbers riding along): the
         losses averaged over ranks, the samples, the seconds the window took, whether any rank must
         stop, and ``extra`` summed over the ranks."""
@@ -41,15 +42,16 @@ class TrainLosses:
         riders = self.window.new_tensor([float(stopping), *extra])
         reduced = strategy.all_reduce_sum(torch.cat([self.window, riders])).tolist()
         size = len(self.window)  # the losses' sums, then the samples
-        sums, count, stops, summed = reduced[:size - 1], reduced[size - 1], reduced[size], reduced[size + 1:]
+        sums, count, stops, summed = reduced[: size - 1], reduced[size - 1], reduced[size], reduced[size + 1 :]
         self.epoch_sums = [a + b for a, b in zip(self.epoch_sums, [*sums, count])]
         losses = {name: value / max(count, 1) for name, value in zip(self.names, sums)}
         seconds, self.since = now - self.since, now
         self.window.zero_()
         return losses, int(count), seconds, stops > 0, summed
 
-    def check_finite(self, losses: dict[str, float], step: int, epoch: int, saved_epoch: int, lr: float,
-                     precision: str) -> None:
+    def check_finite(
+        self, losses: dict[str, float], step: int, epoch: int, saved_epoch: int, lr: float, precision: str
+    ) -> None:
         """A non-finite window stops the run (every rank sees the same sums, so every rank stops)."""
         bad = {name: value for name, value in losses.items() if not math.isfinite(value)}
         if bad:

@@ -11,10 +11,10 @@ import os
 from torch import nn
 
 from ..config import RunConfig
-from ..errors import PhalanxError
 from ..distributed.blocks import blocks
+from ..errors import PhalanxError
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def optimizer_copies(cfg: RunConfig) -> int:
@@ -53,13 +53,15 @@ def memory_lines(cfg: RunConfig, models: dict[str, nn.Module], world_size: int) 
     gathered_width = 2 if cfg.optim.precision == "bf16" else width  # fsdp gathers bf16 runs' blocks in bfloat16
     running = 2 * gathered_width * max((gathered(model) for model in models.values()), default=0)
     shard = -(-whole // world_size)
-    return [f"memory per rank for weights, gradients and optimizer state ({cfg.optim.optimizer}; activations not "
-            f"counted): ddp {size(whole)}; fsdp over {world_size} rank{'s' if world_size != 1 else ''} "
-            f"{size(shard)} + up to {size(running)} gathered whole while a network runs"]
+    return [
+        f"memory per rank for weights, gradients and optimizer state ({cfg.optim.optimizer}; activations not "
+        f"counted): ddp {size(whole)}; fsdp over {world_size} rank{'s' if world_size != 1 else ''} "
+        f"{size(shard)} + up to {size(running)} gathered whole while a network runs"
+    ]
 
 
 def size(count: int) -> str:
-    return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / 2 ** 20:.2f} MiB"
+    return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / 2**20:.2f} MiB"
 
 
 def check_batch_memory(cfg: RunConfig) -> None:
@@ -70,10 +72,13 @@ def check_batch_memory(cfg: RunConfig) -> None:
     if not cfg.data.image_size:  # the data's own size: the data source bounds what it holds
         return
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    per_image = cfg.data.image_size ** 2 * 4
+    per_image = cfg.data.image_size**2 * 4
     if cfg.optim.batch_size * per_image > memory:
         largest = int((memory / (cfg.optim.batch_size * 4)) ** 0.5)
-        raise PhalanxError(f"a batch of {cfg.optim.batch_size} image(s) at {cfg.data.image_size} px would take at least "
-                           f"{cfg.optim.batch_size * per_image / 2 ** 30:,.0f} GiB, more than this machine's "
-                           f"{memory / 2 ** 30:.0f} GiB of memory; give at most {largest} px, or a smaller "
-                           "--batch-size", "--image-size")
+        raise PhalanxError(
+            f"a batch of {cfg.optim.batch_size} image(s) at {cfg.data.image_size} px would take at least "
+            f"{cfg.optim.batch_size * per_image / 2**30:,.0f} GiB, more than this machine's "
+            f"{memory / 2**30:.0f} GiB of memory; give at most {largest} px, or a smaller "
+            "--batch-size",
+            "--image-size",
+        )

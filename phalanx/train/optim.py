@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from ..config.sections import OptimOptions, ScheduleOptions
-
 
 FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -30,15 +29,23 @@ def build_optimizer(optim: OptimOptions, params: Iterable, lr: float) -> torch.o
     if optim.optimizer in ("adam", "adamw"):
         kind = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
         beta1, beta2 = optim.betas  # (two: the configuration checks them)
-        make: Callable[..., torch.optim.Optimizer] = functools.partial(kind, params, lr=lr, betas=(beta1, beta2),
-                                                                        weight_decay=optim.weight_decay)
+        make: Callable[..., torch.optim.Optimizer] = functools.partial(
+            kind, params, lr=lr, betas=(beta1, beta2), weight_decay=optim.weight_decay
+        )
     else:
-        make = functools.partial(torch.optim.SGD, params, lr=lr, momentum=optim.momentum,
-                                 weight_decay=optim.weight_decay, nesterov=optim.nesterov)
+        make = functools.partial(
+            torch.optim.SGD,
+            params,
+            lr=lr,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
+            nesterov=optim.nesterov,
+        )
     tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     # Plain tensors only: torch 2.14 has no sharding rule for fused steps of FSDP's DTensor shards.
-    fusable = all(type(t.data) is torch.Tensor and t.device.type in ("cpu", "cuda") and t.dtype in FUSED_DTYPES
-                  for t in tensors)
+    fusable = all(
+        type(t.data) is torch.Tensor and t.device.type in ("cpu", "cuda") and t.dtype in FUSED_DTYPES for t in tensors
+    )
     return make(fused=True) if fusable else make()  # (elsewhere: torch's default implementation)
 
 
@@ -49,8 +56,10 @@ def without_decay_for_1d(params: Iterable) -> list[dict]:
     groups = []
     for group in given if given and isinstance(given[0], dict) else [{"params": given}]:
         tensors = list(group["params"])
-        for chosen, extra in (([t for t in tensors if t.dim() > 1], {}),
-                              ([t for t in tensors if t.dim() <= 1], {"weight_decay": 0.0})):
+        for chosen, extra in (
+            ([t for t in tensors if t.dim() > 1], {}),
+            ([t for t in tensors if t.dim() <= 1], {"weight_decay": 0.0}),
+        ):
             if chosen:
                 groups.append({**group, "params": chosen, **extra})
     return groups

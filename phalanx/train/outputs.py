@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
+from ..checkpoint.rundir import METRICS, MetricsLog, read_metrics
 from ..config import RunConfig
 from ..records.remote import Uploader, make_uploader
-from ..checkpoint.rundir import METRICS, MetricsLog, read_metrics
 from ..records.snapshots import SnapshotWriter
 
 
@@ -27,7 +27,9 @@ class RunOutputs:
         self.metrics = MetricsLog(cfg.run_dir, enabled)
         # Built (and so checked) on every rank before anything is written: a bad
         # --remote-transfer-cmd is a one-line error, not a failure after the first epoch.
-        uploader = make_uploader(cfg.storage.remote_transfer, cfg.storage.remote_transfer_cmd, cfg.storage.s3_endpoint_url)
+        uploader = make_uploader(
+            cfg.storage.remote_transfer, cfg.storage.remote_transfer_cmd, cfg.storage.s3_endpoint_url
+        )
         self.uploader: Uploader | None = uploader if enabled else None
         if uploader is not None and not enabled:
             uploader.close()
@@ -39,9 +41,13 @@ class RunOutputs:
         if not self.enabled:
             return
         self.snapshots = SnapshotWriter(
-            directory=self.cfg.snapshot_dir, run_id=run_id, options=self.cfg.to_dict(),
-            every_seconds=self.cfg.output.snapshot_every, on_written=lambda p: self._upload(p, f"pickle/{p.name}"),
-            write_file=lambda path, data: atomic_write(path, lambda fh: fh.write(data)))
+            directory=self.cfg.snapshot_dir,
+            run_id=run_id,
+            options=self.cfg.to_dict(),
+            every_seconds=self.cfg.output.snapshot_every,
+            on_written=lambda p: self._upload(p, f"pickle/{p.name}"),
+            write_file=lambda path, data: atomic_write(path, lambda fh: fh.write(data)),
+        )
         metrics = self.cfg.run_dir / METRICS
         history = read_metrics(metrics) if metrics.exists() else []
         self.snapshots.start([{"kind": "panes", "panes": panes, "best": best}, *history])

@@ -15,7 +15,7 @@ class StopRequest:
         self.signum = 0
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -36,5 +36,7 @@ class Preempted(RunFailed):
 
     def __init__(self, signum: int, where: str):
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} {where}; checkpoint saved: continue with --resume auto",
-                         exit_code=EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED)
+        super().__init__(
+            f"stopped by {name} {where}; checkpoint saved: continue with --resume auto",
+            exit_code=EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED,
+        )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 
 class ProgressLog:
@@ -33,8 +34,10 @@ class ProgressLog:
         elif self.lines and now - self.last_draw >= self.interval and self.done < self.total:
             self.last_draw = now
             rate = self.samples / max(now - self.start, 1e-9)
-            self.stream.write(f"{self.label}: {self.done}/{self.total} micro-batches ({100 * self.done / self.total:.0f}%)"
-                              f"{f'  loss {loss():.4f}' if loss else ''}  {rate:,.0f} samples/s  {now - self.start:.0f}s\n")
+            self.stream.write(
+                f"{self.label}: {self.done}/{self.total} micro-batches ({100 * self.done / self.total:.0f}%)"
+                f"{f'  loss {loss():.4f}' if loss else ''}  {rate:,.0f} samples/s  {now - self.start:.0f}s\n"
+            )
             self.stream.flush()
 
     def _draw(self, loss: str, rate: float) -> None:

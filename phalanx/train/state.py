@@ -6,19 +6,20 @@ training (epoch, samples, steps) is the trainer's, beside these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..checkpoint import sharded as sharded_checkpoint
-from .best import Best
-from .optim import keep_implementation
 from ..distributed.strategy import Strategy
 from ..models.recipe import ModelEma
 from ..tasks.base import Task
+from .best import Best
 from .losses import TrainLosses
+from .optim import keep_implementation
 
 
 def saved_network(state: dict[str, Any], name: str) -> dict[str, torch.Tensor] | None:
@@ -60,24 +61,46 @@ def load_for_inference(state: dict[str, Any], models: dict[str, nn.Module], task
 
 
 class RunState:
-    def __init__(self, bare_models: Callable[[], dict[str, nn.Module]], optimizers: dict[str, torch.optim.Optimizer],
-                 scalers: dict[str, torch.amp.GradScaler], ema: dict[str, ModelEma], task: Task, best: Best,
-                 losses: TrainLosses, strategy: Strategy):
-        self.bare_models, self.optimizers, self.scalers, self.ema, self.task = bare_models, optimizers, scalers, ema, task
+    def __init__(
+        self,
+        bare_models: Callable[[], dict[str, nn.Module]],
+        optimizers: dict[str, torch.optim.Optimizer],
+        scalers: dict[str, torch.amp.GradScaler],
+        ema: dict[str, ModelEma],
+        task: Task,
+        best: Best,
+        losses: TrainLosses,
+        strategy: Strategy,
+    ):
+        self.bare_models, self.optimizers, self.scalers, self.ema, self.task = (
+            bare_models,
+            optimizers,
+            scalers,
+            ema,
+            task,
+        )
         self.best, self.losses, self.strategy = best, losses, strategy
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint file holds: the networks and optimizer states whole (``Strategy.full_state``:
         under FSDP every rank takes part, and rank 0 alone gets the tensors), or none of them where
         each rank writes its shard of them apart (``phalanx.checkpoint.sharded``)."""
-        rest = {"scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
-                "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
-                "task_state": self.task.state_dict(), "best": self.best.state(), "epoch_sums": self.losses.state()}
+        rest = {
+            "scalers": {name: scaler.state_dict() for name, scaler in self.scalers.items()},
+            "ema": {name: ema.module.state_dict() for name, ema in self.ema.items()} or None,
+            "task_state": self.task.state_dict(),
+            "best": self.best.state(),
+            "epoch_sums": self.losses.state(),
+        }
         if self.strategy.writes_shards:
             return rest
-        return self.strategy.full_state({
-            "models": {name: model.state_dict() for name, model in self.bare_models().items()},
-            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}, **rest})
+        return self.strategy.full_state(
+            {
+                "models": {name: model.state_dict() for name, model in self.bare_models().items()},
+                "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                **rest,
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         bare = self.bare_models()

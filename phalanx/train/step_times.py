@@ -1,10 +1,10 @@
-"""Where a training step's time goes: waiting for the loader's batch, the task's forward and
-backward, communication (the step's waits for other ranks: its collectives and the gradient
-all-reduce that backward did not hide, ``phalanx.distributed.comm_clock``; 0 in one process), the optimizer step with
-what follows it (moving averages, a teacher's update), and logging (the losses' all-reduce and the
-records; counted in the window after the one it logs). Host clock, a few reads per micro-batch:
-cheap enough to stay on. On a GPU the host does not wait for queued kernels, so these are the
-host's waits, not the GPU's busy time (CUDA events would be; not built).
+"""Where a training step's time goes: waiting for the loader's batch, the task's forward and backward,
+communication (the step's waits for other ranks: its collectives and the gradient all-reduce that
+backward did not hide, ``phalanx.distributed.comm_clock``; 0 in one process), the optimizer step
+with what follows it (moving averages, a teacher's update), and logging (the losses' all-reduce and
+the records; counted in the window after the one it logs). Host clock, a few reads per micro-batch:
+cheap enough to stay on. On a GPU the host does not wait for queued kernels, so these are the host's
+waits, not the GPU's busy time (CUDA events would be; not built).
 
 Summed over a logging window, averaged over the ranks with the window's losses (one all-reduce),
 recorded as seconds per optimizer step, and totalled over the run for its last line."""

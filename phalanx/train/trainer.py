@@ -2,43 +2,44 @@
 printing of its own: what to print goes through ``say``, what to record (metrics, snapshots,
 uploads) through ``RunOutputs``.
 
-The trainer owns progress, accumulation, precision, checkpoints and resume (its ``Checkpointer``); the task (``tasks/``)
-owns its networks, losses, metrics and pictures; the strategy (``phalanx.distributed``) owns devices,
-wrapping and collectives. The trainer never asks which task it runs.
+The trainer owns progress, accumulation, precision, checkpoints and resume (its ``Checkpointer``);
+the task (``tasks/``) owns its networks, losses, metrics and pictures; the strategy
+(``phalanx.distributed``) owns devices, wrapping and collectives. The trainer never asks which task
+it runs.
 
-Progress is a position in the epoch's global sample order (``phalanx.data.sampling``): the learning rate, the
-random streams and a checkpoint's resume point are functions of it, never of a step count, so a
-run resumed at another world size continues the same training.
-"""
+Progress is a position in the epoch's global sample order (``phalanx.data.sampling``): the learning
+rate, the random streams and a checkpoint's resume point are functions of it, never of a step count,
+so a run resumed at another world size continues the same training."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from .checkpointing import Checkpointer, Progress
-from .best import Best
 from ..checkpoint.writer import CheckpointWriter
 from ..config import RunConfig
-from .context import DeviceContext, TrainingStepContext
 from ..data import loader_workers, run_loaders
+from ..data.sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
+from ..distributed.strategy import Strategy
+from ..models.recipe import ModelEma, prepare
+from ..tasks.base import Batch, Declaration, Task, TaskData, check_step_losses, dataset_size
+from .best import Best
+from .checkpointing import Checkpointer, Progress
+from .context import DeviceContext, TrainingStepContext
 from .divergence import diverged, first_non_finite, non_finite_at_start, rank_divergence
+from .losses import TrainLosses
 from .optim import build_optimizer, first_lr, lr_factor, set_lr
 from .outputs import RunOutputs
-from ..distributed.strategy import Strategy
 from .preempt import Preempted, StopRequest
 from .progress import ProgressLog
-from ..models.recipe import ModelEma, prepare
 from .state import RunState
 from .step_times import StepTimes
-from ..data.sampling import EpochBatches, MicroBatch, derive_seed, epoch_order, plan_epoch, seed_streams
-from ..tasks.base import Batch, Declaration, Task, TaskData, check_step_losses, dataset_size
-from .losses import TrainLosses
 from .validation import Validator
 
 
@@ -47,20 +48,44 @@ class StepLimit(Exception):
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, strategy: Strategy, task: Task, declared: Declaration, data: TaskData,
-                 models: dict[str, nn.Module], outputs: RunOutputs, run_id: str, say: Callable[[str], None],
-                 stop: StopRequest | None = None):
-        self.cfg, self.strategy, self.task, self.declared, self.outputs, self.say = cfg, strategy, task, declared, outputs, say
+    def __init__(
+        self,
+        cfg: RunConfig,
+        strategy: Strategy,
+        task: Task,
+        declared: Declaration,
+        data: TaskData,
+        models: dict[str, nn.Module],
+        outputs: RunOutputs,
+        run_id: str,
+        say: Callable[[str], None],
+        stop: StopRequest | None = None,
+    ):
+        self.cfg, self.strategy, self.task, self.declared, self.outputs, self.say = (
+            cfg,
+            strategy,
+            task,
+            declared,
+            outputs,
+            say,
+        )
         self.run_id, self.stop = run_id, stop or StopRequest()
         self.device = strategy.device
         self.world_size, self.rank = strategy.world_size, strategy.rank
         if cfg.optim.precision == "fp64":
             models = {name: model.double() for name, model in models.items()}
-        self.ema = {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models} \
-            if cfg.optim.ema_decay else {}
-        self.models = {name: strategy.wrap(prepare(model, cfg.network.channels_last, cfg.network.compile, cfg.network.activation_checkpointing),
-                                           declared.find_unused_parameters)
-                       for name, model in models.items()}
+        self.ema = (
+            {name: ModelEma(models[name], cfg.optim.ema_decay) for name in declared.ema_models if name in models}
+            if cfg.optim.ema_decay
+            else {}
+        )
+        self.models = {
+            name: strategy.wrap(
+                prepare(model, cfg.network.channels_last, cfg.network.compile, cfg.network.activation_checkpointing),
+                declared.find_unused_parameters,
+            )
+            for name, model in models.items()
+        }
         # The parameters the optimizers step are the wrapped networks' (FSDP replaces each with its
         # shard), named as in the bare networks (compilation and DDP only add prefixes).
         groups = task.param_groups(self.bare_models())
@@ -69,15 +94,35 @@ class Trainer:
         pin = self.device.type == "cuda"
         self.num_workers = loader_workers(cfg.data.num_workers, strategy.local_world_size, strategy.training_threads)
         self.num_train, self.batches = dataset_size(data.train), EpochBatches()
-        self.train_loader, self.val_loader = run_loaders(data.train, data.val, data.collate, self.batches,
-                                                         cfg.optim.batch_size, self.num_workers, pin, self.rank,
-                                                         self.world_size)
+        self.train_loader, self.val_loader = run_loaders(
+            data.train,
+            data.val,
+            data.collate,
+            self.batches,
+            cfg.optim.batch_size,
+            self.num_workers,
+            pin,
+            self.rank,
+            self.world_size,
+        )
         self.base_lr = strategy.plan.lr
-        self.optimizers = {name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()}
-        self.scalers = {name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
-                        for name in self.optimizers}
-        self.ctx = TrainingStepContext(strategy, cfg.optim, cfg.network.channels_last, self.models, self.optimizers, self.scalers,
-                               declared.manual_optimization, type(task).__name__)
+        self.optimizers = {
+            name: build_optimizer(cfg.optim, param_groups, self.base_lr) for name, param_groups in groups.items()
+        }
+        self.scalers = {
+            name: torch.amp.GradScaler(self.device.type, enabled=cfg.optim.precision == "fp16" and pin)
+            for name in self.optimizers
+        }
+        self.ctx = TrainingStepContext(
+            strategy,
+            cfg.optim,
+            cfg.network.channels_last,
+            self.models,
+            self.optimizers,
+            self.scalers,
+            declared.manual_optimization,
+            type(task).__name__,
+        )
         self.eval_ctx = DeviceContext(strategy, cfg.optim.precision, cfg.network.channels_last)
         self.loss_names = declared.loss_names
         self.best = Best(declared, cfg.output.best_metric)
@@ -85,11 +130,20 @@ class Trainer:
         self.position = 0  # samples of epoch + 1 consumed, over all ranks (mid-epoch checkpoints)
         self.step = 0  # optimizer steps taken (a count for logs; progress is epoch + position)
         self.losses, self.times = TrainLosses(self.loss_names, self.device), StepTimes()
-        self.parts = RunState(self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses,
-                              strategy)
+        self.parts = RunState(
+            self.bare_models, self.optimizers, self.scalers, self.ema, task, self.best, self.losses, strategy
+        )
         self.first_step_pending = True  # the first step's checks and latency
-        self.checkpointer = Checkpointer(cfg, strategy, self.parts, self.best, CheckpointWriter(outputs.files_written),
-                                         declared.primary_model, run_id, data.info)
+        self.checkpointer = Checkpointer(
+            cfg,
+            strategy,
+            self.parts,
+            self.best,
+            CheckpointWriter(outputs.files_written),
+            declared.primary_model,
+            run_id,
+            data.info,
+        )
         self.validator = Validator(task, strategy, self.val_loader, self.eval_ctx, outputs, data)
 
     def bare_models(self) -> dict[str, nn.Module]:
@@ -147,16 +201,28 @@ class Trainer:
             metrics = self._validate(epoch) if validate else None
             self.epoch = epoch
             if metrics is not None:
-                self.outputs.record({"kind": "val", "epoch": epoch, "step": self.step, **metrics,
-                                     "samples": self.validator.samples, "world_size": self.world_size, **train,
-                                     **self.strategy.peak_memory()}, flush=True)
+                self.outputs.record(
+                    {
+                        "kind": "val",
+                        "epoch": epoch,
+                        "step": self.step,
+                        **metrics,
+                        "samples": self.validator.samples,
+                        "world_size": self.world_size,
+                        **train,
+                        **self.strategy.peak_memory(),
+                    },
+                    flush=True,
+                )
                 summary["metrics"] = metrics
             self.checkpointer.save_epoch(self.progress(), metrics)
             shown = "  ".join(f"{k} {v:.4f}" for k, v in train.items())
             speed = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
             checked = self.task.summary(metrics) if metrics is not None else "(not validated: --val-every)"
-            self.say(f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {checked}  lr {first_lr(self.optimizers):.4g}  "
-                     f"{speed} samples/s  {time.perf_counter() - started:.1f}s")
+            self.say(
+                f"epoch {epoch}/{self.cfg.schedule.epochs}  {shown}  {checked}  lr {first_lr(self.optimizers):.4g}  "
+                f"{speed} samples/s  {time.perf_counter() - started:.1f}s"
+            )
             for warning in self.task.epoch_warnings(train_losses, epoch):
                 self.say(f"phalanx: warning: {warning}")
             if epoch < self.cfg.schedule.epochs and self._any_rank(self.stop.signum != 0):  # once an epoch
@@ -168,8 +234,16 @@ class Trainer:
         if drifted:
             self.say(drifted)
         end = {k: v for k, v in summary.items() if k != "metrics"}
-        self.outputs.record({"kind": "end", "epoch": self.epoch, "step": self.step, **end,
-                             **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()}}, flush=True)
+        self.outputs.record(
+            {
+                "kind": "end",
+                "epoch": self.epoch,
+                "step": self.step,
+                **end,
+                **{f"val_{k}": v for k, v in summary.get("metrics", {}).items()},
+            },
+            flush=True,
+        )
         self.strategy.barrier()  # no rank tears down its process group while another still writes
         return summary
 
@@ -188,12 +262,22 @@ class Trainer:
         (all ranks, the whole epoch) and the samples/s of all ranks together."""
         self.task.train_mode(self.models)
         total = self.num_train
-        plan = plan_epoch(epoch_order(total, self.cfg.seed, epoch), self.position, self.cfg.optim.batch_size,
-                          self.world_size, self.rank, self.cfg.optim.grad_accum)
+        plan = plan_epoch(
+            epoch_order(total, self.cfg.seed, epoch),
+            self.position,
+            self.cfg.optim.batch_size,
+            self.world_size,
+            self.rank,
+            self.cfg.optim.grad_accum,
+        )
         self.batches.set(epoch, plan)
         trained = 0
-        progress = ProgressLog(len(plan), f"epoch {epoch}/{self.cfg.schedule.epochs}",
-                               self.cfg.output.progress and self.strategy.is_main, self.cfg.output.log_interval)
+        progress = ProgressLog(
+            len(plan),
+            f"epoch {epoch}/{self.cfg.schedule.epochs}",
+            self.cfg.output.progress and self.strategy.is_main,
+            self.cfg.output.log_interval,
+        )
         started = time.perf_counter()
         self.losses.start_epoch(self.step)
         self.times.start()
@@ -249,8 +333,12 @@ class Trainer:
         seed_streams(derive_seed(self.cfg.seed, "train", self.rank, epoch, micro.start), self.device)
         self.ctx.begin(micro, epoch, epoch - 1 + micro.end / total, self.cfg.schedule.epochs)
         # Every optimizer gets the learning rate of the optimizer step this micro-batch belongs to.
-        factor = lr_factor(self.cfg.schedule, epoch - 1 + micro.step_start / total,
-                           epoch - 1 + (micro.step_start + micro.step_samples) / total, self.base_lr)
+        factor = lr_factor(
+            self.cfg.schedule,
+            epoch - 1 + micro.step_start / total,
+            epoch - 1 + (micro.step_start + micro.step_samples) / total,
+            self.base_lr,
+        )
         for optimizer in self.optimizers.values():
             set_lr(optimizer, self.base_lr, factor)
         with self._micro_batch_scope(micro):
@@ -287,8 +375,10 @@ class Trainer:
         self.checkpointer.save_latest(self.progress())
         self.checkpointer.writer.wait()  # on disk before the process stops
         self.checkpointer.collect_shards()
-        raise Preempted(self.stop.signum or signal.SIGTERM,
-                        f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)")
+        raise Preempted(
+            self.stop.signum or signal.SIGTERM,
+            f"at step {self.step} (epoch {epoch}, {self.position}/{self.num_train} samples)",
+        )
 
     def _any_rank(self, condition: bool) -> bool:
         """Whether the condition holds on any rank (one tiny all-reduce)."""
@@ -300,11 +390,23 @@ class Trainer:
         losses, count, seconds, stop = window[:4]
         times = self.times.per_step(window[4], self.world_size, self.step - self.losses.window_from + 1)
         lrs = {name: first_lr({name: opt}) for name, opt in self.optimizers.items()}
-        self.outputs.record({"kind": "train", "epoch": epoch, "step": self.step,
-                             "epoch_progress": epoch - 1 + self.position / self.num_train, **losses,
-                             "lr": first_lr(self.optimizers), **({"lrs": lrs} if len(lrs) > 1 else {}),
-                             "samples_per_s": count / max(seconds, 1e-9), "samples": count, "seconds": seconds,
-                             "time": time.time(), "world_size": self.world_size, **times})
+        self.outputs.record(
+            {
+                "kind": "train",
+                "epoch": epoch,
+                "step": self.step,
+                "epoch_progress": epoch - 1 + self.position / self.num_train,
+                **losses,
+                "lr": first_lr(self.optimizers),
+                **({"lrs": lrs} if len(lrs) > 1 else {}),
+                "samples_per_s": count / max(seconds, 1e-9),
+                "samples": count,
+                "seconds": seconds,
+                "time": time.time(),
+                "world_size": self.world_size,
+                **times,
+            }
+        )
         self.losses.check_finite(losses, self.step, epoch, self.epoch, self.base_lr, self.cfg.optim.precision)
         return stop
 
@@ -315,5 +417,10 @@ class Trainer:
         if self._any_rank(what is not None):
             if self.step == 1 and losses and (what is None or what.startswith("train ")):  # a loss, before any update
                 raise non_finite_at_start(f"the {what or 'train loss of another rank'} is non-finite (inf or nan)")
-            raise diverged(f"the {what or 'weights of another rank'} became non-finite (inf or nan) at step "
-                           f"{self.step}", epoch, self.epoch, self.base_lr, self.cfg.optim.precision)
+            raise diverged(
+                f"the {what or 'weights of another rank'} became non-finite (inf or nan) at step {self.step}",
+                epoch,
+                self.epoch,
+                self.base_lr,
+                self.cfg.optim.precision,
+            )

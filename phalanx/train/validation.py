@@ -5,7 +5,8 @@ pictures of it. The trainer calls it with the networks and the epoch, never lend
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from torch import nn
 
@@ -18,9 +19,23 @@ from .outputs import RunOutputs
 
 
 class Validator:
-    def __init__(self, task: Task, strategy: Strategy, loader: Iterable[Any], ctx: DeviceContext, outputs: RunOutputs,
-                 data: TaskData):
-        self.task, self.strategy, self.loader, self.ctx, self.outputs, self.data = task, strategy, loader, ctx, outputs, data
+    def __init__(
+        self,
+        task: Task,
+        strategy: Strategy,
+        loader: Iterable[Any],
+        ctx: DeviceContext,
+        outputs: RunOutputs,
+        data: TaskData,
+    ):
+        self.task, self.strategy, self.loader, self.ctx, self.outputs, self.data = (
+            task,
+            strategy,
+            loader,
+            ctx,
+            outputs,
+            data,
+        )
         self.samples = 0  # validation samples of the last pass, all ranks
 
     @functools.cached_property
@@ -41,8 +56,14 @@ class Validator:
         self.samples = int(evaluation.extra.get("samples", self.samples))
         return evaluation
 
-    def validate(self, epoch: int, models: dict[str, nn.Module], averaged: dict[str, nn.Module],
-                 bare: Callable[[], dict[str, nn.Module]], diverged: Callable[[str], Exception]) -> dict[str, float]:
+    def validate(
+        self,
+        epoch: int,
+        models: dict[str, nn.Module],
+        averaged: dict[str, nn.Module],
+        bare: Callable[[], dict[str, nn.Module]],
+        diverged: Callable[[str], Exception],
+    ) -> dict[str, float]:
         """The epoch's validation metrics (and, with ``averaged`` networks, the moving averages' as
         ``ema_*``), checked finite (``diverged`` makes the run's stop), and the task's records and
         pictures of them. ``models``: the wrapped networks; ``bare``: the networks unwrapped."""

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import EXIT_INTERRUPTED, EXIT_TERMINATED, PhalanxError, RunFailed
 from .follow import Follower
-from .plots import env_name, windows
 from .options import VisualizeOptions
+from .plots import env_name, windows
 from .runs import Runs
 from .server import LOCAL_HOSTS, ServerLost, start_server_if_needed, visdom_client
 from .sources import LocalSource, S3Source
@@ -47,16 +47,20 @@ def visualize(opts: VisualizeOptions) -> int:
     try:
         return _visualize(opts)
     except _Signalled as stop:
-        raise RunFailed(f"visualize stopped by {signal.Signals(stop.signum).name}",
-                        exit_code=EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_TERMINATED) from None
+        raise RunFailed(
+            f"visualize stopped by {signal.Signals(stop.signum).name}",
+            exit_code=EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_TERMINATED,
+        ) from None
 
 
 def _visualize(opts: VisualizeOptions) -> int:
     runs = Runs(opts)
     if opts.once and not runs.histories(warn=False):  # nothing to plot: one line says why
         problems = runs.problems()
-        raise PhalanxError(f"no complete snapshot in {', '.join(opts.pickle_dir)}"
-                           + (f" ({problems})" if problems else ""), "--pickle-dir")
+        raise PhalanxError(
+            f"no complete snapshot in {', '.join(opts.pickle_dir)}" + (f" ({problems})" if problems else ""),
+            "--pickle-dir",
+        )
     owned = None
     try:
         while True:
@@ -83,12 +87,15 @@ def _after_losing_the_server(opts: VisualizeOptions) -> None:
     host = opts.server.split("://", 1)[-1].split("/", 1)[0]
     if opts.once or host not in LOCAL_HOSTS:
         raise RunFailed(f"the visdom server at {where} stopped answering", "--server")
-    print(f"phalanx: warning: the visdom server at {where} stopped answering (did the visualize that started it "
-          "stop?); starting another and drawing every run again", file=sys.stderr, flush=True)
+    print(
+        f"phalanx: warning: the visdom server at {where} stopped answering (did the visualize that started it "
+        "stop?); starting another and drawing every run again",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def window_points(viz: Any, win: str, env: str) -> dict[str, tuple[list, list]]:
     """The points visdom holds for a window, per trace: {name: (x, y)} (used by tests and tools)."""
     data = json.loads(viz.get_window_data(win=win, env=env))
     return {trace.get("name", ""): (trace["x"], trace["y"]) for trace in data["content"]["data"]}
-

@@ -16,9 +16,16 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-MATHJAX_FILES = ["config/Safe.js", "config/TeX-AMS-MML_HTMLorMML.js", "extensions/Safe.js",
-                 "jax/output/SVG/fonts/TeX/fontdata.js", "jax/output/SVG/jax.js",
-                 "jax/output/SVG/fonts/TeX/Size1/Regular/Main.js", "jax/output/SVG/config.js", "MathJax.js"]
+MATHJAX_FILES = [
+    "config/Safe.js",
+    "config/TeX-AMS-MML_HTMLorMML.js",
+    "extensions/Safe.js",
+    "jax/output/SVG/fonts/TeX/fontdata.js",
+    "jax/output/SVG/jax.js",
+    "jax/output/SVG/fonts/TeX/Size1/Regular/Main.js",
+    "jax/output/SVG/config.js",
+    "MathJax.js",
+]
 BOOTSTRAP_FONTS = [("eot", ""), ("woff2", ""), ("woff", ""), ("ttf", ""), ("svg", "#glyphicons_halflingsregular")]
 
 # (npm package, version, file in the package, where visdom's download_scripts() puts it under static/)
@@ -39,8 +46,15 @@ ASSETS: list[tuple[str, str, str, str]] = [
     ("react-resizable", "1.4.6", "css/styles.css", "css/react-resizable-styles.css"),
     ("react-grid-layout", "0.16.3", "css/styles.css", "css/react-grid-layout-styles.css"),
     ("classnames", "2.2.5", "index.js", "fonts/classnames"),
-    *[("bootstrap", "3.3.7", f"dist/fonts/glyphicons-halflings-regular.{ext}",
-       f"fonts/glyphicons-halflings-regular.{ext}{suffix}") for ext, suffix in BOOTSTRAP_FONTS],
+    *[
+        (
+            "bootstrap",
+            "3.3.7",
+            f"dist/fonts/glyphicons-halflings-regular.{ext}",
+            f"fonts/glyphicons-halflings-regular.{ext}{suffix}",
+        )
+        for ext, suffix in BOOTSTRAP_FONTS
+    ],
     *[("mathjax", "2.7.5", path, f"js/mathjax/2.7.5/{path}") for path in MATHJAX_FILES],
 ]
 NPM_TIMEOUT = 300  # seconds for all of npm pack; npm alone retried an unreachable registry for 20+ minutes
@@ -83,11 +97,22 @@ def install(root: Path | None = None, log=print) -> None:
         log(f"visdom assets: npm pack {len(specs)} packages")
         # Bounded: two retries of a request at most, and a deadline for the whole download (a
         # user's own npm settings in the environment come first).
-        env = {"npm_config_fetch_retries": "2", "npm_config_fetch_retry_maxtimeout": "20000",
-               "npm_config_fetch_timeout": "60000", **os.environ}
+        env = {
+            "npm_config_fetch_retries": "2",
+            "npm_config_fetch_retry_maxtimeout": "20000",
+            "npm_config_fetch_timeout": "60000",
+            **os.environ,
+        }
         try:
-            subprocess.run(["npm", "pack", "--silent", "--pack-destination", tmp, *specs], check=True, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=NPM_TIMEOUT)
+            subprocess.run(
+                ["npm", "pack", "--silent", "--pack-destination", tmp, *specs],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=NPM_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"npm did not finish in {NPM_TIMEOUT} s; is the npm registry reachable?") from None
         except subprocess.CalledProcessError as exc:
@@ -109,8 +134,11 @@ def install(root: Path | None = None, log=print) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m phalanx.visualize.assets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m phalanx.visualize.assets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.parse_args(argv)
     missing = missing_assets()
     if not missing:

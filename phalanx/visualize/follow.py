@@ -44,7 +44,7 @@ class Follower:
             print(f"phalanx: waiting for the first snapshot in {', '.join(self.opts.pickle_dir)}", flush=True)
             self.waiting_said = True
         for key, history in histories.items():
-            self._isolated(key, lambda: self._plot_run(key, history))
+            self._isolated(key, lambda key=key, history=history: self._plot_run(key, history))
         if self.runs.comparing and histories:
             self.compare = self.compare or ComparePlots(self.viz)
             self._isolated("runs compared", lambda: self._plot_compare(histories))
@@ -62,8 +62,7 @@ class Follower:
             self.compare = None
             if self.failures_said.get(key) != why:
                 self.failures_said[key] = why
-                print(f"phalanx: warning: cannot plot {key} ({why}); the other runs go on", file=sys.stderr,
-                      flush=True)
+                print(f"phalanx: warning: cannot plot {key} ({why}); the other runs go on", file=sys.stderr, flush=True)
 
     def _plot_run(self, key: str, history: History) -> None:
         run_plots = self.plots.setdefault(key, RunPlots(self.viz, self.opts.env if not self.runs.comparing else None))
@@ -78,11 +77,16 @@ class Follower:
             self.viz.delete_env(replaced)
             self.index.remove(replaced)
             self.urls_said.discard(replaced)
-            print(f"phalanx: {history.options.get('name', 'run')}: a new run ({history.run_id}) replaced the one "
-                  f"shown at {self.base}/env/{replaced}; that page is removed", flush=True)
+            print(
+                f"phalanx: {history.options.get('name', 'run')}: a new run ({history.run_id}) replaced the one "
+                f"shown at {self.base}/env/{replaced}; that page is removed",
+                flush=True,
+            )
         if added:
-            print(f"phalanx: {added} new point(s) in visdom env {run_plots.env} ({len(history.records)} records)",
-                  flush=True)
+            print(
+                f"phalanx: {added} new point(s) in visdom env {run_plots.env} ({len(history.records)} records)",
+                flush=True,
+            )
 
     def _plot_compare(self, histories: dict[str, History]) -> None:
         assert self.compare is not None
@@ -110,10 +114,17 @@ class RunIndex:
         self._show()
 
     def _show(self) -> None:
-        links = "".join(f'<li><a href="{html.escape(self.base)}/env/{html.escape(env)}">{html.escape(label)}</a> '
-                        f"({html.escape(env)})</li>" for env, label in self.pages.items())
-        self.viz.text(f'<div class="phalanx-runs"><b>phalanx runs</b><ul>{links}</ul></div>', win="phalanx_runs",
-                      env="main", opts={"title": "phalanx runs"})
+        links = "".join(
+            f'<li><a href="{html.escape(self.base)}/env/{html.escape(env)}">{html.escape(label)}</a> '
+            f"({html.escape(env)})</li>"
+            for env, label in self.pages.items()
+        )
+        self.viz.text(
+            f'<div class="phalanx-runs"><b>phalanx runs</b><ul>{links}</ul></div>',
+            win="phalanx_runs",
+            env="main",
+            opts={"title": "phalanx runs"},
+        )
 
 
 def _label(history: History, histories: dict[str, History]) -> str:

@@ -14,14 +14,29 @@ import time
 from typing import Any
 
 from .. import records as record_kinds
+from ..records import STEP_PARTS
+from ..records import STEP_TIME_KEYS as STEP_KEYS
 from ..records.snapshots import History
-from ..records import STEP_PARTS, STEP_TIME_KEYS as STEP_KEYS
 from ..records.windows import HEIGHT, KINDS, WIDTH, drawn_windows
 
 #: The windows every run's page may have besides its task's panes (``records.panes_of``).
 FIXED_WINDOWS = ("status", "lr", "throughput", "step_time", "memory")
-KEY_OPTIONS = ("task", "model", "dataset", "dataroot", "epochs", "batch_size", "lr", "optimizer", "lr_schedule",
-               "precision", "augment", "gpu_ids", "weights", "ema_decay")
+KEY_OPTIONS = (
+    "task",
+    "model",
+    "dataset",
+    "dataroot",
+    "epochs",
+    "batch_size",
+    "lr",
+    "optimizer",
+    "lr_schedule",
+    "precision",
+    "augment",
+    "gpu_ids",
+    "weights",
+    "ema_decay",
+)
 
 
 def line_panes(history: History) -> list[dict[str, Any]]:
@@ -80,26 +95,48 @@ class RunPlots:
             self.env = self.fixed_env or env_name(history)
             self.key, self.drawn, self.shown = key, {"train": 0, "val": 0}, {}
         self._status(history)  # first: the top left of the page
-        new = {"train": train[self.drawn["train"]:], "val": val[self.drawn["val"]:]}
+        new = {"train": train[self.drawn["train"] :], "val": val[self.drawn["val"] :]}
         fresh = {kind: self.drawn[kind] == 0 for kind in new}
         x = {"train": [r["epoch_progress"] for r in new["train"]], "val": [r["epoch"] for r in new["val"]]}
         for pane in line_panes(history):
             kind = pane["record"]
             rows = new[kind]
             scale = 100.0 if pane.get("percent") else 1.0
-            traces = {label: [scale * r[key] for r in rows] for key, label in pane["traces"]
-                      if rows and all(isinstance(r.get(key), (int, float)) for r in rows)}
+            traces = {
+                label: [scale * r[key] for r in rows]
+                for key, label in pane["traces"]
+                if rows and all(isinstance(r.get(key), (int, float)) for r in rows)
+            }
             if traces:
-                self._line(pane["win"], x[kind], traces, fresh[kind], pane.get("title", pane["win"]),
-                           pane.get("ylabel", ""), bool(pane.get("percent")))
+                self._line(
+                    pane["win"],
+                    x[kind],
+                    traces,
+                    fresh[kind],
+                    pane.get("title", pane["win"]),
+                    pane.get("ylabel", ""),
+                    bool(pane.get("percent")),
+                )
         if new["train"]:
             rows = new["train"]
             self._line("lr", x["train"], learning_rates(rows), fresh["train"], "learning rate", "learning rate")
-            self._line("throughput", x["train"], {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
-                       fresh["train"], "throughput (all ranks)", "samples / s")
+            self._line(
+                "throughput",
+                x["train"],
+                {"samples/s": [r.get("samples_per_s", 0.0) for r in rows]},
+                fresh["train"],
+                "throughput (all ranks)",
+                "samples / s",
+            )
             if all(STEP_KEYS[0] in r for r in rows):  # runs before the breakdown have none
-                self._line("step_time", x["train"], stacked_step_times(rows), fresh["train"],
-                           "time per step (mean over ranks, stacked)", "ms per optimizer step")
+                self._line(
+                    "step_time",
+                    x["train"],
+                    stacked_step_times(rows),
+                    fresh["train"],
+                    "time per step (mean over ranks, stacked)",
+                    "ms per optimizer step",
+                )
         rows = new["val"]
         if rows and all("memory_gib" in r for r in rows):
             per_rank = {f"rank {i}": [r["memory_gib"][i] for r in rows] for i in range(len(rows[0]["memory_gib"]))}
@@ -108,8 +145,9 @@ class RunPlots:
         self._windows(history)
         return len(new["train"]) + len(new["val"])
 
-    def _line(self, win: str, x: list, traces: dict[str, list], replace: bool, title: str, ylabel: str,
-              percent: bool = False) -> None:
+    def _line(
+        self, win: str, x: list, traces: dict[str, list], replace: bool, title: str, ylabel: str, percent: bool = False
+    ) -> None:
         pane = {"win": win, "title": title, "ylabel": ylabel, "percent": percent}
         KINDS["lines"].draw(self.viz, self.env, pane, {"x": x, "traces": traces, "replace": replace})
 
@@ -132,8 +170,9 @@ class RunPlots:
     def _status(self, history: History) -> None:
         rows = status_rows(history)
         if self._changed("status", rows):
-            KINDS["table"].draw(self.viz, self.env, {"win": "status", "title": "status"},
-                                {"rows": [list(row) for row in rows]})
+            KINDS["table"].draw(
+                self.viz, self.env, {"win": "status", "title": "status"}, {"rows": [list(row) for row in rows]}
+            )
 
 
 def status_rows(history: History) -> list[tuple[str, str]]:
@@ -146,9 +185,11 @@ def status_rows(history: History) -> list[tuple[str, str]]:
     state = last.get("state", "finished")
     epochs = options.get("epochs", 0)
     progress = train[-1]["epoch_progress"] if train else 0.0
-    rows = [("run", f"{options.get('name', 'run')} ({history.run_id}, history generation {history.generation})"),
-            ("state", state),
-            ("progress", f"epoch {progress:.2f} of {epochs}, step {train[-1]['step'] if train else 0}")]
+    rows = [
+        ("run", f"{options.get('name', 'run')} ({history.run_id}, history generation {history.generation})"),
+        ("state", state),
+        ("progress", f"epoch {progress:.2f} of {epochs}, step {train[-1]['step'] if train else 0}"),
+    ]
     if train:
         rows.append(("throughput", f"{train[-1].get('samples_per_s', 0):,.0f} samples/s"))
     sessions = training_sessions(history)
@@ -162,7 +203,9 @@ def status_rows(history: History) -> list[tuple[str, str]]:
         rows.append(best)
     if start is not None:
         rows += [("world size", str(start.get("world_size", 1))), ("devices", str(start.get("devices", "")))]
-    rows += [(key.replace("_", " "), str(options[key])) for key in KEY_OPTIONS if options.get(key) not in (None, "", [])]
+    rows += [
+        (key.replace("_", " "), str(options[key])) for key in KEY_OPTIONS if options.get(key) not in (None, "", [])
+    ]
     return rows
 
 
@@ -179,15 +222,18 @@ def training_sessions(history: History) -> list[tuple[float, float]]:
             if sessions and sessions[-1][0] is start:
                 sessions.pop()
             sessions.append((start, record))
-    return [(max(0.0, last.get("time", time.time()) - first["time"]),
-             last["epoch_progress"] - first.get("epoch", 0)) for first, last in sessions]
+    return [
+        (max(0.0, last.get("time", time.time()) - first["time"]), last["epoch_progress"] - first.get("epoch", 0))
+        for first, last in sessions
+    ]
 
 
 def best_of(history: History) -> tuple[str, str] | None:
     """("best validation <metric>", "value (epoch N)") of the run's best metric (``panes`` record)."""
-    spec: dict[str, Any] = next((r.get("best") for r in reversed(history.records)
-                                 if r.get("kind") == "panes" and r.get("best")),
-                                {"metric": "acc", "mode": "max", "label": "accuracy", "percent": True})
+    spec: dict[str, Any] = next(
+        (r.get("best") for r in reversed(history.records) if r.get("kind") == "panes" and r.get("best")),
+        {"metric": "acc", "mode": "max", "label": "accuracy", "percent": True},
+    )
     val = [r for r in of_kind(history, "val") if isinstance(r.get(spec["metric"]), (int, float))]
     if not val:
         return None
@@ -200,8 +246,11 @@ def best_of(history: History) -> tuple[str, str] | None:
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s" if seconds >= 3600 else \
-        f"{seconds // 60}m {seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
+        if seconds >= 3600
+        else f"{seconds // 60}m {seconds % 60:02d}s"
+    )
 
 
 class ComparePlots:
@@ -227,8 +276,20 @@ class ComparePlots:
                 scale = 100.0 if pane.get("percent") else 1.0
                 win = f"compare_{pane['win']}"
                 exists = self.viz.win_exists(win, env=self.env)
-                self.viz.line(X=x, Y=[scale * r[key] for r in val], win=win, env=self.env, name=label,
-                              update="replace" if exists else None,
-                              opts={"title": pane.get("title", win), "xlabel": "epoch", "ylabel": pane.get("ylabel", ""),
-                                    "showlegend": True, "width": WIDTH, "height": HEIGHT})
+                self.viz.line(
+                    X=x,
+                    Y=[scale * r[key] for r in val],
+                    win=win,
+                    env=self.env,
+                    name=label,
+                    update="replace" if exists else None,
+                    opts={
+                        "title": pane.get("title", win),
+                        "xlabel": "epoch",
+                        "ylabel": pane.get("ylabel", ""),
+                        "showlegend": True,
+                        "width": WIDTH,
+                        "height": HEIGHT,
+                    },
+                )
             self.shown[label] = content

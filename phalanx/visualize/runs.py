@@ -22,8 +22,11 @@ def checked_folder(given: str, once: bool) -> Path:
     """A local --pickle-dir: a folder, or (without --once) a path that may become one."""
     path = Path(given)
     if path.exists() and not path.is_dir():
-        raise PhalanxError(f"{path} is a file, not a folder of snapshots; give a run's pickle folder "
-                           "(<checkpoints-dir>/<name>/pickle) or a folder of runs", "--pickle-dir")
+        raise PhalanxError(
+            f"{path} is a file, not a folder of snapshots; give a run's pickle folder "
+            "(<checkpoints-dir>/<name>/pickle) or a folder of runs",
+            "--pickle-dir",
+        )
     if once and not path.exists():
         LocalSource(path)  # says it does not exist, and who creates it
     return path

@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..errors import PhalanxError
 from ..distributed.lifeline import die_with_parent
+from ..errors import PhalanxError
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -57,22 +57,32 @@ class OwnedServer:
 
         missing = missing_assets()
         if missing:
-            raise PhalanxError(f"are missing ({len(missing)} files, e.g. {missing[0]}), and visdom would try to "
-                               f"download them; install them from the npm registry with: {fix_command()}",
-                               "visdom's page assets")
+            raise PhalanxError(
+                f"are missing ({len(missing)} files, e.g. {missing[0]}), and visdom would try to "
+                f"download them; install them from the npm registry with: {fix_command()}",
+                "visdom's page assets",
+            )
         self.workdir = Path(tempfile.mkdtemp(prefix="phalanx-visdom-"))
         self.log_path = Path(visdom_log) if visdom_log else self.workdir / "visdom.log"
         args = [sys.executable, "-m", "visdom.server", "-port", str(port), "-env_path", str(self.workdir / "envs")]
         if listen_all:
-            print("phalanx: warning: visdom listens on every interface and has no login by default: "
-                  "anyone who reaches this port sees and can change the plots", file=sys.stderr)
+            print(
+                "phalanx: warning: visdom listens on every interface and has no login by default: "
+                "anyone who reaches this port sees and can change the plots",
+                file=sys.stderr,
+            )
         else:
             args.append("-bind_local")
         parent = os.getpid()
         with open(self.log_path, "ab") as log:
             # The server goes down with visualize, however visualize ends (even SIGKILL).
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=lambda: die_with_parent(parent))
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=lambda: die_with_parent(parent),
+            )
         try:
             self._wait_until_up(f"http://127.0.0.1:{port}")
         except BaseException:  # not up, or Ctrl-C/SIGTERM meanwhile: leave no server behind
@@ -98,8 +108,9 @@ class OwnedServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_server_if_needed(server: str, port: int, once: bool, listen_all: bool,
-                           visdom_log: str | None) -> OwnedServer | None:
+def start_server_if_needed(
+    server: str, port: int, once: bool, listen_all: bool, visdom_log: str | None
+) -> OwnedServer | None:
     """None when a server answers; else a server of our own on this machine."""
     host = server.split("://", 1)[-1].split("/", 1)[0]
     answers = who_answers(f"{server}:{port}")
@@ -111,11 +122,17 @@ def start_server_if_needed(server: str, port: int, once: bool, listen_all: bool,
     if host not in LOCAL_HOSTS:
         raise PhalanxError(f"no visdom server answers at {server}:{port}", "--server")
     if once:  # a server we started would take the plots with it when --once exits
-        raise PhalanxError(f"no visdom server answers at {server}:{port}; --once plots into a running server "
-                           f"(start one: {sys.executable} -m visdom.server)", "--server")
+        raise PhalanxError(
+            f"no visdom server answers at {server}:{port}; --once plots into a running server "
+            f"(start one: {sys.executable} -m visdom.server)",
+            "--server",
+        )
     owned = OwnedServer(port, listen_all, visdom_log)
-    print(f"phalanx: started a visdom server at http://localhost:{port}"
-          + (f" (log: {owned.log_path})" if visdom_log else ""), flush=True)
+    print(
+        f"phalanx: started a visdom server at http://localhost:{port}"
+        + (f" (log: {owned.log_path})" if visdom_log else ""),
+        flush=True,
+    )
     return owned
 
 
@@ -134,5 +151,6 @@ def visdom_client(server: str, port: int) -> Any:
             del sys.modules["torch"]
 
     logging.getLogger("visdom").setLevel(logging.ERROR)  # its session chatter is not for users
-    return visdom.Visdom(server=server, port=port, raise_exceptions=True, use_incoming_socket=False,
-                         log_to_filename=None)
+    return visdom.Visdom(
+        server=server, port=port, raise_exceptions=True, use_incoming_socket=False, log_to_filename=None
+    )

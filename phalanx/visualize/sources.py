@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..records import snapshots
 from ..errors import PhalanxError
+from ..records import snapshots
 from ..records.snapshots import History
 
 MAX_SEGMENT_BYTES = 64 * 1024 * 1024  # a full segment of 5,000 records with images is a few MB
@@ -85,8 +85,11 @@ class LocalSource(SnapshotSource):
     def __init__(self, directory: Path):
         super().__init__()
         if not directory.is_dir():
-            raise PhalanxError(f"{directory} does not exist; training's global rank 0 creates it "
-                               "(<checkpoints-dir>/<name>/pickle by default)", "--pickle-dir")
+            raise PhalanxError(
+                f"{directory} does not exist; training's global rank 0 creates it "
+                "(<checkpoints-dir>/<name>/pickle by default)",
+                "--pickle-dir",
+            )
         self.directory = directory
         self.root = directory.resolve()
 
@@ -139,7 +142,7 @@ class S3Source(SnapshotSource):
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         for page in pages:
             for obj in page.get("Contents", []):
-                name = obj["Key"][len(self.prefix):]
+                name = obj["Key"][len(self.prefix) :]
                 if snapshots.SEGMENT_NAME.match(name):
                     found.append((name, obj["ETag"]))
                     self.sizes[name] = obj.get("Size", 0)

@@ -25,8 +25,11 @@ from phalanx.tasks.translate.nets import patch_discriminator, unet
 
 def networks():
     torch.manual_seed(0)
-    return {"resnet18": torchvision.models.resnet18(num_classes=10), "G": unet(3, 3, 5, 8, "instance", False),
-            "D": patch_discriminator(6, 8, 3, "instance")}
+    return {
+        "resnet18": torchvision.models.resnet18(num_classes=10),
+        "G": unet(3, 3, 5, 8, "instance", False),
+        "D": patch_discriminator(6, 8, 3, "instance"),
+    }
 
 
 strategy = make_strategy(RunConfig.flat(strategy="fsdp"), placement())
@@ -46,12 +49,13 @@ for name, model in models.items():
     model(x).float().mean().backward()
     optimizer.step()
     state = optimizer.state_dict()
-    found[name] = {"weights": sum(p.to_local().numel() for p in model.parameters()),
-                   "parameters": [key for key, _ in model.named_parameters()],
-                   "total": sum(p.numel() for p in model.parameters()),
-                   "optimizer": sum(v.to_local().numel() for s in state["state"].values()
-                                    for k, v in s.items() if k != "step"),
-                   "whole": strategy.full_state({"model": model.state_dict(), "optimizer": state})}
+    found[name] = {
+        "weights": sum(p.to_local().numel() for p in model.parameters()),
+        "parameters": [key for key, _ in model.named_parameters()],
+        "total": sum(p.numel() for p in model.parameters()),
+        "optimizer": sum(v.to_local().numel() for s in state["state"].values() for k, v in s.items() if k != "step"),
+        "whole": strategy.full_state({"model": model.state_dict(), "optimizer": state}),
+    }
     if name == "resnet18":  # BatchNorm's statistics of each rank's own batch, then rank 0's in validation
         found[name]["statistics"] = [model.bn1.running_mean.clone()]
         with strategy.whole_networks([model]):
@@ -88,7 +92,11 @@ local(x.bfloat16()).float().square().mean().backward()
 each = [None, None]
 dist.all_gather_object(each, {name: p.grad.float() for name, p in local.named_parameters()})
 means = {name: (each[0][name] + each[1][name]) / 2 for name in each[0]}  # exact in float32
-found["mixed"] = {"gathered": tuple(seen), "kept": {p.dtype for p in mixed.parameters()},
-                  "grads": {name: p.grad.full_tensor() for name, p in mixed.named_parameters()}, "means": means}
+found["mixed"] = {
+    "gathered": tuple(seen),
+    "kept": {p.dtype for p in mixed.parameters()},
+    "grads": {name: p.grad.full_tensor() for name, p in mixed.named_parameters()},
+    "means": means,
+}
 torch.save(found, os.path.join(sys.argv[1], f"rank{rank}.pt"))
 dist.destroy_process_group()

@@ -7,8 +7,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from lightly.loss import NTXentLoss
+
 from phalanx.config import RunConfig
 from phalanx.distributed.devices import placement
 from phalanx.distributed.strategies import make_strategy
@@ -28,6 +28,8 @@ mine = (z1.grad.clone(), z2.grad.clone())
 z1.grad = z2.grad = None
 theirs = NTXentLoss(temperature=0.2, gather_distributed=True)(z1, z2)
 theirs.backward()
-torch.save({"ours": ours.item(), "theirs": theirs.item(), "our_grads": mine, "their_grads": (z1.grad, z2.grad)},
-           os.path.join(sys.argv[1], f"rank{rank}.pt"))
+torch.save(
+    {"ours": ours.item(), "theirs": theirs.item(), "our_grads": mine, "their_grads": (z1.grad, z2.grad)},
+    os.path.join(sys.argv[1], f"rank{rank}.pt"),
+)
 dist.destroy_process_group()

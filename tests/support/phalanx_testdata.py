@@ -20,8 +20,9 @@ def photo(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def translation_pairs(root, layout: str = "aligned", size: int = 32, per_split: dict | None = None,
-                      targets: int = 1, seed: int = 0):
+def translation_pairs(
+    root, layout: str = "aligned", size: int = 32, per_split: dict | None = None, targets: int = 1, seed: int = 0
+):
     """Paired PNGs made from phalanx's built-in digits (real handwriting): the input is a digit
     blurred and noisy, target 1 the clean digit, target 2 (if asked) its negative. Aligned layout:
     ``root/<split>/<i>.png`` as [input | target ...] panels; plain: ``root/<split>/A/<i>.png`` and
@@ -42,7 +43,7 @@ def translation_pairs(root, layout: str = "aligned", size: int = 32, per_split: 
     splits = {"train": [i for i in range(len(images)) if i % 5], "val": list(range(0, len(images), 5))}
     for split, indices in splits.items():
         if per_split and split in per_split:
-            indices = indices[:per_split[split]]
+            indices = indices[: per_split[split]]
         for i in indices:
             panels = [degraded[i, 0]] + [t[i, 0] for t in wanted]
             pixels = [(p * 255).round().byte().numpy() for p in panels]
@@ -51,7 +52,9 @@ def translation_pairs(root, layout: str = "aligned", size: int = 32, per_split: 
                 folder.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(np.concatenate(pixels, axis=1), "L").save(folder / f"{i:04d}.png")
             else:
-                for name, array in zip(["A"] + (["B"] if targets == 1 else [f"B{t + 1}" for t in range(targets)]), pixels):
+                for name, array in zip(
+                    ["A"] + (["B"] if targets == 1 else [f"B{t + 1}" for t in range(targets)]), pixels
+                ):
                     folder = Path(root) / split / name
                     folder.mkdir(parents=True, exist_ok=True)
                     Image.fromarray(array, "L").save(folder / f"{i:04d}.png")
@@ -95,25 +98,38 @@ def digit_scenes(root, counts: dict | None = None, size: int = 64, seed: int = 0
                 x, y = (int(v) for v in rng.integers(0, size - side, 2))
                 if any(x < bx + bw and bx < x + side and y < by + bh and by < y + side for bx, by, bw, bh, _ in boxes):
                     continue  # no overlaps: each box holds one digit
-                patch = torch.nn.functional.interpolate(digit[None], size=(side, side), mode="bilinear",
-                                                        align_corners=False)[0, 0].clamp(0, 1).numpy()
-                canvas[y:y + side, x:x + side] = np.maximum(canvas[y:y + side, x:x + side], patch)
-                mask[y:y + side, x:x + side][patch > 0.5] = category + 1
+                patch = (
+                    torch.nn.functional.interpolate(
+                        digit[None], size=(side, side), mode="bilinear", align_corners=False
+                    )[0, 0]
+                    .clamp(0, 1)
+                    .numpy()
+                )
+                canvas[y : y + side, x : x + side] = np.maximum(canvas[y : y + side, x : x + side], patch)
+                mask[y : y + side, x : x + side][patch > 0.5] = category + 1
                 boxes.append((x, y, side, side, category + 1))
             name = f"{n:04d}.png"
             Image.fromarray((np.stack([canvas] * 3, -1) * 255).astype(np.uint8), "RGB").save(folder / "images" / name)
             Image.fromarray(mask, "L").save(folder / "masks" / name)
             coco["images"].append({"id": n + 1, "file_name": name, "width": size, "height": size})
             for x, y, w, h, category in boxes:
-                coco["annotations"].append({"id": len(coco["annotations"]) + 1, "image_id": n + 1,
-                                            "category_id": category, "bbox": [x, y, w, h], "area": w * h,
-                                            "iscrowd": 0})
+                coco["annotations"].append(
+                    {
+                        "id": len(coco["annotations"]) + 1,
+                        "image_id": n + 1,
+                        "category_id": category,
+                        "bbox": [x, y, w, h],
+                        "area": w * h,
+                        "iscrowd": 0,
+                    }
+                )
         (folder / "annotations.json").write_text(json.dumps(coco))
     return Path(root)
 
 
-def deepliif_samples(root, size: int = 32, per_split: dict | None = None, modalities: int = 4, seg: bool = True,
-                     layout: str = "aligned"):
+def deepliif_samples(
+    root, size: int = 32, per_split: dict | None = None, modalities: int = 4, seg: bool = True, layout: str = "aligned"
+):
     """DeepLIIF-shaped RGB samples from the built-in digits: the input a blurred, noisy, stained
     digit (IHC-like), modality k the clean digit in its own colour, and the segmentation as
     DeepLIIF draws it (red: a "positive" digit, even labels; blue: a negative one; black around).
@@ -131,8 +147,10 @@ def deepliif_samples(root, size: int = 32, per_split: dict | None = None, modali
     noise = torch.from_numpy(np.random.default_rng(0).normal(0, 0.05, blurred.shape)).float()
     stain = torch.tensor([0.55, 0.35, 0.7])[None, :, None, None]
     ihc = (1 - (blurred + noise).clamp(0, 1) * stain).clamp(0, 1)  # brownish digit on white
-    colours = [torch.tensor(c)[None, :, None, None] for c in ([0.3, 0.3, 0.9], [0.1, 0.9, 0.9], [0.9, 0.2, 0.9],
-                                                              [0.9, 0.9, 0.1], [0.5, 0.9, 0.4], [0.9, 0.5, 0.2])]
+    colours = [
+        torch.tensor(c)[None, :, None, None]
+        for c in ([0.3, 0.3, 0.9], [0.1, 0.9, 0.9], [0.9, 0.2, 0.9], [0.9, 0.9, 0.1], [0.5, 0.9, 0.4], [0.9, 0.5, 0.2])
+    ]
     mods = [clean * colours[k % len(colours)] for k in range(modalities)]
     positive = (labels % 2 == 0).float()[:, None, None, None]
     mask = (clean > 0.5).float()
@@ -141,7 +159,7 @@ def deepliif_samples(root, size: int = 32, per_split: dict | None = None, modali
     names = ["A"] + [f"B{k + 1}" for k in range(modalities)] + (["seg"] if seg else [])
     for split, indices in splits.items():
         if per_split and split in per_split:
-            indices = indices[:per_split[split]]
+            indices = indices[: per_split[split]]
         for i in indices:
             panels = [ihc[i]] + [m[i] for m in mods] + ([segmentation[i]] if seg else [])
             pixels = [(p * 255).round().byte().permute(1, 2, 0).numpy() for p in panels]

@@ -81,7 +81,6 @@ def hangs_on_rank1(num_classes, in_channels):
     return _HangsOnRank1(num_classes=num_classes, in_channels=in_channels)
 
 
-
 # --- observers: models that write down what training did, for tests to compare with a reference
 
 import hashlib  # noqa: E402
@@ -118,8 +117,10 @@ class _Recorder(SmallCNN):
         if self.training:
             grad = self.features[0].weight.grad
             draw = torch.rand(()).item()
-            self._write([f"B {draw!r} {'none' if grad is None else repr(grad.double().sum().item())}"]
-                        + [f"T {sample_id(image)}" for image in x])
+            self._write(
+                [f"B {draw!r} {'none' if grad is None else repr(grad.double().sum().item())}"]
+                + [f"T {sample_id(image)}" for image in x]
+            )
         else:
             self._write(["E"])
         return super().forward(x)
@@ -201,8 +202,13 @@ class _BatchNormCNN(torch.nn.Module):
     def __init__(self, num_classes, in_channels):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(in_channels, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(32, num_classes))
+            torch.nn.Conv2d(in_channels, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, num_classes),
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -267,24 +273,42 @@ def tiny_detector(num_classes):
     from torchvision.ops import MultiScaleRoIAlign
 
     backbone = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU())
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+    )
     backbone.out_channels = 64
-    return FasterRCNN(backbone, min_size=64, max_size=64, box_head=TwoMLPHead(64 * 7 * 7, 128),
-                      box_predictor=FastRCNNPredictor(128, num_classes),
-                      rpn_anchor_generator=AnchorGenerator(sizes=((16, 24, 32),), aspect_ratios=((1.0,),)),
-                      box_roi_pool=MultiScaleRoIAlign(featmap_names=["0"], output_size=7, sampling_ratio=2),
-                      rpn_pre_nms_top_n_train=300, rpn_post_nms_top_n_train=100, rpn_pre_nms_top_n_test=100,
-                      rpn_post_nms_top_n_test=50, box_batch_size_per_image=64, box_detections_per_img=20)
+    return FasterRCNN(
+        backbone,
+        min_size=64,
+        max_size=64,
+        box_head=TwoMLPHead(64 * 7 * 7, 128),
+        box_predictor=FastRCNNPredictor(128, num_classes),
+        rpn_anchor_generator=AnchorGenerator(sizes=((16, 24, 32),), aspect_ratios=((1.0,),)),
+        box_roi_pool=MultiScaleRoIAlign(featmap_names=["0"], output_size=7, sampling_ratio=2),
+        rpn_pre_nms_top_n_train=300,
+        rpn_post_nms_top_n_train=100,
+        rpn_pre_nms_top_n_test=100,
+        rpn_post_nms_top_n_test=50,
+        box_batch_size_per_image=64,
+        box_detections_per_img=20,
+    )
 
 
 def tiny_segmenter(num_classes):
     """A four-layer fully convolutional segmenter: logits at the input's size."""
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, padding=2, dilation=2),
-        torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=4, dilation=4), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, num_classes, 1))
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=2, dilation=2),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=4, dilation=4),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, num_classes, 1),
+    )
 
 
 class _FormatProbe(SmallCNN):
@@ -296,8 +320,11 @@ class _FormatProbe(SmallCNN):
         if self.training and not self.probed:
             self.probed = True
             os.makedirs(os.environ["PHALANX_TEST_RECORD"], exist_ok=True)
-            fmt = "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not \
-                x.is_contiguous() else "contiguous"
+            fmt = (
+                "channels_last"
+                if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                else "contiguous"
+            )
             with open(os.path.join(os.environ["PHALANX_TEST_RECORD"], f"format-{os.getpid()}.txt"), "w") as fh:
                 fh.write(fmt)
         return super().forward(x)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from phalanx.data import SeededView
 from phalanx.config.fields import option
+from phalanx.data import SeededView
 from phalanx.tasks import Task, TaskData
 from phalanx.tasks.classify.task import ClassifyTask
 
@@ -60,6 +60,7 @@ class _Indexed(torch.utils.data.Dataset):
 
 
 if AdversarialAutoencoder is not None:
+
     class StoppingAutoencoder(StopAtStep, AdversarialAutoencoder):
         """The worked example, stopped by a SIGTERM at a chosen step."""
 
@@ -103,8 +104,14 @@ class GatherTask(Task):
     restore. Random float64 vectors; per-rank inputs differ, as real data does."""
 
     Options = GatherOptions
-    defaults = {"optimizer": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.0, "lr_schedule": "constant",
-                "precision": "fp64"}
+    defaults = {
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+        "lr_schedule": "constant",
+        "precision": "fp64",
+    }
     loss_names = ("loss",)
     primary_model = "encoder"
     best_metric = ("loss", "min")
@@ -130,7 +137,7 @@ class GatherTask(Task):
         similarity = z_local @ z_all.T / 2.0
         own = torch.arange(len(z_local), device=z_local.device) + start
         similarity[torch.arange(len(z_local)), own] = float("-inf")  # a sample is not its own negative
-        return criterion(torch.logsumexp(similarity, dim=1) + (z_local ** 2).sum(1) * 0.05)
+        return criterion(torch.logsumexp(similarity, dim=1) + (z_local**2).sum(1) * 0.05)
 
     def training_step(self, points, ctx):
         z = ctx.models["encoder"](points)
@@ -247,6 +254,7 @@ class NumpyInInfo(ClassifyTask):
 
 
 if AdversarialAutoencoder is not None:
+
     class PlainTrainSplit(AdversarialAutoencoder):
         """The worked example with its training split as a plain tensor: no (epoch, index) keys."""
 
@@ -296,6 +304,7 @@ if AdversarialAutoencoder is not None:
 
 
 if AdversarialAutoencoder is not None:  # a newcomer's mistakes writing a task (issue 64): each refused at once
+
     class NeedsDataroot(AdversarialAutoencoder):
         """Reads its images from --dataroot, and says it cannot run without one."""
 

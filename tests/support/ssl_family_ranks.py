@@ -8,16 +8,16 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from lightly.loss import BarlowTwinsLoss, DINOLoss, SwaVLoss, VICRegLoss
+
 from phalanx.config import RunConfig
 from phalanx.distributed.devices import placement
 from phalanx.distributed.strategies import make_strategy
-from phalanx.train.context import DeviceContext
 from phalanx.tasks.selfsupervised.decorrelation import BarlowTwinsTask, VICRegTask
 from phalanx.tasks.selfsupervised.dino import DINOTask
 from phalanx.tasks.selfsupervised.losses import sinkhorn
 from phalanx.tasks.selfsupervised.swav import SwAVTask
+from phalanx.train.context import DeviceContext
 
 strategy = make_strategy(RunConfig.flat(task="vicreg"), placement())
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -62,7 +62,10 @@ found["barlow_one_process"] = one_process.item()
 found["barlow_one_process_grads"] = (all1.grad[rows].clone(), all2.grad[rows].clone())
 found["barlow_lightly_gathered"] = BarlowTwinsLoss(gather_distributed=True)(z1.detach(), z2.detach()).item()
 # DINO: per-sample losses (their mean over ranks is the global mean), the centre from the global batch.
-task, ctx = DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6})), DeviceContext(strategy, "fp64", False)
+task, ctx = (
+    DINOTask(RunConfig.flat(task="dino", task_options={"output_dim": 6})),
+    DeviceContext(strategy, "fp64", False),
+)
 teacher = [embeddings().detach() for _ in range(2)]
 student = [embeddings() for _ in range(3)]
 loss, _ = task.criterion(teacher, student, task.center, 0.0625)
@@ -81,7 +84,7 @@ scores = [embeddings() for _ in range(3)]  # 2 global crops, 1 local
 codes = []
 for score in scores[:2]:
     everyone, start = strategy.all_gather_rows(score.detach(), len(score))
-    codes.append(sinkhorn(everyone, 3, 0.05)[start:start + len(score)])
+    codes.append(sinkhorn(everyone, 3, 0.05)[start : start + len(score)])
 loss = swav.criterion(scores, codes).mean()
 found["swav_ours"], found["swav_our_grads"] = loss.item(), torch.autograd.grad(loss, scores)
 value = SwaVLoss(sinkhorn_gather_distributed=True)(scores[:2], scores[2:])

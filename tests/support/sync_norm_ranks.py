@@ -14,9 +14,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 ROWS = (5, 3)  # unequal shares
 # name: (layer, one rank's sample shape)
-CASES = {"2d": (lambda: torch.nn.BatchNorm2d(4, momentum=0.3), (4, 3, 3)),
-         "1d cumulative": (lambda: torch.nn.BatchNorm1d(6, momentum=None), (6,)),
-         "1d sequence, no affine": (lambda: torch.nn.BatchNorm1d(4, affine=False), (4, 5))}
+CASES = {
+    "2d": (lambda: torch.nn.BatchNorm2d(4, momentum=0.3), (4, 3, 3)),
+    "1d cumulative": (lambda: torch.nn.BatchNorm1d(6, momentum=None), (6,)),
+    "1d sequence, no affine": (lambda: torch.nn.BatchNorm1d(4, affine=False), (4, 5)),
+}
 
 
 def compare(name: str, make, shape: tuple, padding: bool) -> dict:
@@ -44,7 +46,7 @@ def compare(name: str, make, shape: tuple, padding: bool) -> dict:
         ((y * weights[rank]).sum() * (0.0 if padding and rank == 1 else 1.0)).backward()
         if rank in counted:
             start = sum(ROWS[:rank])
-            worst["outputs"] = max(worst["outputs"], (y - y_ref[start:start + ROWS[rank]]).abs().max().item())
+            worst["outputs"] = max(worst["outputs"], (y - y_ref[start : start + ROWS[rank]]).abs().max().item())
             worst["input_grads"] = max(worst["input_grads"], (x.grad - x_all[rank].grad).abs().max().item())
         else:  # the padding rank normalises by rank 0's rows' statistics
             dims = [0, *range(2, x.dim())]
@@ -61,15 +63,22 @@ def compare(name: str, make, shape: tuple, padding: bool) -> dict:
             worst["affine_grads"] = max(worst["affine_grads"], (grads - expected_grads).abs().max().item())
             for module in (ours[0], reference):
                 module.weight.grad = module.bias.grad = None
-    worst["running"] = max((ours[0].running_mean - reference.running_mean).abs().max().item(),
-                           (ours[0].running_var - reference.running_var).abs().max().item())
+    worst["running"] = max(
+        (ours[0].running_mean - reference.running_mean).abs().max().item(),
+        (ours[0].running_var - reference.running_var).abs().max().item(),
+    )
     ours.eval()
     reference.eval()
     probe = torch.randn(3, *shape, dtype=torch.float64)
     worst["eval"] = (ours(probe) - reference(probe)).abs().max().item()  # the running statistics, no collective
-    return {"type": type(ours[0]).__name__, "is_global": isinstance(ours[0], GlobalBatchNorm),
-            "still_torchs": isinstance(ours[0], type(reference)), "tracked": int(ours[0].num_batches_tracked),
-            "moved": (ours[0].running_var - 1).abs().max().item(), **worst}
+    return {
+        "type": type(ours[0]).__name__,
+        "is_global": isinstance(ours[0], GlobalBatchNorm),
+        "still_torchs": isinstance(ours[0], type(reference)),
+        "tracked": int(ours[0].num_batches_tracked),
+        "moved": (ours[0].running_var - 1).abs().max().item(),
+        **worst,
+    }
 
 
 def bf16_inputs() -> dict:
@@ -81,8 +90,13 @@ def bf16_inputs() -> dict:
     y = layer(inputs[rank])
     seen = torch.cat(inputs).double()
     mean, var = seen.mean([0, 2, 3]), seen.var([0, 2, 3])
-    return {"dtype": str(y.dtype), "running": max((layer[0].running_mean.double() - mean).abs().max().item(),
-                                                  (layer[0].running_var.double() - var).abs().max().item())}
+    return {
+        "dtype": str(y.dtype),
+        "running": max(
+            (layer[0].running_mean.double() - mean).abs().max().item(),
+            (layer[0].running_var.double() - var).abs().max().item(),
+        ),
+    }
 
 
 def rank0_buffers() -> dict:
@@ -98,12 +112,20 @@ def rank0_buffers() -> dict:
     net(torch.randn(6, 3, dtype=torch.float32))  # train mode: each rank's own running statistics
     before = max_difference_from_rank0(net, torch.device("cpu"))
     broadcast_from_rank0([net])
-    return {"before": before, "after": max_difference_from_rank0(net, torch.device("cpu")),
-            "mask": net.mask.clone(), "mean": net[0].running_mean.clone(), "tracked": int(net[0].num_batches_tracked)}
+    return {
+        "before": before,
+        "after": max_difference_from_rank0(net, torch.device("cpu")),
+        "mask": net.mask.clone(),
+        "mean": net[0].running_mean.clone(),
+        "tracked": int(net[0].num_batches_tracked),
+    }
 
 
-found = {f"{name}, padding={padding}": compare(name, make, shape, padding)
-         for name, (make, shape) in CASES.items() for padding in (False, True)}
+found = {
+    f"{name}, padding={padding}": compare(name, make, shape, padding)
+    for name, (make, shape) in CASES.items()
+    for padding in (False, True)
+}
 found["bf16"] = bf16_inputs()
 found["buffers"] = rank0_buffers()
 torch.save(found, f"{out}/rank{rank}.pt")

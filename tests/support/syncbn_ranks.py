@@ -7,9 +7,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from phalanx_testmodels import batchnorm
 
 from phalanx.distributed.strategy import prepare_model
-from phalanx_testmodels import batchnorm
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -24,8 +24,13 @@ share = slice(rank * 16 // world, (rank + 1) * 16 // world)
 # DDP averages gradients over ranks: each rank's mean loss over its half gives the whole batch's mean.
 torch.nn.functional.cross_entropy(ddp(images[share]), labels[share]).backward()
 if rank == 0:
-    torch.save({"grads": {n: p.grad.cpu() for n, p in model.named_parameters()},
-                "state": {k: v.cpu() for k, v in model.state_dict().items()}, "sync_layers": sync_layers},
-               os.path.join(sys.argv[1], "rank0.pt"))
+    torch.save(
+        {
+            "grads": {n: p.grad.cpu() for n, p in model.named_parameters()},
+            "state": {k: v.cpu() for k, v in model.state_dict().items()},
+            "sync_layers": sync_layers,
+        },
+        os.path.join(sys.argv[1], "rank0.pt"),
+    )
 dist.barrier()
 dist.destroy_process_group()

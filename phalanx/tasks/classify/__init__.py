@@ -8,7 +8,13 @@ from ...config.registry import TaskInfo
 from .options import ClassifyOptions, classifier_lr
 
 SPECS = (
-    TaskInfo("classify", "Classification (--task classify)", "image classification: one network, cross-entropy, accuracy",
-             ClassifyOptions, "phalanx.tasks.classify.task:ClassifyTask", adapt=classifier_lr,
-             predicts=".csv, .jsonl or - (JSON lines on stdout)"),
+    TaskInfo(
+        "classify",
+        "Classification (--task classify)",
+        "image classification: one network, cross-entropy, accuracy",
+        ClassifyOptions,
+        "phalanx.tasks.classify.task:ClassifyTask",
+        adapt=classifier_lr,
+        predicts=".csv, .jsonl or - (JSON lines on stdout)",
+    ),
 )

@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 from ...atomic import atomic_write
 from ...data import Mapped, transforms
 from ...data.images import ImageFiles, PathTable
-from ...data.layout import evaluation_dir
 from ...data.inputs import InputImages
+from ...data.layout import evaluation_dir
 from ...data.manifest import checked
 from ...errors import PhalanxError
 from ...models.weights import backbone_of
@@ -48,8 +48,11 @@ class ClassifyInference(Inference):
         found = checked(split)
         unknown = sorted(set(found.classes) - set(self.task.classes))
         if unknown:
-            raise PhalanxError(f"{split} has classes the model was not trained on: {', '.join(unknown[:5])} (it "
-                               f"knows {', '.join(self.task.classes[:10])})", "--dataroot")
+            raise PhalanxError(
+                f"{split} has classes the model was not trained on: {', '.join(unknown[:5])} (it "
+                f"knows {', '.join(self.task.classes[:10])})",
+                "--dataroot",
+            )
         if found.broken:
             path, why = next(iter(found.broken.items()))
             raise PhalanxError(f"cannot read image {split / path} ({why})", "--dataroot")
@@ -68,30 +71,48 @@ class ClassifyInference(Inference):
             per_class[name] = {"images": total, "accuracy": confusion[index, index].item() / total if total else None}
         k = min(5, len(self.task.classes))
         m = evaluation.metrics
-        return {"images": evaluation.extra["samples"], "loss": m["loss"], "top1": m["acc"], f"top{k}": m["top5"],
-                "per_class": per_class, "classes": self.task.classes, "confusion_matrix": confusion.tolist()}
+        return {
+            "images": evaluation.extra["samples"],
+            "loss": m["loss"],
+            "top1": m["acc"],
+            f"top{k}": m["top5"],
+            "per_class": per_class,
+            "classes": self.task.classes,
+            "confusion_matrix": confusion.tolist(),
+        }
 
     def results_table(self, results: dict[str, Any]) -> str:
         k = next(key for key in results if key.startswith("top") and key != "top1")
-        lines = [f"images {results['images']}  loss {results['loss']:.4f}  top-1 {100 * results['top1']:.2f}%  "
-                 f"top-{k[3:]} {100 * results[k]:.2f}%", "", f"{'class':<20} {'images':>7} {'accuracy':>9}"]
+        lines = [
+            f"images {results['images']}  loss {results['loss']:.4f}  top-1 {100 * results['top1']:.2f}%  "
+            f"top-{k[3:]} {100 * results[k]:.2f}%",
+            "",
+            f"{'class':<20} {'images':>7} {'accuracy':>9}",
+        ]
         for name, row in results["per_class"].items():
             accuracy = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.2f}%"
             lines.append(f"{name[:20]:<20} {row['images']:>7} {accuracy:>9}")
         classes = results["classes"]
         if len(classes) <= 12:  # larger matrices are in the JSON only
             width = max(6, max(len(c) for c in classes) + 1)
-            lines += ["", "confusion (rows: true class, columns: predicted)",
-                      " " * width + "".join(f"{c[:width - 1]:>{width}}" for c in classes)]
+            lines += [
+                "",
+                "confusion (rows: true class, columns: predicted)",
+                " " * width + "".join(f"{c[: width - 1]:>{width}}" for c in classes),
+            ]
             for name, row in zip(classes, results["confusion_matrix"]):
-                lines.append(f"{name[:width - 1]:<{width}}" + "".join(f"{v:>{width}}" for v in row))
+                lines.append(f"{name[: width - 1]:<{width}}" + "".join(f"{v:>{width}}" for v in row))
         return "\n".join(lines)
 
     def feature_inputs(self, paths: list[Path]) -> tuple[nn.Module, Dataset]:
         """The classifier without its last Linear layer, on images prepared as validation prepares them."""
         pipeline = pipeline_of(self.info)
-        images = InputImages(paths, "L" if self.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
+        images = InputImages(
+            paths,
+            "L" if self.info["channels"] == 1 else "RGB",
+            transforms.build(pipeline, self.cfg.data, train=False),
+            pipeline.min_decoded_side(1.0),
+        )
         return backbone_of(self.models[self.task.primary_model])[0], images
 
     def check_predict_output(self, output: str) -> None:
@@ -101,8 +122,12 @@ class ClassifyInference(Inference):
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
         """The most likely classes of each image, to a CSV or JSONL table."""
         pipeline = pipeline_of(self.info)
-        inputs = InputImages(paths, "L" if self.info["channels"] == 1 else "RGB",
-                             transforms.build(pipeline, self.cfg.data, train=False), pipeline.min_decoded_side(1.0))
+        inputs = InputImages(
+            paths,
+            "L" if self.info["channels"] == 1 else "RGB",
+            transforms.build(pipeline, self.cfg.data, train=False),
+            pipeline.min_decoded_side(1.0),
+        )
         return ClassPredictor(inputs, paths, device, self.models[self.task.primary_model], self.task.classes, opts)
 
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
@@ -113,16 +138,24 @@ class ClassifyInference(Inference):
     def export_metadata(self) -> dict[str, Any]:
         """Class names and preprocessing, for files that leave phalanx (export's FILE.json)."""
         info = self.info
-        return {"classes": self.task.classes, "channels": info["channels"], "image_size": info["size"],
-                "resize_shorter_side": pipeline_of(info).evaluation_resize, "center_crop": info["size"],
-                "mean": list(info["mean"]), "std": list(info["std"]),
-                "input": "RGB" if info["channels"] == 3 else "grayscale",
-                "scale": "pixels / 255, then (x - mean) / std", "outputs": "logits, one per class"}
+        return {
+            "classes": self.task.classes,
+            "channels": info["channels"],
+            "image_size": info["size"],
+            "resize_shorter_side": pipeline_of(info).evaluation_resize,
+            "center_crop": info["size"],
+            "mean": list(info["mean"]),
+            "std": list(info["std"]),
+            "input": "RGB" if info["channels"] == 3 else "grayscale",
+            "scale": "pixels / 255, then (x - mean) / std",
+            "outputs": "logits, one per class",
+        }
 
 
 class ClassPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module,
-                 classes: list[str], opts: Any):
+    def __init__(
+        self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module, classes: list[str], opts: Any
+    ):
         super().__init__(inputs, paths, device)
         self.model, self.classes, self.batch_size, self.output = model.to(device), classes, opts.batch_size, opts.output
         self.k = min(opts.top_k, len(classes))
@@ -132,8 +165,14 @@ class ClassPredictor(Predictor):
         probabilities = self.model(torch.stack(images).to(self.device)).float().softmax(1)
         top = probabilities.topk(self.k, dim=1)
         for i, p, c in zip(indices, top.values.tolist(), top.indices.tolist()):
-            self.rows.append({"path": str(self.paths[i]), "class": self.classes[c[0]], "probability": p[0],
-                              "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)]})
+            self.rows.append(
+                {
+                    "path": str(self.paths[i]),
+                    "class": self.classes[c[0]],
+                    "probability": p[0],
+                    "top_k": [{"class": self.classes[ci], "probability": pi} for ci, pi in zip(c, p)],
+                }
+            )
 
     def finish(self) -> None:
         write_predictions(self.output, self.rows)

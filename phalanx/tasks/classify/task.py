@@ -6,21 +6,32 @@ from __future__ import annotations
 
 import random
 import re
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from ... import records
-from ...records.windows import window
 from ...data import DataBundle, build_datasets, dataset_labels
 from ...errors import PhalanxError
-from ...models.weights import Backbone, insert_probe_norm, load_weights, param_groups
 from ...models import build_model, check_input_size, required_channels, timm_preferences
+from ...models.weights import Backbone, insert_probe_norm, load_weights, param_groups
 from ...records.pictures import denormalize, png
-from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
-                    full_precision)
+from ...records.windows import window
+from ..base import (
+    Batch,
+    Declaration,
+    Evaluation,
+    RunContext,
+    StepContext,
+    StepLosses,
+    Task,
+    TaskData,
+    dataset_size,
+    full_precision,
+)
 from .options import ClassifyOptions
 
 if TYPE_CHECKING:
@@ -44,9 +55,12 @@ class ClassifyTask(Task):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         if self.options.freeze_backbone and cfg.devices.sync_bn:
-            raise PhalanxError("with --freeze-backbone is not built: the frozen backbone's BatchNorm layers keep "
-                               "their loaded statistics (nothing of theirs to synchronise), and --probe-norm's are "
-                               "each rank's own; train without --sync-bn", "--sync-bn")
+            raise PhalanxError(
+                "with --freeze-backbone is not built: the frozen backbone's BatchNorm layers keep "
+                "their loaded statistics (nothing of theirs to synchronise), and --probe-norm's are "
+                "each rank's own; train without --sync-bn",
+                "--sync-bn",
+            )
         self.loss_fn = nn.CrossEntropyLoss(reduction="none", label_smoothing=self.options.label_smoothing)
         self.classes: list[str] = []
         self.mix = None
@@ -55,8 +69,12 @@ class ClassifyTask(Task):
 
     # --- data and models
     def build_data(self) -> TaskData:
-        data = build_datasets(self.cfg, required_channels(self.cfg.network.model), self.options.random_erasing,
-                              timm_preferences(self.cfg.network.model))
+        data = build_datasets(
+            self.cfg,
+            required_channels(self.cfg.network.model),
+            self.options.random_erasing,
+            timm_preferences(self.cfg.network.model),
+        )
         self.classes = data.classes
         self.flips = data.pipeline.random and self.cfg.data.hflip
         num = self.num_classes(data)
@@ -67,8 +85,11 @@ class ClassifyTask(Task):
     def num_classes(self, data: DataBundle) -> int:
         if data.num_classes < 2:  # every prediction would be right: "100%" that means nothing
             only = f" ({data.classes[0]})" if data.classes else ""
-            raise PhalanxError(f"the training data has one class{only}; a classifier needs two or more "
-                               "(self-supervised tasks, --task simclr or byol, learn from one folder)", "--dataroot")
+            raise PhalanxError(
+                f"the training data has one class{only}; a classifier needs two or more "
+                "(self-supervised tasks, --task simclr or byol, learn from one folder)",
+                "--dataroot",
+            )
         wanted = self.options.num_classes
         if wanted and wanted < data.num_classes:
             raise PhalanxError(f"{wanted} is fewer than the {data.num_classes} classes in the data", "--num-classes")
@@ -85,14 +106,23 @@ class ClassifyTask(Task):
         return {"model": model}
 
     def load_weights(self, models: Mapping[str, nn.Module], spec: str, data: TaskData) -> list[str]:
-        return [load_weights(models["model"], spec, data.info["classes"], self.cfg.network.model,
-                             (data.info["mean"], data.info["std"]))]
+        return [
+            load_weights(
+                models["model"],
+                spec,
+                data.info["classes"],
+                self.cfg.network.model,
+                (data.info["mean"], data.info["std"]),
+            )
+        ]
 
     def notes(self) -> list[str]:
         notes = [f"phalanx: {self.backbone.description}"] if self.backbone is not None else []
         if self.flips and looks_like_characters(self.classes):
-            notes.append(f"phalanx: warning: the classes ({', '.join(self.classes[:4])}, ...) look like digits or "
-                         "letters, which a horizontal flip turns into other shapes; --no-hflip keeps them as they are")
+            notes.append(
+                f"phalanx: warning: the classes ({', '.join(self.classes[:4])}, ...) look like digits or "
+                "letters, which a horizontal flip turns into other shapes; --no-hflip keeps them as they are"
+            )
         return notes
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
@@ -113,35 +143,52 @@ class ClassifyTask(Task):
     # --- validation
     def empty_sums(self) -> dict[str, torch.Tensor]:
         classes = len(self.classes)
-        return {"loss": torch.zeros(()), "correct": torch.zeros(()), "top5": torch.zeros(()),
-                "samples": torch.zeros(()), "confusion": torch.zeros(classes * classes)}
+        return {
+            "loss": torch.zeros(()),
+            "correct": torch.zeros(()),
+            "top5": torch.zeros(()),
+            "samples": torch.zeros(()),
+            "confusion": torch.zeros(classes * classes),
+        }
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
-                        ctx: RunContext) -> dict[str, torch.Tensor]:
+    def validation_step(
+        self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext
+    ) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         logits = full_precision(models["model"](inputs))
         classes = len(self.classes)
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         predicted = top[:, 0]
-        return {"loss": nn.functional.cross_entropy(logits, targets, reduction="sum"),
-                "correct": (predicted == targets).sum(), "top5": (top == targets[:, None]).any(1).sum(),
-                "samples": torch.tensor(float(targets.numel())),
-                "confusion": torch.bincount(targets * classes + predicted.clamp(max=classes - 1),
-                                            minlength=classes ** 2)}
+        return {
+            "loss": nn.functional.cross_entropy(logits, targets, reduction="sum"),
+            "correct": (predicted == targets).sum(),
+            "top5": (top == targets[:, None]).any(1).sum(),
+            "samples": torch.tensor(float(targets.numel())),
+            "confusion": torch.bincount(targets * classes + predicted.clamp(max=classes - 1), minlength=classes**2),
+        }
 
     def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
         count = float(sums["samples"])
         classes = len(self.classes)
-        metrics = {"loss": float(sums["loss"]) / max(count, 1.0), "acc": float(sums["correct"]) / max(count, 1.0),
-                   "top5": float(sums["top5"]) / max(count, 1.0)}
+        metrics = {
+            "loss": float(sums["loss"]) / max(count, 1.0),
+            "acc": float(sums["correct"]) / max(count, 1.0),
+            "top5": float(sums["top5"]) / max(count, 1.0),
+        }
         confusion = sums["confusion"].round().to(torch.int64).view(classes, classes).cpu()
         return Evaluation(metrics, {"confusion": confusion, "samples": int(count)})
 
     def epoch_records(self, evaluation: Evaluation, epoch: int) -> list[dict[str, Any]]:
         if len(self.classes) > MAX_CONFUSION_CLASSES:
             return []
-        return [{"kind": "confusion", "epoch": epoch, "classes": self.classes,
-                 "matrix": evaluation.extra["confusion"].tolist()}]
+        return [
+            {
+                "kind": "confusion",
+                "epoch": epoch,
+                "classes": self.classes,
+                "matrix": evaluation.extra["confusion"].tolist(),
+            }
+        ]
 
     def summary(self, metrics: dict[str, float]) -> str:
         text = f"val_loss {metrics['loss']:.4f}  val_acc {100 * metrics['acc']:.2f}%"
@@ -154,10 +201,13 @@ class ClassifyTask(Task):
 
     # --- dashboard
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
-        return [*records.SCHEMA_2_PANES, window("confusion", "matrix", "confusion matrix"),
-                window("per_class", "row_shares", "accuracy per class")]
+        return [
+            *records.SCHEMA_2_PANES,
+            window("confusion", "matrix", "confusion matrix"),
+            window("per_class", "row_shares", "accuracy per class"),
+        ]
 
-    def visuals(self, data: TaskData) -> "ValidationSample":
+    def visuals(self, data: TaskData) -> ValidationSample:
         return ValidationSample(data.val, self.classes, data.info["mean"], data.info["std"], self.cfg.seed)
 
     def restore_info(self, info: dict[str, Any]) -> None:
@@ -176,8 +226,14 @@ def looks_like_characters(classes: list[str]) -> bool:
 def data_info(data: DataBundle) -> dict[str, Any]:
     """What the data resolved to (classes, image size, normalisation): inference needs it."""
     p = data.pipeline
-    return {"classes": data.classes, "channels": data.in_channels, "size": p.size, "crop_pct": p.crop_pct,
-            "mean": list(p.mean), "std": list(p.std)}
+    return {
+        "classes": data.classes,
+        "channels": data.in_channels,
+        "size": p.size,
+        "crop_pct": p.crop_pct,
+        "mean": list(p.mean),
+        "std": list(p.std),
+    }
 
 
 def _mixer(options: ClassifyOptions, num_classes: int):
@@ -210,10 +266,19 @@ class ValidationSample:
     def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
         with ctx.autocast():  # the networks are in eval mode here (the trainer's)
             predicted = models["model"](ctx.to_device(self.images)).argmax(1).tolist() if self.pngs else []
-        return {"kind": "images", "epoch": epoch, "title": "validation images (true → predicted)", "items": [
-            {**records.images_item(image, f"{label} → {self.classes[p]}", label == self.classes[p]),
-             "label": label, "predicted": self.classes[p]}
-            for image, label, p in zip(self.pngs, self.labels, predicted)]}
+        return {
+            "kind": "images",
+            "epoch": epoch,
+            "title": "validation images (true → predicted)",
+            "items": [
+                {
+                    **records.images_item(image, f"{label} → {self.classes[p]}", label == self.classes[p]),
+                    "label": label,
+                    "predicted": self.classes[p],
+                }
+                for image, label, p in zip(self.pngs, self.labels, predicted)
+            ],
+        }
 
 
 def spread_sample(labels: list[int] | None, length: int, count: int, seed: int) -> list[int]:

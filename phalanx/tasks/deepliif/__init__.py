@@ -8,13 +8,28 @@ from ...config.registry import TaskInfo
 from .options import DeepLIIFOptions
 
 SPECS = (
-    TaskInfo("deepliif", "DeepLIIF (--task deepliif)",
-             "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
-             DeepLIIFOptions, "phalanx.tasks.deepliif.task:DeepLIIFTask",
-             # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
-             {"lr": 2e-4, "optimizer": "adam", "betas": (0.5, 0.999), "weight_decay": 0.0, "lr_schedule": "linear",
-              "batch_size": 1, "image_size": 512, "model": "deepliif"},
-             unused={"model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm",
-                     "drop_path": "DeepLIIF's networks have no stochastic depth"},
-             predicts="a folder", exports="deepliif"),
+    TaskInfo(
+        "deepliif",
+        "DeepLIIF (--task deepliif)",
+        "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
+        DeepLIIFOptions,
+        "phalanx.tasks.deepliif.task:DeepLIIFTask",
+        # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
+        {
+            "lr": 2e-4,
+            "optimizer": "adam",
+            "betas": (0.5, 0.999),
+            "weight_decay": 0.0,
+            "lr_schedule": "linear",
+            "batch_size": 1,
+            "image_size": 512,
+            "model": "deepliif",
+        },
+        unused={
+            "model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm",
+            "drop_path": "DeepLIIF's networks have no stochastic depth",
+        },
+        predicts="a folder",
+        exports="deepliif",
+    ),
 )

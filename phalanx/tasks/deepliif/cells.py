@@ -40,8 +40,13 @@ def resolution_of(tile_size: int) -> str:
     return "40x" if tile_size > 384 else "20x" if tile_size > 192 else "10x"
 
 
-def cells(seg: np.ndarray, marker: np.ndarray | None, seg_thresh: int = SEG_THRESH,
-          noise_thresh: int = NOISE_THRESH, large_noise_thresh: int | None = None) -> dict[str, np.ndarray]:
+def cells(
+    seg: np.ndarray,
+    marker: np.ndarray | None,
+    seg_thresh: int = SEG_THRESH,
+    noise_thresh: int = NOISE_THRESH,
+    large_noise_thresh: int | None = None,
+) -> dict[str, np.ndarray]:
     """Every cell of an (H, W, 3) uint8 segmentation image: its size, whether it holds at least as
     many positive as negative pixels, its brightest pixel of the marker image (the largest channel
     of each pixel), its label in ``labels`` (the image's regions, numbered in raster order of their
@@ -66,8 +71,14 @@ def cells(seg: np.ndarray, marker: np.ndarray | None, seg_thresh: int = SEG_THRE
     first = np.zeros(count + 1, dtype=np.int64)
     first[values] = where
     found = (sizes > noise_thresh) & ((sizes < large_noise_thresh) if large_noise_thresh is not None else True)
-    return {"size": sizes[found], "positive": (positives >= negatives)[found], "marker": brightest[found],
-            "label": np.arange(1, count + 1)[found], "first": first[1:][found], "labels": labels}
+    return {
+        "size": sizes[found],
+        "positive": (positives >= negatives)[found],
+        "marker": brightest[found],
+        "label": np.arange(1, count + 1)[found],
+        "first": first[1:][found],
+        "labels": labels,
+    }
 
 
 def default_size_thresh(sizes: np.ndarray, resolution: str) -> int:
@@ -122,24 +133,41 @@ def default_marker_thresh(histogram: np.ndarray) -> int:
     return round((high - low) * 0.9) + low
 
 
-def count(seg: np.ndarray, marker: np.ndarray | None, resolution: str = "40x", size_thresh: int | str | None = "default",
-          marker_thresh: int | str | None = None, size_thresh_upper: int | None = None, seg_thresh: int = SEG_THRESH,
-          noise_thresh: int = NOISE_THRESH, images_of: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+def count(
+    seg: np.ndarray,
+    marker: np.ndarray | None,
+    resolution: str = "40x",
+    size_thresh: int | str | None = "default",
+    marker_thresh: int | str | None = None,
+    size_thresh_upper: int | None = None,
+    seg_thresh: int = SEG_THRESH,
+    noise_thresh: int = NOISE_THRESH,
+    images_of: dict[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """DeepLIIF's scoring of one image: cells counted, positive, negative, percent positive, and the
     thresholds used (``compute_final_results``' ``scoring``). ``images_of={"input": ...}`` also gets
     its ``overlaid`` and ``refined`` images (``outlined``)."""
     found = cells(seg, marker, seg_thresh, noise_thresh)
     histogram = marker_histogram(marker) if marker is not None else None
-    scoring, counted, positive = score(found, histogram, resolution, size_thresh, marker_thresh, size_thresh_upper,
-                                       seg_thresh)
+    scoring, counted, positive = score(
+        found, histogram, resolution, size_thresh, marker_thresh, size_thresh_upper, seg_thresh
+    )
     if images_of is not None:
-        images_of.update(zip(("overlaid", "refined"), outlined(images_of["input"], *outline_plan(found, counted, positive))))
+        images_of.update(
+            zip(("overlaid", "refined"), outlined(images_of["input"], *outline_plan(found, counted, positive)))
+        )
     return scoring
 
 
-def score(found: dict[str, np.ndarray], histogram: np.ndarray | None, resolution: str, size_thresh: int | str | None,
-          marker_thresh: int | str | None, size_thresh_upper: int | None,
-          seg_thresh: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+def score(
+    found: dict[str, np.ndarray],
+    histogram: np.ndarray | None,
+    resolution: str,
+    size_thresh: int | str | None,
+    marker_thresh: int | str | None,
+    size_thresh_upper: int | None,
+    seg_thresh: int,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """The scoring of the cells ``found`` (in raster order of their first pixels) and the marker's
     histogram (None without a marker), with which of them are counted and which are positive."""
     if size_thresh is None:
@@ -148,13 +176,27 @@ def score(found: dict[str, np.ndarray], histogram: np.ndarray | None, resolution
         size_thresh = default_size_thresh(found["size"], resolution)
     if marker_thresh == "default" and histogram is not None:
         marker_thresh = default_marker_thresh(histogram)
-    counted = (found["size"] > size_thresh) & ((found["size"] < size_thresh_upper) if size_thresh_upper is not None else True)
-    positive = found["positive"] | ((found["marker"] > marker_thresh) if marker_thresh not in (None, "default") else False)
+    counted = (found["size"] > size_thresh) & (
+        (found["size"] < size_thresh_upper) if size_thresh_upper is not None else True
+    )
+    positive = found["positive"] | (
+        (found["marker"] > marker_thresh) if marker_thresh not in (None, "default") else False
+    )
     num_pos, num_total = int((counted & positive).sum()), int(counted.sum())
-    return {"num_total": num_total, "num_pos": num_pos, "num_neg": num_total - num_pos,
+    return (
+        {
+            "num_total": num_total,
+            "num_pos": num_pos,
+            "num_neg": num_total - num_pos,
             "percent_pos": round(num_pos / num_total * 100, 1) if num_pos > 0 else 0,
-            "seg_thresh": seg_thresh, "size_thresh": size_thresh, "size_thresh_upper": size_thresh_upper,
-            "marker_thresh": marker_thresh if histogram is not None else None}, counted, positive
+            "seg_thresh": seg_thresh,
+            "size_thresh": size_thresh,
+            "size_thresh_upper": size_thresh_upper,
+            "marker_thresh": marker_thresh if histogram is not None else None,
+        },
+        counted,
+        positive,
+    )
 
 
 # DeepLIIF's final images: each counted cell outlined (the background beside it, 4-connected, then
@@ -167,13 +209,15 @@ def _shifted(array: np.ndarray, dy: int, dx: int, fill: int = 0) -> np.ndarray:
     """``out[y, x] = array[y + dy, x + dx]`` (``fill`` outside)."""
     out = np.full_like(array, fill)
     height, width = array.shape
-    out[max(0, -dy):height - max(0, dy), max(0, -dx):width - max(0, dx)] = \
-        array[max(0, dy):height - max(0, -dy) or None, max(0, dx):width - max(0, -dx) or None]
+    out[max(0, -dy) : height - max(0, dy), max(0, -dx) : width - max(0, dx)] = array[
+        max(0, dy) : height - max(0, -dy) or None, max(0, dx) : width - max(0, -dx) or None
+    ]
     return out
 
 
-def outline_plan(found: dict[str, np.ndarray], counted: np.ndarray,
-                 positive: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def outline_plan(
+    found: dict[str, np.ndarray], counted: np.ndarray, positive: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What ``outlined`` needs of one image's cells: their labels, each label's class (0 where not
     counted) and rank among the counted cells (raster order of first pixels, from 1), and the
     counted cells' first pixels."""
@@ -187,8 +231,9 @@ def outline_plan(found: dict[str, np.ndarray], counted: np.ndarray,
     return labels, classes, order, seeds.reshape(labels.shape)
 
 
-def outlined(image: np.ndarray, labels: np.ndarray, classes: np.ndarray, order: np.ndarray,
-             seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def outlined(
+    image: np.ndarray, labels: np.ndarray, classes: np.ndarray, order: np.ndarray, seeds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """DeepLIIF's ``SegOverlaid`` (the input with each counted cell's outline) and ``SegRefined``
     (cells red or blue, outlines green), as ``compute_final_results`` draws them: a background pixel
     beside several cells takes the outline of the first in raster order of their first pixels, and

@@ -11,8 +11,8 @@ released DeepLIIF model's, segmentation id m + 1, sources counted from 1).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ def phalanx_name(name: str, modalities: int, first: int = 1) -> str | None:
     if 1 <= int(number) <= modalities:
         return name
     old = str(modalities + 1)  # DeepLIIF before 1.2: G51 ... G55 from the input and each modality
-    source = number[len(old):]
+    source = number[len(old) :]
     if number.startswith(old) and source.isdigit() and first <= int(source) <= modalities + first:
         return f"{kind}S{int(source) - first}"
     return None
@@ -45,10 +45,17 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
     """phalanx name -> the file of that network in a DeepLIIF model directory: ``latest_net_*.pth``
     (else the only epoch there), else TorchScript ``*.pt``."""
     if not folder.is_dir():
-        export = f"; `phalanx export --checkpoint {folder} --format deepliif --output DIR` writes one from a phalanx " \
-                 "checkpoint" if folder.is_file() else ""
-        raise PhalanxError(f"{folder} is not a directory (--task deepliif takes a DeepLIIF model directory: "
-                           f"latest_net_G1.pth, ... or G1.pt, ...){export}", OPTION)
+        export = (
+            f"; `phalanx export --checkpoint {folder} --format deepliif --output DIR` writes one from a phalanx "
+            "checkpoint"
+            if folder.is_file()
+            else ""
+        )
+        raise PhalanxError(
+            f"{folder} is not a directory (--task deepliif takes a DeepLIIF model directory: "
+            f"latest_net_G1.pth, ... or G1.pt, ...){export}",
+            OPTION,
+        )
     by_epoch: dict[str, dict[str, Path]] = {}
     scripted: dict[str, Path] = {}
     paths = sorted(folder.iterdir())
@@ -62,8 +69,11 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
     if "latest" in by_epoch:
         return by_epoch["latest"]
     if len(by_epoch) > 1:
-        raise PhalanxError(f"{folder} holds the networks of epochs {', '.join(sorted(by_epoch))} and no latest_net_*.pth; "
-                           "give a directory of one epoch", OPTION)
+        raise PhalanxError(
+            f"{folder} holds the networks of epochs {', '.join(sorted(by_epoch))} and no latest_net_*.pth; "
+            "give a directory of one epoch",
+            OPTION,
+        )
     return next(iter(by_epoch.values()), scripted)
 
 
@@ -89,21 +99,35 @@ def trained_with(folder: Path) -> str:
     found = {}
     for line in path.read_text(errors="replace").splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("netG", "net_g", "net_gs", "ngf", "ndf", "norm", "n_layers_D", "modalities_no", "padding",
-                           "no_dropout"):
+        if key.strip() in (
+            "netG",
+            "net_g",
+            "net_gs",
+            "ngf",
+            "ndf",
+            "norm",
+            "n_layers_D",
+            "modalities_no",
+            "padding",
+            "no_dropout",
+        ):
             found[key.strip()] = value.split("[")[0].strip()
     return f"; its train_opt.txt says {', '.join(f'{k} {v}' for k, v in found.items())}" if found else ""
 
 
-def load_model_dir(models: Mapping[str, nn.Module], folder: Path, generators: list[str],
-                   discriminators: list[str], modalities: int) -> list[str]:
+def load_model_dir(
+    models: Mapping[str, nn.Module], folder: Path, generators: list[str], discriminators: list[str], modalities: int
+) -> list[str]:
     """Load every network the directory holds into ``models``; a generator missing is an error,
     discriminators missing (a released model ships generators only) start anew, and say so."""
     files = model_files(folder, modalities)
     missing = [name for name in generators if name not in files]
     if missing:
-        raise PhalanxError(f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF names: "
-                           f"latest_net_{missing[0]}.pth or {missing[0]}.pt){trained_with(folder)}", OPTION)
+        raise PhalanxError(
+            f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF names: "
+            f"latest_net_{missing[0]}.pth or {missing[0]}.pt){trained_with(folder)}",
+            OPTION,
+        )
     for name, path in files.items():
         if name not in models:
             continue
@@ -114,16 +138,25 @@ def load_model_dir(models: Mapping[str, nn.Module], folder: Path, generators: li
         wrong = [k for k in own if k not in state or state[k].shape != own[k].shape]
         if wrong or len(state) != len(own):
             key = wrong[0] if wrong else next(k for k in state if k not in own)
-            shape = f" {tuple(state[key].shape)} where {name} has {tuple(own[key].shape)}" \
-                if key in state and key in own else " (not in this run's network)" if key in state else " missing"
-            raise PhalanxError(f"{path}: {key}{shape}: trained with other --net-g/--net-gs/--ngf/--ndf/--d-layers/--norm/"
-                               f"--padding/--dropout than this run{trained_with(folder)}", OPTION)
+            shape = (
+                f" {tuple(state[key].shape)} where {name} has {tuple(own[key].shape)}"
+                if key in state and key in own
+                else " (not in this run's network)"
+                if key in state
+                else " missing"
+            )
+            raise PhalanxError(
+                f"{path}: {key}{shape}: trained with other --net-g/--net-gs/--ngf/--ndf/--d-layers/--norm/"
+                f"--padding/--dropout than this run{trained_with(folder)}",
+                OPTION,
+            )
         models[name].load_state_dict(state)
     kinds = "generators and discriminators" if all(d in files for d in discriminators) else "generators"
     lines = [f"phalanx: weights: {len([n for n in files if n in models])} DeepLIIF networks ({kinds}) from {folder}"]
     fresh = [name for name in discriminators if name not in files]
     if fresh:
         named = ", ".join(fresh[:3]) + (", ..." if len(fresh) > 3 else "")
-        lines.append(f"phalanx: weights: {folder} has no discriminators ({named}): they start from DeepLIIF's "
-                     "initialisation")
+        lines.append(
+            f"phalanx: weights: {folder} has no discriminators ({named}): they start from DeepLIIF's initialisation"
+        )
     return lines

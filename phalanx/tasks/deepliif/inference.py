@@ -9,7 +9,8 @@ import functools
 import io
 import json
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,10 +18,10 @@ import torch
 from ...atomic import atomic_write_bytes, atomic_write_text
 from ...data.slides import Slide, SlideOutputs, SlideReader
 from ...records.pictures import pixels, png_bytes
-from .cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
-from .slide_cells import SlideCells
-from .nets import without_running_statistics
 from ..translate.inference import TranslateInference, TranslationPredictor
+from .cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
+from .nets import without_running_statistics
+from .slide_cells import SlideCells
 
 if TYPE_CHECKING:
     from .task import DeepLIIFTask
@@ -43,8 +44,9 @@ class DeepLIIFInference(TranslateInference):
         for name, model in self.models.items():
             files[f"latest_net_{name}.pth"] = functools.partial(state_bytes, model)
         for name in self.task.generator_names():
-            files[f"{name}.pt"] = functools.partial(traced_bytes, self.models[name], self.info["channels"],
-                                                    self.info["size"])
+            files[f"{name}.pt"] = functools.partial(
+                traced_bytes, self.models[name], self.info["channels"], self.info["size"]
+            )
         files["train_opt.txt"] = lambda: train_opt(self.task, self.info).encode()
         return files
 
@@ -107,8 +109,12 @@ class CellCounter(DeepLIIFPictures):
     def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:
         cells = SlideCells(outputs, self.seg, self.marker, self.region_size, SEG_THRESH, NOISE_THRESH)
         for top, left, height, width in cells.blocks():
-            cells.add_block(top, left, outputs.read(self.seg, top, left, height, width),
-                            outputs.read(self.marker, top, left, height, width) if self.marker else None)
+            cells.add_block(
+                top,
+                left,
+                outputs.read(self.seg, top, left, height, width),
+                outputs.read(self.marker, top, left, height, width) if self.marker else None,
+            )
         found = cells.found()
         scoring, counted, positive = cells.score(found, resolution_of(self.info["size"]), "default", None, None)
 
@@ -134,18 +140,49 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
     """DeepLIIF's options file (``print_options``' layout) for the networks as trained."""
     o, m = task.options, task.modalities
     names = ["IHC", "Hema", "DAPI", "Lap2", "Marker"] if m == 4 else ["input1"] + [f"mod{k + 1}" for k in range(m)]
-    values = {"model": "DeepLIIF", "modalities_no": m, "modalities_names": names, "seg_gen": task.seg,
-              "seg_no": int(task.seg), "input_no": 1, "mod_id_seg": "S", "input_nc": info["channels"],
-              "output_nc": info["channels"], "netG": o.net_g, "net_gs": o.net_gs, "net_d": "n_layers", "netD": "n_layers",
-              "n_layers_D": o.d_layers, "ngf": o.ngf, "ndf": o.ndf, "norm": o.norm, "no_dropout": not o.dropout,
-              "padding": o.padding, "upsample": "convtranspose", "scale_size": info["size"],
-              "seg_weights": list(task.weights["seg_weights"]), "loss_G_weights": list(task.weights["loss_g_weights"]),
-              "loss_D_weights": list(task.weights["loss_d_weights"]), "gan_mode": o.gan_mode, "gan_mode_s": o.gan_mode_s,
-              "lambda_L1": o.lambda_l1, "lambda_feat": o.lambda_feat, "gpu_ids": (), "init_type": "normal",
-              "init_gain": 0.02, "optimizer": "adam", "phase": "train", "remote_transfer_cmd": None, "load_iter": 0,
-              "verbose": False, "background_colors": [(201, 211, 208), (10, 10, 10), (0, 0, 0), (10, 10, 10)] if m == 4
-              else [(10, 10, 10)] * m, "written_by": "phalanx export"}
+    values = {
+        "model": "DeepLIIF",
+        "modalities_no": m,
+        "modalities_names": names,
+        "seg_gen": task.seg,
+        "seg_no": int(task.seg),
+        "input_no": 1,
+        "mod_id_seg": "S",
+        "input_nc": info["channels"],
+        "output_nc": info["channels"],
+        "netG": o.net_g,
+        "net_gs": o.net_gs,
+        "net_d": "n_layers",
+        "netD": "n_layers",
+        "n_layers_D": o.d_layers,
+        "ngf": o.ngf,
+        "ndf": o.ndf,
+        "norm": o.norm,
+        "no_dropout": not o.dropout,
+        "padding": o.padding,
+        "upsample": "convtranspose",
+        "scale_size": info["size"],
+        "seg_weights": list(task.weights["seg_weights"]),
+        "loss_G_weights": list(task.weights["loss_g_weights"]),
+        "loss_D_weights": list(task.weights["loss_d_weights"]),
+        "gan_mode": o.gan_mode,
+        "gan_mode_s": o.gan_mode_s,
+        "lambda_L1": o.lambda_l1,
+        "lambda_feat": o.lambda_feat,
+        "gpu_ids": (),
+        "init_type": "normal",
+        "init_gain": 0.02,
+        "optimizer": "adam",
+        "phase": "train",
+        "remote_transfer_cmd": None,
+        "load_iter": 0,
+        "verbose": False,
+        "background_colors": [(201, 211, 208), (10, 10, 10), (0, 0, 0), (10, 10, 10)] if m == 4 else [(10, 10, 10)] * m,
+        "written_by": "phalanx export",
+    }
     lines = ["----------------- Options ---------------"]
-    lines += ["{:>25}: {:<30}".format(key, repr(value) if isinstance(value, str) else str(value))
-              for key, value in sorted(values.items())]
+    lines += [
+        f"{key:>25}: {repr(value) if isinstance(value, str) else str(value):<30}"
+        for key, value in sorted(values.items())
+    ]
     return "\n".join(lines + ["----------------- End -------------------"]) + "\n"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -30,20 +30,24 @@ def _norm(kind: str):
     return make if make is not None else (lambda width: nn.Identity())
 
 
-def resnet_generator(inputs: int, outputs: int, ngf: int, norm: str, dropout: bool, blocks: int,
-                     padding: str) -> nn.Module:
+def resnet_generator(
+    inputs: int, outputs: int, ngf: int, norm: str, dropout: bool, blocks: int, padding: str
+) -> nn.Module:
     """DeepLIIF's ResnetGenerator (upsampling by transposed convolution)."""
     make_norm, bias = _norm(norm), norm == "instance"
     pad = nn.ReflectionPad2d if padding == "reflect" else nn.ZeroPad2d
     layers: list[nn.Module] = [pad(3), nn.Conv2d(inputs, ngf, 7, bias=bias), make_norm(ngf), nn.ReLU(True)]
     for i in range(2):
-        width = ngf * 2 ** i
+        width = ngf * 2**i
         layers += [nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=bias), make_norm(2 * width), nn.ReLU(True)]
     layers += [ResnetBlock(4 * ngf, padding, make_norm, dropout, bias) for _ in range(blocks)]
     for i in range(2, 0, -1):
-        width = ngf * 2 ** i
-        layers += [nn.ConvTranspose2d(width, width // 2, 3, stride=2, padding=1, output_padding=1, bias=bias),
-                   make_norm(width // 2), nn.ReLU(True)]
+        width = ngf * 2**i
+        layers += [
+            nn.ConvTranspose2d(width, width // 2, 3, stride=2, padding=1, output_padding=1, bias=bias),
+            make_norm(width // 2),
+            nn.ReLU(True),
+        ]
     layers += [pad(3), nn.Conv2d(ngf, outputs, 7), nn.Tanh()]
     return Wrapped(nn.Sequential(*layers))
 
@@ -66,8 +70,11 @@ class ResnetBlock(nn.Module):
         inner = 0 if pad else 1
         layers = [*pad, nn.Conv2d(width, width, 3, padding=inner, bias=bias), make_norm(width), nn.ReLU(True)]
         layers += [nn.Dropout(0.5)] if dropout else []
-        layers += [*([nn.ReflectionPad2d(1)] if pad else []), nn.Conv2d(width, width, 3, padding=inner, bias=bias),
-                   make_norm(width)]
+        layers += [
+            *([nn.ReflectionPad2d(1)] if pad else []),
+            nn.Conv2d(width, width, 3, padding=inner, bias=bias),
+            make_norm(width),
+        ]
         self.conv_block = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -75,23 +82,50 @@ class ResnetBlock(nn.Module):
 
 
 class UnetSkipConnectionBlock(nn.Module):
-    def __init__(self, outer: int, inner: int, make_norm, bias: bool, *, inputs: int | None = None,
-                 submodule: nn.Module | None = None, outermost: bool = False, innermost: bool = False,
-                 dropout: bool = False):
+    def __init__(
+        self,
+        outer: int,
+        inner: int,
+        make_norm,
+        bias: bool,
+        *,
+        inputs: int | None = None,
+        submodule: nn.Module | None = None,
+        outermost: bool = False,
+        innermost: bool = False,
+        dropout: bool = False,
+    ):
         super().__init__()
         self.outermost = outermost
         down = nn.Conv2d(outer if inputs is None else inputs, inner, 4, stride=2, padding=1, bias=bias)
         if outermost:
             assert submodule is not None  # (every level but the innermost holds the inner ones)
-            layers = [down, submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
-                      nn.Tanh()]
+            layers = [
+                down,
+                submodule,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
+                nn.Tanh(),
+            ]
         elif innermost:
-            layers = [nn.LeakyReLU(0.2, True), down, nn.ReLU(True),
-                      nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias), make_norm(outer)]
+            layers = [
+                nn.LeakyReLU(0.2, True),
+                down,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias),
+                make_norm(outer),
+            ]
         else:
             assert submodule is not None
-            layers = [nn.LeakyReLU(0.2, True), down, make_norm(inner), submodule, nn.ReLU(True),
-                      nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias), make_norm(outer)]
+            layers = [
+                nn.LeakyReLU(0.2, True),
+                down,
+                make_norm(inner),
+                submodule,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias),
+                make_norm(outer),
+            ]
             layers += [nn.Dropout(0.5)] if dropout else []
         self.model = nn.Sequential(*layers)
 
@@ -107,8 +141,9 @@ def unet_generator(inputs: int, outputs: int, downs: int, ngf: int, norm: str, d
         block = UnetSkipConnectionBlock(8 * ngf, 8 * ngf, make_norm, bias, submodule=block, dropout=dropout)
     for outer in (4 * ngf, 2 * ngf, ngf):
         block = UnetSkipConnectionBlock(outer, 2 * outer, make_norm, bias, submodule=block)
-    return Wrapped(UnetSkipConnectionBlock(outputs, ngf, make_norm, bias, inputs=inputs, submodule=block,
-                                           outermost=True))
+    return Wrapped(
+        UnetSkipConnectionBlock(outputs, ngf, make_norm, bias, inputs=inputs, submodule=block, outermost=True)
+    )
 
 
 def discriminator(inputs: int, ndf: int, layers: int, norm: str) -> nn.Module:
@@ -117,9 +152,12 @@ def discriminator(inputs: int, ndf: int, layers: int, norm: str) -> nn.Module:
     modules: list[nn.Module] = [nn.Conv2d(inputs, ndf, 4, stride=2, padding=1), nn.LeakyReLU(0.2, True)]
     width = ndf
     for n in range(1, layers + 1):
-        wider = ndf * min(2 ** n, 8)
-        modules += [nn.Conv2d(width, wider, 4, stride=2 if n < layers else 1, padding=1, bias=bias), make_norm(wider),
-                    nn.LeakyReLU(0.2, True)]
+        wider = ndf * min(2**n, 8)
+        modules += [
+            nn.Conv2d(width, wider, 4, stride=2 if n < layers else 1, padding=1, bias=bias),
+            make_norm(wider),
+            nn.LeakyReLU(0.2, True),
+        ]
         width = wider
     modules.append(nn.Conv2d(width, 1, 4, stride=1, padding=1))
     return init_weights(Wrapped(nn.Sequential(*modules)))
@@ -130,7 +168,7 @@ def generator(name: str, inputs: int, outputs: int, ngf: int, norm: str, dropout
     size = unet_size(name)
     if size is not None:
         return init_weights(unet_generator(inputs, outputs, int(math.log2(size)), ngf, norm, dropout))
-    blocks = int(name[len("resnet_"):-len("blocks")])
+    blocks = int(name[len("resnet_") : -len("blocks")])
     return init_weights(resnet_generator(inputs, outputs, ngf, norm, dropout, blocks, padding))
 
 
@@ -184,9 +222,12 @@ def check_vgg() -> None:
     """``--lambda-feat`` above 0 needs VGG19's ImageNet weights where torch keeps them; never downloaded."""
     path = vgg_path()
     if not path.is_file():
-        raise PhalanxError(f"DeepLIIF's perceptual loss needs VGG19's ImageNet weights: put {VGG_FILE} "
-                           f"(https://download.pytorch.org/models/{VGG_FILE}, 548 MB) in {path.parent} (TORCH_HOME "
-                           f"moves it), or train without it: --lambda-feat 0", "--lambda-feat")
+        raise PhalanxError(
+            f"DeepLIIF's perceptual loss needs VGG19's ImageNet weights: put {VGG_FILE} "
+            f"(https://download.pytorch.org/models/{VGG_FILE}, 548 MB) in {path.parent} (TORCH_HOME "
+            f"moves it), or train without it: --lambda-feat 0",
+            "--lambda-feat",
+        )
 
 
 class VGGLoss(nn.Module):
@@ -203,8 +244,13 @@ class VGGLoss(nn.Module):
 
         features = vgg19().features[:30]
         state = torch.load(vgg_path(), map_location="cpu", weights_only=True, mmap=True)
-        features.load_state_dict({k[len("features."):]: v for k, v in state.items()
-                                  if k.startswith("features.") and int(k.split(".")[1]) < 30})
+        features.load_state_dict(
+            {
+                k[len("features.") :]: v
+                for k, v in state.items()
+                if k.startswith("features.") and int(k.split(".")[1]) < 30
+            }
+        )
         self.slices = nn.ModuleList(features[a:b] for a, b in zip((0,) + self.cuts, self.cuts))
         self.requires_grad_(False)
 
@@ -214,4 +260,3 @@ class VGGLoss(nn.Module):
             fake, real = block(fake), block(real)
             loss = loss + weight * (fake - real.detach()).abs().flatten(1).mean(1)
         return loss
-

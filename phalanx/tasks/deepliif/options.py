@@ -12,31 +12,63 @@ from ..translate.options import GANOptions
 class DeepLIIFOptions(GANOptions):
     """DeepLIIF's model (``deepliif train``'s defaults; its L1 is SmoothL1)."""
 
-    d_layers: int = option(4, "Layers of the PatchGAN discriminator (DeepLIIF's --n-layers-d: 4).", metavar="N", above=0)
-    modalities: int = option(0, "Translated modalities per input, a generator and a discriminator each (DeepLIIF's 4: "
-                             "hematoxylin, mpIF DAPI, Lap2, Ki67; 0: the data's panels less the input and the "
-                             "segmentation).", metavar="N", at_least=0)
-    seg: bool = option(True, "Also the segmentation: a generator from the input and one from each generated modality, "
-                       "weighted by --seg-weights (--no-seg: the modalities alone).")
-    net_g: str = option("resnet_9blocks", "The modalities' generators: resnet_Nblocks, a ResNet of N residual blocks "
-                        "(DeepLIIF's resnet_9blocks, resnet_6blocks), or unet_N (N: 32, 64, ... for N-pixel images).",
-                        metavar="NAME")
-    net_gs: str = option("unet_512", "The segmentation generators (unet_512: 512-pixel images; unet_N or "
-                         "resnet_Nblocks).", metavar="NAME")
-    seg_weights: tuple[float, ...] = option((), "Weights of the segmentation generators' outputs, the input's first "
-                                            "(default: 0.25,0.15,0.25,0.1,0.25 with 4 modalities, else equal).",
-                                            metavar="W[,W...]")
-    loss_g_weights: tuple[float, ...] = option((), "Weights of each modality's generator loss, the segmentation's last "
-                                               "(default: equal).", metavar="W[,W...]")
-    loss_d_weights: tuple[float, ...] = option((), "Weights of each modality's discriminator loss, the "
-                                               "segmentation's last (default: equal).", metavar="W[,W...]")
-    lambda_feat: float = option(100.0, "Weight of the VGG19 perceptual loss of each modality (0: off; above 0 it needs "
-                                "VGG19's ImageNet weights in torch's hub cache).", metavar="L", at_least=0)
-    gan_mode: str = option("vanilla", "GAN objective of the modalities: vanilla (cross-entropy) or lsgan.",
-                           choices=("vanilla", "lsgan"))
+    d_layers: int = option(
+        4, "Layers of the PatchGAN discriminator (DeepLIIF's --n-layers-d: 4).", metavar="N", above=0
+    )
+    modalities: int = option(
+        0,
+        "Translated modalities per input, a generator and a discriminator each (DeepLIIF's 4: "
+        "hematoxylin, mpIF DAPI, Lap2, Ki67; 0: the data's panels less the input and the "
+        "segmentation).",
+        metavar="N",
+        at_least=0,
+    )
+    seg: bool = option(
+        True,
+        "Also the segmentation: a generator from the input and one from each generated modality, "
+        "weighted by --seg-weights (--no-seg: the modalities alone).",
+    )
+    net_g: str = option(
+        "resnet_9blocks",
+        "The modalities' generators: resnet_Nblocks, a ResNet of N residual blocks "
+        "(DeepLIIF's resnet_9blocks, resnet_6blocks), or unet_N (N: 32, 64, ... for N-pixel images).",
+        metavar="NAME",
+    )
+    net_gs: str = option(
+        "unet_512",
+        "The segmentation generators (unet_512: 512-pixel images; unet_N or resnet_Nblocks).",
+        metavar="NAME",
+    )
+    seg_weights: tuple[float, ...] = option(
+        (),
+        "Weights of the segmentation generators' outputs, the input's first "
+        "(default: 0.25,0.15,0.25,0.1,0.25 with 4 modalities, else equal).",
+        metavar="W[,W...]",
+    )
+    loss_g_weights: tuple[float, ...] = option(
+        (), "Weights of each modality's generator loss, the segmentation's last (default: equal).", metavar="W[,W...]"
+    )
+    loss_d_weights: tuple[float, ...] = option(
+        (),
+        "Weights of each modality's discriminator loss, the segmentation's last (default: equal).",
+        metavar="W[,W...]",
+    )
+    lambda_feat: float = option(
+        100.0,
+        "Weight of the VGG19 perceptual loss of each modality (0: off; above 0 it needs "
+        "VGG19's ImageNet weights in torch's hub cache).",
+        metavar="L",
+        at_least=0,
+    )
+    gan_mode: str = option(
+        "vanilla", "GAN objective of the modalities: vanilla (cross-entropy) or lsgan.", choices=("vanilla", "lsgan")
+    )
     gan_mode_s: str = option("lsgan", "GAN objective of the segmentation.", choices=("vanilla", "lsgan"))
-    padding: str = option("zero", "Padding of the ResNet generators (DeepLIIF's train default: zero; reflect).",
-                          choices=("zero", "reflect"))
+    padding: str = option(
+        "zero",
+        "Padding of the ResNet generators (DeepLIIF's train default: zero; reflect).",
+        choices=("zero", "reflect"),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,7 +14,7 @@ background. Three passes, each a block at a time (``SlideCells``):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from scipy import ndimage
@@ -56,10 +56,10 @@ class BlockComponents:
             for shift in shifts:
                 row = np.zeros(labels.shape[1], dtype=np.int64)
                 lo, hi = max(0, left + shift), min(self.width, left + labels.shape[1] + shift)
-                row[lo - left - shift:hi - left - shift] = self.above[lo:hi]
+                row[lo - left - shift : hi - left - shift] = self.above[lo:hi]
                 self._join(row, labels[0], np.ones(labels.shape[1], dtype=bool))
         self.left_column = labels[:, -1]
-        self.bottom[left:left + labels.shape[1]] = labels[-1]
+        self.bottom[left : left + labels.shape[1]] = labels[-1]
         return labels
 
     def _join(self, theirs: np.ndarray, ours: np.ndarray, valid: np.ndarray) -> None:
@@ -98,8 +98,9 @@ class SlideCells:
     """The passes above for one slide of (height, width) in blocks of ``block`` pixels, reading the
     Seg and Marker outputs back from ``outputs`` (names ``seg`` and ``marker``; no marker: None)."""
 
-    def __init__(self, outputs: SlideOutputs, seg: str, marker: str | None, block: int, seg_thresh: int,
-                 noise_thresh: int):
+    def __init__(
+        self, outputs: SlideOutputs, seg: str, marker: str | None, block: int, seg_thresh: int, noise_thresh: int
+    ):
         self.outputs, self.seg, self.marker, self.block = outputs, seg, marker, block
         self.height, self.width = outputs.height, outputs.width
         self.seg_thresh, self.noise_thresh = seg_thresh, noise_thresh
@@ -149,8 +150,13 @@ class SlideCells:
         np.minimum.at(firsts, owner, first)
         order = np.argsort(firsts[1:], kind="stable")  # raster order of first pixels, as a whole image numbers them
         keep = order[sizes[order] > self.noise_thresh]
-        return {"size": sizes[keep], "positive": (positives >= negatives)[keep], "marker": marker[1:][keep],
-                "first": firsts[1:][keep], "component": keep + 1}
+        return {
+            "size": sizes[keep],
+            "positive": (positives >= negatives)[keep],
+            "marker": marker[1:][keep],
+            "first": firsts[1:][keep],
+            "component": keep + 1,
+        }
 
     def _cells_of_block(self, top: int, left: int, height: int, width: int) -> tuple[np.ndarray, ...]:
         seg = self.outputs.read(self.seg, top, left, height, width)
@@ -188,8 +194,15 @@ class SlideCells:
     def score(self, found: dict[str, np.ndarray], resolution: str, size_thresh, marker_thresh, size_thresh_upper):
         return score(found, self.histogram, resolution, size_thresh, marker_thresh, size_thresh_upper, self.seg_thresh)
 
-    def outline(self, found: dict[str, np.ndarray], counted: np.ndarray, positive: np.ndarray,
-                input_region: Callable[[int, int, int, int], np.ndarray], overlaid: str, refined: str) -> None:
+    def outline(
+        self,
+        found: dict[str, np.ndarray],
+        counted: np.ndarray,
+        positive: np.ndarray,
+        input_region: Callable[[int, int, int, int], np.ndarray],
+        overlaid: str,
+        refined: str,
+    ) -> None:
         """Pass 3: SegOverlaid and SegRefined, block by block (each with the pixels around it that
         its outlines depend on), into ``outputs``."""
         total = self.component.max() + 1

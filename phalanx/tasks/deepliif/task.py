@@ -21,21 +21,22 @@ own (the last one). They agree whenever those two weights are equal, as with the
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ...errors import PhalanxError
 from ..base import Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, pane
+from ..translate.nets import check_discriminator, check_generator, unet_size
+from ..translate.task import TranslateTask, gan_loss
 from .cells import count, deepliif_pixels, resolution_of
 from .files import load_model_dir
 from .nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import DeepLIIFOptions
-from ..translate.task import TranslateTask, gan_loss
-from ..translate.nets import check_discriminator, check_generator, unet_size
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -52,8 +53,10 @@ class DeepLIIFTask(TranslateTask):
     options: DeepLIIFOptions  # type: ignore[assignment]  # (see above)
     primary_model = "G1"
     last_target_folder = "seg"
-    layout_words = ("DIR/train/*.png: the input, each modality and the segmentation side by side, as DeepLIIF reads "
-                    "them; or DIR/train/A/, B1/ ... Bn/ and seg/")
+    layout_words = (
+        "DIR/train/*.png: the input, each modality and the segmentation side by side, as DeepLIIF reads "
+        "them; or DIR/train/A/, B1/ ... Bn/ and seg/"
+    )
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
@@ -76,26 +79,31 @@ class DeepLIIFTask(TranslateTask):
         return f"{self.modalities} modalities" + (" + segmentation" if self.seg else "")
 
     def generator_names(self) -> list[str]:
-        return [f"G{i + 1}" for i in range(self.modalities)] + \
-            ([f"GS{i}" for i in range(self.modalities + 1)] if self.seg else [])
+        return [f"G{i + 1}" for i in range(self.modalities)] + (
+            [f"GS{i}" for i in range(self.modalities + 1)] if self.seg else []
+        )
 
     def discriminator_names(self) -> list[str]:
-        return [f"D{i + 1}" for i in range(self.modalities)] + \
-            ([f"DS{i}" for i in range(self.modalities + 1)] if self.seg else [])
+        return [f"D{i + 1}" for i in range(self.modalities)] + (
+            [f"DS{i}" for i in range(self.modalities + 1)] if self.seg else []
+        )
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         m = self.modalities
         losses = [f"{loss}_{i + 1}" for i in range(m) for loss in ("G_GAN", "G_L1", "G_VGG", "D_real", "D_fake")]
         losses += [f"{loss}_S" for loss in ("G_GAN", "G_L1", "D_real", "D_fake")] if self.seg else []
-        return replace(Task.declare(self, data, models), loss_names=tuple(losses),
-                       ema_models=tuple(self.generator_names()))
+        return replace(
+            Task.declare(self, data, models), loss_names=tuple(losses), ema_models=tuple(self.generator_names())
+        )
 
     # --- data
     def expected_targets(self) -> int:
         return self.options.modalities + self.options.seg if self.options.modalities else 0
 
     def check_networks(self, size: int) -> None:
-        for name, option in [(self.options.net_g, "--net-g")] + ([(self.options.net_gs, "--net-gs")] if self.seg else []):
+        for name, option in [(self.options.net_g, "--net-g")] + (
+            [(self.options.net_gs, "--net-gs")] if self.seg else []
+        ):
             check_generator(name, size, option)
             if (unet_size(name) or 32) < 32:  # its five fixed levels: unet_32 is DeepLIIF's smallest too
                 raise PhalanxError(f"DeepLIIF's U-Nets start at unet_32 (got {name})", option)
@@ -110,12 +118,17 @@ class DeepLIIFTask(TranslateTask):
     def build_data(self) -> TaskData:
         data = super().build_data()  # sets self.targets from the data
         if self.options.lambda_feat > 0 and data.info["channels"] != 3:
-            raise PhalanxError(f"{self.cfg.data.dataroot} holds grayscale images; DeepLIIF's VGG19 perceptual loss "
-                               "takes RGB: give RGB images, or train without it: --lambda-feat 0", "--lambda-feat")
+            raise PhalanxError(
+                f"{self.cfg.data.dataroot} holds grayscale images; DeepLIIF's VGG19 perceptual loss "
+                "takes RGB: give RGB images, or train without it: --lambda-feat 0",
+                "--lambda-feat",
+            )
         if self.targets - self.seg < 1:
-            raise PhalanxError(f"{self.cfg.data.dataroot}: each sample holds {self.targets} target(s); DeepLIIF's model "
-                               f"needs at least one modality{' and the segmentation (the last)' if self.seg else ''}",
-                               "--dataroot")
+            raise PhalanxError(
+                f"{self.cfg.data.dataroot}: each sample holds {self.targets} target(s); DeepLIIF's model "
+                f"needs at least one modality{' and the segmentation (the last)' if self.seg else ''}",
+                "--dataroot",
+            )
         self.restore_info({**data.info, "modalities": self.targets - self.seg, "seg": self.seg})
         data.info.update(modalities=self.modalities, seg=self.seg)
         if self.options.lambda_feat > 0:  # after the data's own checks; training only: inference needs no VGG
@@ -133,15 +146,20 @@ class DeepLIIFTask(TranslateTask):
         equal; each loss weight 1 / (modalities + 1)."""
         m, o = self.modalities, self.options
         equal = (1 / (m + 1),) * (m + 1)
-        weights = {"seg_weights": o.seg_weights or (SEG_WEIGHTS_4 if m == 4 else equal),
-                   "loss_g_weights": o.loss_g_weights or equal, "loss_d_weights": o.loss_d_weights or equal}
+        weights = {
+            "seg_weights": o.seg_weights or (SEG_WEIGHTS_4 if m == 4 else equal),
+            "loss_g_weights": o.loss_g_weights or equal,
+            "loss_d_weights": o.loss_d_weights or equal,
+        }
         for name, values in weights.items():
             wanted = m + 1  # DeepLIIF's count, with or without the segmentation (its last is unused without)
             given = getattr(o, name)
             if len(values) < wanted or (given and len(given) != wanted):  # a weight too many is no less a mistake
-                raise PhalanxError(f"has {len(values)} weight(s) where {m} modalities"
-                                   f"{' and the segmentation' if self.seg else ''} need {wanted}",
-                                   "--" + name.replace("_", "-"))
+                raise PhalanxError(
+                    f"has {len(values)} weight(s) where {m} modalities"
+                    f"{' and the segmentation' if self.seg else ''} need {wanted}",
+                    "--" + name.replace("_", "-"),
+                )
         return weights
 
     # --- networks
@@ -150,7 +168,7 @@ class DeepLIIFTask(TranslateTask):
         models: dict[str, nn.Module] = {}
         for i in range(self.modalities):
             models[f"G{i + 1}"] = generator(o.net_g, channels, channels, o.ngf, o.norm, o.dropout, o.padding)
-        for name in self.generator_names()[self.modalities:]:  # DeepLIIF pads its segmentation U-Nets by reflection
+        for name in self.generator_names()[self.modalities :]:  # DeepLIIF pads its segmentation U-Nets by reflection
             models[name] = generator(o.net_gs, channels, channels, o.ngf, o.norm, o.dropout, "reflect")
         for name in self.discriminator_names():
             models[name] = discriminator(2 * channels, o.ndf, o.d_layers, o.norm)
@@ -164,11 +182,14 @@ class DeepLIIFTask(TranslateTask):
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
         """DeepLIIF's two optimizers: every generator's parameters, every discriminator's."""
+
         def trainable(names: list[str]) -> list[nn.Parameter]:
             return [p for name in names for p in models[name].parameters() if p.requires_grad]
 
-        return {"generator": [{"params": trainable(self.generator_names())}],
-                "discriminator": [{"params": trainable(self.discriminator_names())}]}
+        return {
+            "generator": [{"params": trainable(self.generator_names())}],
+            "discriminator": [{"params": trainable(self.discriminator_names())}],
+        }
 
     def generate(self, models: Mapping[str, nn.Module], inputs: torch.Tensor) -> list[torch.Tensor]:
         """Each modality, then the segmentation: GS0 on the input and GSk on generated modality k,
@@ -182,13 +203,18 @@ class DeepLIIFTask(TranslateTask):
         seg_weights = self.weights["seg_weights"]
         return fakes + [torch.stack([part * seg_weights[k] for k, part in enumerate(parts)]).sum(0)]
 
-    def judge_segmentation(self, discriminators: list[nn.Module], sources: list[torch.Tensor],
-                           segmentation: torch.Tensor) -> torch.Tensor:
+    def judge_segmentation(
+        self, discriminators: list[nn.Module], sources: list[torch.Tensor], segmentation: torch.Tensor
+    ) -> torch.Tensor:
         """The segmentation discriminators' logits, each on its source | the segmentation, weighted
         and summed."""
         seg_weights = self.weights["seg_weights"]
-        return torch.stack([d(torch.cat([source, segmentation], 1)) * seg_weights[k]
-                            for k, (d, source) in enumerate(zip(discriminators, sources))]).sum(0)
+        return torch.stack(
+            [
+                d(torch.cat([source, segmentation], 1)) * seg_weights[k]
+                for k, (d, source) in enumerate(zip(discriminators, sources))
+            ]
+        ).sum(0)
 
     # --- training
     def perceptual(self, fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -213,8 +239,9 @@ class DeepLIIFTask(TranslateTask):
             d_total = d_total + (losses[f"D_fake_{i + 1}"] + losses[f"D_real_{i + 1}"]) * 0.5 * w_d[i]
         if self.seg:
             judges = [models[f"DS{k}"] for k in range(m + 1)]
-            losses["D_fake_S"] = gan_loss(self.judge_segmentation(judges, sources, outputs[m].detach()), False,
-                                          o.gan_mode_s)
+            losses["D_fake_S"] = gan_loss(
+                self.judge_segmentation(judges, sources, outputs[m].detach()), False, o.gan_mode_s
+            )
             losses["D_real_S"] = gan_loss(self.judge_segmentation(judges, sources, reals[m]), True, o.gan_mode_s)
             d_total = d_total + (losses["D_fake_S"] + losses["D_real_S"]) * 0.5 * w_d[m]
         assert isinstance(d_total, torch.Tensor)  # (one discriminator at least)
@@ -226,9 +253,14 @@ class DeepLIIFTask(TranslateTask):
             for i, fake in enumerate(fakes):
                 losses[f"G_GAN_{i + 1}"] = gan_loss(frozen[f"D{i + 1}"](torch.cat([inputs, fake], 1)), True, o.gan_mode)
                 losses[f"G_L1_{i + 1}"] = smooth_l1(fake, reals[i]) * o.lambda_l1
-                losses[f"G_VGG_{i + 1}"] = self.perceptual(fake, reals[i]) * o.lambda_feat if o.lambda_feat else \
-                    torch.zeros_like(losses[f"G_L1_{i + 1}"])
-                g_total = g_total + (losses[f"G_GAN_{i + 1}"] + losses[f"G_L1_{i + 1}"] + losses[f"G_VGG_{i + 1}"]) * w_g[i]
+                losses[f"G_VGG_{i + 1}"] = (
+                    self.perceptual(fake, reals[i]) * o.lambda_feat
+                    if o.lambda_feat
+                    else torch.zeros_like(losses[f"G_L1_{i + 1}"])
+                )
+                g_total = (
+                    g_total + (losses[f"G_GAN_{i + 1}"] + losses[f"G_L1_{i + 1}"] + losses[f"G_VGG_{i + 1}"]) * w_g[i]
+                )
             if self.seg:
                 judges = [frozen[f"DS{k}"] for k in range(m + 1)]
                 losses["G_GAN_S"] = gan_loss(self.judge_segmentation(judges, sources, outputs[m]), True, o.gan_mode_s)
@@ -243,8 +275,9 @@ class DeepLIIFTask(TranslateTask):
     def empty_sums(self) -> dict[str, torch.Tensor]:
         return {**super().empty_sums(), **({"cells_error": torch.zeros(())} if self.counts_cells else {})}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
-                        ctx: RunContext) -> dict[str, torch.Tensor]:
+    def validation_step(
+        self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext
+    ) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         outputs = self.generate(models, inputs)
         sums = self.output_sums(outputs, targets)
@@ -253,8 +286,10 @@ class DeepLIIFTask(TranslateTask):
             marker = self.output_folder(m - 1) == "Marker"
 
             def counted(seg: torch.Tensor, markers: torch.Tensor) -> list[int]:
-                return [count(deepliif_pixels(s), deepliif_pixels(k) if marker else None, resolution)["num_total"]
-                        for s, k in zip(seg, markers)]
+                return [
+                    count(deepliif_pixels(s), deepliif_pixels(k) if marker else None, resolution)["num_total"]
+                    for s, k in zip(seg, markers)
+                ]
 
             found, truth = counted(outputs[m], outputs[m - 1]), counted(targets[:, m], targets[:, m - 1])
             sums["cells_error"] = torch.tensor(float(sum(abs(f - t) for f, t in zip(found, truth))))
@@ -271,21 +306,44 @@ class DeepLIIFTask(TranslateTask):
         return super().summary(metrics) + (f"  val_cell_count_error {cells:.2f}" if cells is not None else "")
 
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
-        cells = [pane("val_cell_count_error", "validation: cells counted in the segmentation, mean absolute error "
-                      "against the true segmentation's count", "cells per image", "val",
-                      [("cell_count_error", "|count - true count|")])] if self.counts_cells else []
+        cells = (
+            [
+                pane(
+                    "val_cell_count_error",
+                    "validation: cells counted in the segmentation, mean absolute error "
+                    "against the true segmentation's count",
+                    "cells per image",
+                    "val",
+                    [("cell_count_error", "|count - true count|")],
+                )
+            ]
+            if self.counts_cells
+            else []
+        )
         return super().panes(declared) + cells
 
     # --- dashboard
     def loss_panes(self) -> list[dict[str, Any]]:
         per_target, m = self.per_target, self.modalities
-        return [pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
-                pane("train_G_L1", "generator SmoothL1 loss x --lambda-l1 (mean over ranks)", "SmoothL1 x lambda",
-                     "train", per_target("G_L1")),
-                pane("train_G_VGG", "generator VGG19 perceptual loss x --lambda-feat", "VGG loss x lambda", "train",
-                     per_target("G_VGG", m)),
-                pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
-                pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake"))]
+        return [
+            pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
+            pane(
+                "train_G_L1",
+                "generator SmoothL1 loss x --lambda-l1 (mean over ranks)",
+                "SmoothL1 x lambda",
+                "train",
+                per_target("G_L1"),
+            ),
+            pane(
+                "train_G_VGG",
+                "generator VGG19 perceptual loss x --lambda-feat",
+                "VGG loss x lambda",
+                "train",
+                per_target("G_VGG", m),
+            ),
+            pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
+            pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake")),
+        ]
 
 
 def smooth_l1(fake: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

@@ -8,10 +8,22 @@ from ...config.registry import TaskInfo
 from .options import DetectOptions
 
 SPECS = (
-    TaskInfo("detect", "Detection (--task detect)", "object detection on COCO-format data (LitDet's job)",
-             DetectOptions, "phalanx.tasks.detect.task:DetectTask",
-             # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
-             {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 4, "warmup_epochs": 1.0}, predicts=".json",
-             unused={"drop_path": "torchvision's detectors have no stochastic depth"}),
+    TaskInfo(
+        "detect",
+        "Detection (--task detect)",
+        "object detection on COCO-format data (LitDet's job)",
+        DetectOptions,
+        "phalanx.tasks.detect.task:DetectTask",
+        # torchvision's detection reference: SGD 0.9, weight decay 1e-4; LitDet's warmup.
+        {
+            "model": "fasterrcnn_mobilenet_v3_large_320_fpn",
+            "lr": 0.01,
+            "momentum": 0.9,
+            "weight_decay": 1e-4,
+            "batch_size": 4,
+            "warmup_epochs": 1.0,
+        },
+        predicts=".json",
+        unused={"drop_path": "torchvision's detectors have no stochastic depth"},
+    ),
 )

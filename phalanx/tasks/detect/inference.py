@@ -36,19 +36,40 @@ class DetectInference(Inference):
         return CocoImages(self.task.val_split), f"{split} ({len(self.task.val_split)} images)"
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
-        names = ["AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR1", "AR10", "AR100", "AR_small",
-                 "AR_medium", "AR_large"]
+        names = [
+            "AP",
+            "AP50",
+            "AP75",
+            "AP_small",
+            "AP_medium",
+            "AP_large",
+            "AR1",
+            "AR10",
+            "AR100",
+            "AR_small",
+            "AR_medium",
+            "AR_large",
+        ]
         coco = {name: (None if value < 0 else value) for name, value in zip(names, evaluation.extra["stats"])}
-        return {"images": evaluation.extra["samples"], "coco": coco,
-                "per_class_AP": evaluation.extra["per_class"], "detections": evaluation.extra["detections"]}
+        return {
+            "images": evaluation.extra["samples"],
+            "coco": coco,
+            "per_class_AP": evaluation.extra["per_class"],
+            "detections": evaluation.extra["detections"],
+        }
 
     def results_table(self, results: dict[str, Any]) -> str:
-        lines = [f"images {results['images']}  detections {results['detections']}", "",
-                 "COCO's summary (its AP, AP50, AP75 are training's val_mAP, val_mAP50, val_mAP75)"]
+        lines = [
+            f"images {results['images']}  detections {results['detections']}",
+            "",
+            "COCO's summary (its AP, AP50, AP75 are training's val_mAP, val_mAP50, val_mAP75)",
+        ]
         lines += [f"{name:<10} {'-' if value is None else f'{value:.4f}'}" for name, value in results["coco"].items()]
         lines += ["", f"{'category':<20} {'AP':>8}"]
-        lines += [f"{name[:20]:<20} {ap:>8.4f}" if ap is not None else f"{name[:20]:<20} {'-':>8}"
-                  for name, ap in results["per_class_AP"].items()]
+        lines += [
+            f"{name[:20]:<20} {ap:>8.4f}" if ap is not None else f"{name[:20]:<20} {'-':>8}"
+            for name, ap in results["per_class_AP"].items()
+        ]
         return "\n".join(lines)
 
     def check_predict_output(self, output: str) -> None:
@@ -72,28 +93,43 @@ class DetectInference(Inference):
             if score < threshold:
                 continue
             category = self.task.categories[label - 1] if 0 < label <= len(self.task.categories) else None
-            rows.append({**which, "category_id": category["id"] if category else label,
-                         "category": category["name"] if category else str(label),
-                         "bbox": [round(v, 2) for v in (box[0], box[1], box[2] - box[0], box[3] - box[1])],
-                         "score": round(score, 5)})
+            rows.append(
+                {
+                    **which,
+                    "category_id": category["id"] if category else label,
+                    "category": category["name"] if category else str(label),
+                    "bbox": [round(v, 2) for v in (box[0], box[1], box[2] - box[0], box[3] - box[1])],
+                    "score": round(score, 5),
+                }
+            )
         return rows
 
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         return {"detector": (self.models["detector"], torch.zeros(1, 3, 64, 64))}
 
     def export_metadata(self) -> dict[str, Any]:
-        return {"input": "a list of RGB images, (3, H, W) floats in [0, 1]", "categories": self.task.categories,
-                "outputs": "a tuple (losses, detections): losses is an empty dict in eval mode; detections, per "
-                           "image: boxes (x0, y0, x1, y1 pixels), scores, labels (1..K: the categories in order)",
-                "load": "import torchvision before torch.jit.load: it registers the detector's operators "
-                        "(torchvision::nms); without it the load fails with 'Unknown builtin op'",
-                "usage": "import torch, torchvision; model = torch.jit.load(FILE); "
-                         "losses, detections = model([image])"}
+        return {
+            "input": "a list of RGB images, (3, H, W) floats in [0, 1]",
+            "categories": self.task.categories,
+            "outputs": "a tuple (losses, detections): losses is an empty dict in eval mode; detections, per "
+            "image: boxes (x0, y0, x1, y1 pixels), scores, labels (1..K: the categories in order)",
+            "load": "import torchvision before torch.jit.load: it registers the detector's operators "
+            "(torchvision::nms); without it the load fails with 'Unknown builtin op'",
+            "usage": "import torch, torchvision; model = torch.jit.load(FILE); losses, detections = model([image])",
+        }
 
 
 class DetectionPredictor(Predictor):
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, detector: nn.Module,
-                 inference: DetectInference, named: PredictedIds, opts: PredictOptions):
+    def __init__(
+        self,
+        inputs: Dataset,
+        paths: list[Path],
+        device: torch.device,
+        detector: nn.Module,
+        inference: DetectInference,
+        named: PredictedIds,
+        opts: PredictOptions,
+    ):
         super().__init__(inputs, paths, device)
         self.detector, self.inference, self.named = detector.to(device), inference, named
         self.batch_size, self.threshold, self.output = opts.batch_size, opts.score_threshold, Path(opts.output)
@@ -101,8 +137,11 @@ class DetectionPredictor(Predictor):
 
     def predict(self, indices: list[int], images: list[torch.Tensor], raws: list) -> None:
         for index, found in zip(indices, self.detector([image.to(self.device) for image in images])):
-            which = {"image_id": self.named.ids[index], "file_name": self.named.file_names[index],
-                     "path": str(self.paths[index])}
+            which = {
+                "image_id": self.named.ids[index],
+                "file_name": self.named.file_names[index],
+                "path": str(self.paths[index]),
+            }
             self.rows += self.inference.coco_rows(found, which, self.threshold)
 
     def finish(self) -> None:

@@ -10,10 +10,12 @@ from ...config.fields import check_fields, option
 
 @dataclass(frozen=True)
 class DetectOptions:
-    annotations: str | None = option(None, "The training split's COCO JSON, when it is not DIR/train/annotations.json.",
-                                     metavar="FILE")
-    val_annotations: str | None = option(None, "The validation split's COCO JSON, when it is not "
-                                         "DIR/val/annotations.json.", metavar="FILE")
+    annotations: str | None = option(
+        None, "The training split's COCO JSON, when it is not DIR/train/annotations.json.", metavar="FILE"
+    )
+    val_annotations: str | None = option(
+        None, "The validation split's COCO JSON, when it is not DIR/val/annotations.json.", metavar="FILE"
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

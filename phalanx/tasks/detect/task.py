@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,16 +26,35 @@ from ...data.coco import CocoImages, collate, load_split
 from ...data.layout import train_dir, validation_dir
 from ...errors import PhalanxError
 from ...records.pictures import png
-from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
-                    fixed_sample, pane)
+from ..base import (
+    Batch,
+    Declaration,
+    Evaluation,
+    RunContext,
+    StepContext,
+    StepLosses,
+    Task,
+    TaskData,
+    dataset_size,
+    fixed_sample,
+    pane,
+)
 from .options import DetectOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
 
-DETECTORS = ("fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
-             "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",
-             "ssd300_vgg16", "ssdlite320_mobilenet_v3_large")
+DETECTORS = (
+    "fasterrcnn_mobilenet_v3_large_320_fpn",
+    "fasterrcnn_mobilenet_v3_large_fpn",
+    "fasterrcnn_resnet50_fpn",
+    "fasterrcnn_resnet50_fpn_v2",
+    "retinanet_resnet50_fpn",
+    "retinanet_resnet50_fpn_v2",
+    "fcos_resnet50_fpn",
+    "ssd300_vgg16",
+    "ssdlite320_mobilenet_v3_large",
+)
 SHOWN = 6  # validation images drawn each epoch
 
 
@@ -55,8 +75,11 @@ def loss_names_of(model: nn.Module) -> tuple[str, ...]:
     try:
         found = probe(images, targets)
     except Exception as exc:
-        raise PhalanxError(f"the detector's training-mode forward failed on two 64x64 images with one box each "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", "--model") from None
+        raise PhalanxError(
+            f"the detector's training-mode forward failed on two 64x64 images with one box each "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
+            "--model",
+        ) from None
     if not isinstance(found, dict) or not found:
         raise PhalanxError("a detector in training mode returns a dict of losses (torchvision's convention)", "--model")
     return tuple(sorted(found))
@@ -83,19 +106,30 @@ class DetectTask(Task):
 
         cfg = self.cfg
         if not cfg.data.dataroot:
-            raise PhalanxError("--task detect reads COCO data: give --dataroot DIR (DIR/train/images/ with "
-                               "DIR/train/annotations.json, DIR/val/ likewise)", "--dataroot")
+            raise PhalanxError(
+                "--task detect reads COCO data: give --dataroot DIR (DIR/train/images/ with "
+                "DIR/train/annotations.json, DIR/val/ likewise)",
+                "--dataroot",
+            )
         root = Path(cfg.data.dataroot)
         if not train_dir(root).is_dir():
-            raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/images/ and "
-                               f"{root}/train/annotations.json", "--dataroot")
+            raise PhalanxError(
+                f"{root} has no train/ folder; expected {root}/train/images/ and {root}/train/annotations.json",
+                "--dataroot",
+            )
         annotations = Path(self.options.annotations) if self.options.annotations else None
         train = load_split(train_dir(root), annotations, cfg.data.skip_broken)
         if not validation_dir(root).is_dir():
-            raise PhalanxError(f"{root} has no val/ folder: COCO scores a split of its own (val/images/ and "
-                               "val/annotations.json)", "--dataroot")
-        val = load_split(validation_dir(root), Path(self.options.val_annotations) if self.options.val_annotations else None,
-                         cfg.data.skip_broken, train.categories)
+            raise PhalanxError(
+                f"{root} has no val/ folder: COCO scores a split of its own (val/images/ and val/annotations.json)",
+                "--dataroot",
+            )
+        val = load_split(
+            validation_dir(root),
+            Path(self.options.val_annotations) if self.options.val_annotations else None,
+            cfg.data.skip_broken,
+            train.categories,
+        )
         self.categories, self.val_split = train.categories, val
         flip = cfg.data.hflip and cfg.data.augment != "none"
         augment = v2.RandomHorizontalFlip(0.5) if flip else None
@@ -103,11 +137,19 @@ class DetectTask(Task):
         boxes = sum(len(b) for b in train.boxes.values())
         skipped = {**train.skipped, **val.skipped}
         gone = f"; {len(skipped)} image(s) left out" if skipped else ""
-        description = (f"{root} ({len(train)} train images with {boxes} boxes / {len(val)} val, "
-                       f"{len(self.categories)} categories{', horizontal flips' if flip else ''}{gone})")
+        description = (
+            f"{root} ({len(train)} train images with {boxes} boxes / {len(val)} val, "
+            f"{len(self.categories)} categories{', horizontal flips' if flip else ''}{gone})"
+        )
         info = {"categories": self.categories, "image_size": cfg.data.image_size}
-        return TaskData(SeededView(base, (lambda sample: augment(*sample)) if augment else None, cfg.seed),
-                        CocoImages(val), description, info, collate=collate, skipped=skipped)
+        return TaskData(
+            SeededView(base, (lambda sample: augment(*sample)) if augment else None, cfg.seed),
+            CocoImages(val),
+            description,
+            info,
+            collate=collate,
+            skipped=skipped,
+        )
 
     def restore_info(self, info: dict[str, Any]) -> None:
         self.categories = info["categories"]
@@ -123,8 +165,10 @@ class DetectTask(Task):
             from torchvision.models import get_model
 
             if spec not in DETECTORS:
-                raise PhalanxError(f"--task detect takes {', '.join(DETECTORS)}, or your own package.module:function "
-                                   f"(got {spec!r})", "--model")
+                raise PhalanxError(
+                    f"--task detect takes {', '.join(DETECTORS)}, or your own package.module:function (got {spec!r})",
+                    "--model",
+                )
             size = data.info.get("image_size") or 0
             sized = {"min_size": size, "max_size": size} if size and not spec.startswith("ssd") else {}
             # weights=None: nothing is downloaded; --weights loads a checkpoint from the hub cache.
@@ -148,8 +192,9 @@ class DetectTask(Task):
 
     # --- validation: COCO mAP of every validation image's detections, gathered from all ranks
     @torch.no_grad()
-    def detections(self, model: nn.Module, images: list[torch.Tensor],
-                   ctx: RunContext) -> list[dict[str, torch.Tensor]]:
+    def detections(
+        self, model: nn.Module, images: list[torch.Tensor], ctx: RunContext
+    ) -> list[dict[str, torch.Tensor]]:
         with ctx.autocast():
             return model([ctx.to_device(image) for image in images])
 
@@ -161,17 +206,33 @@ class DetectTask(Task):
         for images, targets in loader:
             for target, found in zip(targets, self.detections(model, images, ctx)):
                 seen.append(int(target["image_id"]))
-                for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()):
+                for box, score, label in zip(
+                    found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()
+                ):
                     x0, y0, x1, y1 = box
-                    results.append({"image_id": int(target["image_id"]), "category_id": category_of.get(label, -1),
-                                    "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
+                    results.append(
+                        {
+                            "image_id": int(target["image_id"]),
+                            "category_id": category_of.get(label, -1),
+                            "bbox": [x0, y0, x1 - x0, y1 - y0],
+                            "score": float(score),
+                        }
+                    )
         everything = ctx.all_gather_objects([("image", i) for i in seen] + [("box", r) for r in results])
         images = sorted(i for kind, i in everything if kind == "image")
         detected = [r for kind, r in everything if kind == "box"]
         stats, per_class = coco_scores(self.val_split.raw, images, detected, self.categories)
         metrics = {"mAP": max(stats[0], 0.0), "mAP50": max(stats[1], 0.0), "mAP75": max(stats[2], 0.0)}
-        return Evaluation(metrics, {"samples": len(images), "images": images, "stats": stats, "per_class": per_class,
-                                    "detections": len(detected)})
+        return Evaluation(
+            metrics,
+            {
+                "samples": len(images),
+                "images": images,
+                "stats": stats,
+                "per_class": per_class,
+                "detections": len(detected),
+            },
+        )
 
     def summary(self, metrics: dict[str, float]) -> str:
         return f"val_mAP {metrics['mAP']:.4f}  val_mAP50 {metrics['mAP50']:.4f}"
@@ -181,27 +242,43 @@ class DetectTask(Task):
 
     # --- dashboard
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
-        panes = [pane(f"train_{name}", f"train {name} (mean over ranks)", name, "train", [(name, name)])
-                 for name in declared.loss_names]
-        return panes + [pane("val_mAP", "validation COCO mAP", "average precision", "val",
-                             [("mAP", "mAP@[.5:.95]"), ("mAP50", "mAP@.5"), ("ema_mAP", "EMA mAP@[.5:.95]")])]
+        panes = [
+            pane(f"train_{name}", f"train {name} (mean over ranks)", name, "train", [(name, name)])
+            for name in declared.loss_names
+        ]
+        return panes + [
+            pane(
+                "val_mAP",
+                "validation COCO mAP",
+                "average precision",
+                "val",
+                [("mAP", "mAP@[.5:.95]"), ("mAP50", "mAP@.5"), ("ema_mAP", "EMA mAP@[.5:.95]")],
+            )
+        ]
 
-    def visuals(self, data: TaskData) -> "DetectionSample":
+    def visuals(self, data: TaskData) -> DetectionSample:
         shown = fixed_sample(dataset_size(data.val), SHOWN, self.cfg.seed)
         return DetectionSample(self, [data.val[i] for i in shown])
 
 
-def coco_scores(ground_truth: dict[str, Any], image_ids: list[int], results: list[dict[str, Any]],
-                categories: list[dict[str, Any]]) -> tuple[list[float], dict[str, float | None]]:
+def coco_scores(
+    ground_truth: dict[str, Any], image_ids: list[int], results: list[dict[str, Any]], categories: list[dict[str, Any]]
+) -> tuple[list[float], dict[str, float | None]]:
     """pycocotools' COCOeval (bbox) of ``results`` on ``image_ids``: its 12 statistics, and the AP of
     each category (None where the split has none of it)."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     kept = set(image_ids)
-    data = {**ground_truth, "images": [i for i in ground_truth["images"] if int(i["id"]) in kept],
-            "annotations": [{"iscrowd": 0, "area": a["bbox"][2] * a["bbox"][3], **a, "id": n + 1}
-                            for n, a in enumerate(ground_truth["annotations"]) if int(a["image_id"]) in kept]}
+    data = {
+        **ground_truth,
+        "images": [i for i in ground_truth["images"] if int(i["id"]) in kept],
+        "annotations": [
+            {"iscrowd": 0, "area": a["bbox"][2] * a["bbox"][3], **a, "id": n + 1}
+            for n, a in enumerate(ground_truth["annotations"])
+            if int(a["image_id"]) in kept
+        ],
+    }
     valid = [r for r in results if r["category_id"] in {c["id"] for c in categories}]
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress and table
         truth = COCO()
@@ -248,12 +325,20 @@ class DetectionSample:
                 warnings.simplefilter("ignore", UserWarning)
                 pixels = draw_bounding_boxes(pixels, target["boxes"].as_subclass(torch.Tensor), colors="lime", width=1)
                 pixels = draw_bounding_boxes(pixels, boxes, colors="red", width=1)
-            names = [self.task.categories[int(l) - 1]["name"] for l in detected["labels"].cpu()[keep]
-                     if 0 < int(l) <= len(self.task.categories)]
-            caption = f"image {int(target['image_id'])}: {len(names)} found ({', '.join(names[:4])})" if names else \
-                f"image {int(target['image_id'])}: none found"
+            names = [
+                self.task.categories[int(label) - 1]["name"]
+                for label in detected["labels"].cpu()[keep]
+                if 0 < int(label) <= len(self.task.categories)
+            ]
+            caption = (
+                f"image {int(target['image_id'])}: {len(names)} found ({', '.join(names[:4])})"
+                if names
+                else f"image {int(target['image_id'])}: none found"
+            )
             items.append(records.images_item(png(pixels.float() / 255), caption))
-        return {"kind": "images", "epoch": epoch, "title": "validation images: detections (red), truth (green)",
-                "items": items}
-
-
+        return {
+            "kind": "images",
+            "epoch": epoch,
+            "title": "validation images: detections (red), truth (green)",
+            "items": items,
+        }

@@ -8,10 +8,22 @@ from ...config.registry import TaskInfo
 from .options import SegmentOptions
 
 SPECS = (
-    TaskInfo("segment", "Segmentation (--task segment)", "semantic segmentation on image + mask pairs",
-             SegmentOptions, "phalanx.tasks.segment.task:SegmentTask",
-             # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
-             {"model": "lraspp_mobilenet_v3_large", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "batch_size": 8, "image_size": 256}, predicts="a folder",
-             unused={"drop_path": "torchvision's segmenters have no stochastic depth"}),
+    TaskInfo(
+        "segment",
+        "Segmentation (--task segment)",
+        "semantic segmentation on image + mask pairs",
+        SegmentOptions,
+        "phalanx.tasks.segment.task:SegmentTask",
+        # torchvision's segmentation reference: SGD 0.9, weight decay 1e-4.
+        {
+            "model": "lraspp_mobilenet_v3_large",
+            "lr": 0.01,
+            "momentum": 0.9,
+            "weight_decay": 1e-4,
+            "batch_size": 8,
+            "image_size": 256,
+        },
+        predicts="a folder",
+        unused={"drop_path": "torchvision's segmenters have no stochastic depth"},
+    ),
 )

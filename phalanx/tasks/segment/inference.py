@@ -32,29 +32,39 @@ class SegmentInference(Inference):
         return MaskPairs(found, self.task.transforms(self.info["size"], False)), f"{split} ({len(found)} pairs)"
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
-        return {"images": evaluation.extra["samples"], "iou": evaluation.extra["iou"],
-                "confusion_matrix": evaluation.extra["confusion"].tolist(), "scored_at": self.scored_at()}
+        return {
+            "images": evaluation.extra["samples"],
+            "iou": evaluation.extra["iou"],
+            "confusion_matrix": evaluation.extra["confusion"].tolist(),
+            "scored_at": self.scored_at(),
+        }
 
     def scored_at(self) -> str:
         # Validation's pixels, not predict's: predict writes each mask at its image's own size, so a
         # mIoU of predict's masks against full-size truth can differ from this one.
         size = self.cfg.data.image_size
-        return (f"masks resized (shorter side) to {size} px and centre-cropped to {size}x{size}, as validation "
-                "prepares them; predict writes masks at each image's own size")
+        return (
+            f"masks resized (shorter side) to {size} px and centre-cropped to {size}x{size}, as validation "
+            "prepares them; predict writes masks at each image's own size"
+        )
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
-        lines = [f"scored on {results['scored_at']}",
-                 f"images {results['images']}  mIoU {m['mIoU']:.4f}  pixel accuracy {100 * m['pixel_acc']:.2f}%", "",
-                 f"{'class':<8} {'IoU':>8}"]
+        lines = [
+            f"scored on {results['scored_at']}",
+            f"images {results['images']}  mIoU {m['mIoU']:.4f}  pixel accuracy {100 * m['pixel_acc']:.2f}%",
+            "",
+            f"{'class':<8} {'IoU':>8}",
+        ]
         lines += [f"{c:<8} {'-' if v is None else f'{v:.4f}':>8}" for c, v in enumerate(results["iou"])]
         return "\n".join(lines)
 
     def check_predict_output(self, output: str) -> None:
         path = Path(output)
         if path.suffix or (path.exists() and not path.is_dir()):
-            raise PhalanxError(f"is a folder for --task segment (masks/ and overlays/ of PNGs), not a file "
-                               f"({path.name})", "--output")
+            raise PhalanxError(
+                f"is a folder for --task segment (masks/ and overlays/ of PNGs), not a file ({path.name})", "--output"
+            )
 
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
         """Each image's mask (a class index per pixel, at the image's size) to OUTPUT/masks/<name>.png,
@@ -63,8 +73,9 @@ class SegmentInference(Inference):
         info = self.info
         mean, std = torch.tensor(info["mean"]).view(3, 1, 1), torch.tensor(info["std"]).view(3, 1, 1)
         inputs = InputImages(paths, "RGB", lambda image: (image.float() / 255 - mean) / std, keep_raw=True)
-        return MaskPredictor(inputs, paths, device, Logits(self.models["segmenter"]), self.task.classes, info["size"],
-                             Path(opts.output))
+        return MaskPredictor(
+            inputs, paths, device, Logits(self.models["segmenter"]), self.task.classes, info["size"], Path(opts.output)
+        )
 
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size = self.info["size"]
@@ -72,9 +83,14 @@ class SegmentInference(Inference):
 
     def export_metadata(self) -> dict[str, Any]:
         info = self.info
-        return {"input": "RGB", "mean": info["mean"], "std": info["std"], "classes": info["classes"],
-                "scale": "pixels / 255, then (x - mean) / std",
-                "outputs": "logits (N, classes, H, W); argmax over classes for the mask"}
+        return {
+            "input": "RGB",
+            "mean": info["mean"],
+            "std": info["std"],
+            "classes": info["classes"],
+            "scale": "pixels / 255, then (x - mean) / std",
+            "outputs": "logits (N, classes, H, W); argmax over classes for the mask",
+        }
 
 
 class Logits(nn.Module):
@@ -101,8 +117,16 @@ class MaskPredictor(Predictor):
     """One image at a time, at its own size: resized to the training size's shorter side for the
     network, the logits resized back."""
 
-    def __init__(self, inputs: Dataset, paths: list[Path], device: torch.device, model: nn.Module, classes: int,
-                 size: int, output: Path):
+    def __init__(
+        self,
+        inputs: Dataset,
+        paths: list[Path],
+        device: torch.device,
+        model: nn.Module,
+        classes: int,
+        size: int,
+        output: Path,
+    ):
         super().__init__(inputs, paths, device)
         self.model, self.classes, self.size, self.output = model.to(device), classes, size, output
         self.names = output_names(paths)  # before any work: two images never share an output
@@ -115,12 +139,15 @@ class MaskPredictor(Predictor):
             scale = self.size / min(height, width)
             shape = (max(1, round(height * scale)), max(1, round(width * scale)))
             small = nn.functional.interpolate(image[None], size=shape, mode="bilinear", antialias=True)
-            logits = nn.functional.interpolate(full_precision(self.model(small.to(self.device))).cpu(),
-                                               size=(height, width), mode="bilinear")
+            logits = nn.functional.interpolate(
+                full_precision(self.model(small.to(self.device))).cpu(), size=(height, width), mode="bilinear"
+            )
             mask = logits.argmax(1)[0]
             array = mask.numpy().astype("uint8" if self.classes <= 256 else "int32")
-            for folder, data in (("masks", _png_bytes(Image.fromarray(array))),
-                                 ("overlays", png(overlay(raw.float() / 255, mask, self.classes), min_side=0))):
+            for folder, data in (
+                ("masks", _png_bytes(Image.fromarray(array))),
+                ("overlays", png(overlay(raw.float() / 255, mask, self.classes), min_side=0)),
+            ):
                 target = self.output / folder / self.names[index]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(target, data)

@@ -14,21 +14,32 @@ against the labelled training images' features, gathered from every rank.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ...data import Mapped, SeededView, dataset_labels, transforms
+from ...data.sampling import ShardSampler
 from ...data.sources import load
 from ...errors import PhalanxError
-from ...models.weights import backbone_of
 from ...models import build_model, required_channels
-from ...data.sampling import ShardSampler
-from ..base import (Batch, Declaration, Evaluation, RunContext, Task, TaskData, dataset_size, fixed_sample,
-                    full_precision, pane)
+from ...models.weights import backbone_of
+from ..base import (
+    Batch,
+    Declaration,
+    Evaluation,
+    RunContext,
+    Task,
+    TaskData,
+    dataset_size,
+    fixed_sample,
+    full_precision,
+    pane,
+)
 from .options import MultiCropOptions, ViewOptions
 from .view_batch import ViewRecipe
 from .views import Indexed, ValidationViews, ViewSample, ViewSet, multi_crop, two_views
@@ -40,7 +51,7 @@ def gather_views(ctx: RunContext, z1: torch.Tensor, z2: torch.Tensor) -> tuple[t
     """Every rank's rows of both views in one all-gather (one collective, not two), with
     gradients; and where this rank's rows begin."""
     both, start = ctx.all_gather(torch.cat([z1, z2], dim=1))
-    return both[:, :z1.shape[1]], both[:, z1.shape[1]:], start
+    return both[:, : z1.shape[1]], both[:, z1.shape[1] :], start
 
 
 def mlp(inputs: int, hidden: int, outputs: int, norm: str, hidden_layers: int = 1) -> nn.Module:
@@ -55,8 +66,15 @@ def mlp(inputs: int, hidden: int, outputs: int, norm: str, hidden_layers: int = 
     return nn.Sequential(*layers, nn.Linear(hidden, outputs))
 
 
-def knn_predict(features: torch.Tensor, bank: torch.Tensor, bank_labels: torch.Tensor, classes: int, k: int,
-                temperature: float, exclude: torch.Tensor | None = None) -> torch.Tensor:
+def knn_predict(
+    features: torch.Tensor,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    classes: int,
+    k: int,
+    temperature: float,
+    exclude: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Lightly's kNN classifier (its benchmarks' knn_predict): cosine similarity to the bank's
     normalised features, the k most similar vote with weight exp(similarity / temperature).
     ``exclude``: the bank position of each feature itself (leave-one-out), or None."""
@@ -104,32 +122,57 @@ class SelfSupervisedTask(Task):
         labels = dataset_labels(source.train)
         val_labels = dataset_labels(source.val)
         self.classes = list(source.classes)
-        self.bank_source = "train" if labels is not None and min(labels, default=-1) >= 0 else \
-            "val" if val_labels is not None and min(val_labels, default=-1) >= 0 else None
+        self.bank_source = (
+            "train"
+            if labels is not None and min(labels, default=-1) >= 0
+            else "val"
+            if val_labels is not None and min(val_labels, default=-1) >= 0
+            else None
+        )
         crops = self.training_views(size, source.channels, blur, mean, std)
         train = SeededView(source.train, crops, cfg.seed, plain=Mapped(source.train, prepare))
         self.bank = Indexed(Mapped(source.train, prepare)) if self.bank_source == "train" else None
         self.views = crops.global_views  # validation's two views are global crops too
         val = ValidationViews(source.val, self.views, prepare, cfg.seed)
-        monitor = {"train": "kNN on the labelled training images", "val": "leave-one-out kNN within val",
-                   None: "no labels: no kNN"}[self.bank_source]
+        monitor = {
+            "train": "kNN on the labelled training images",
+            "val": "leave-one-out kNN within val",
+            None: "no labels: no kNN",
+        }[self.bank_source]
         voters = {"train": dataset_size(source.train), "val": dataset_size(source.val) - 1, None: 0}[self.bank_source]
         self.knn_note = _every_image_votes(self.options.knn_k, voters)
-        views = crops.description or \
-            f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
+        views = crops.description or f"two views per image (crop scale {cfg.data.crop_scale:g}, blur {blur:g})"
         description = f"{source.description}; {views}; {monitor}"
-        info = {"channels": source.channels, "size": size, "crop_pct": 1.0, "mean": list(mean), "std": list(std),
-                "classes": self.classes, "features": None}
+        info = {
+            "channels": source.channels,
+            "size": size,
+            "crop_pct": 1.0,
+            "mean": list(mean),
+            "std": list(std),
+            "classes": self.classes,
+            "features": None,
+        }
         return TaskData(train, val, description, info, collate=crops.collate, skipped=source.skipped)
 
-    def training_views(self, size: int, channels: int, blur: float, mean: tuple[float, ...],
-                       std: tuple[float, ...]) -> ViewSet:
+    def training_views(
+        self, size: int, channels: int, blur: float, mean: tuple[float, ...], std: tuple[float, ...]
+    ) -> ViewSet:
         """What a training sample becomes: its two views, or with multi-crop options (DINO, SwAV)
         two global crops and local ones."""
         o = self.options
         if isinstance(o, MultiCropOptions):
-            return multi_crop(o.global_scale, o.local_views, o.local_size, o.local_scale, size, channels,
-                              self.cfg.data.hflip, blur, mean, std)
+            return multi_crop(
+                o.global_scale,
+                o.local_views,
+                o.local_size,
+                o.local_scale,
+                size,
+                channels,
+                self.cfg.data.hflip,
+                blur,
+                mean,
+                std,
+            )
         return two_views(self.views)
 
     def notes(self) -> list[str]:
@@ -139,8 +182,9 @@ class SelfSupervisedTask(Task):
         self.classes = list(info.get("classes") or [])
 
     def backbone(self, info: dict[str, Any]) -> tuple[nn.Module, int]:
-        model = build_model(self.cfg.network.model, max(2, len(info.get("classes") or [])), info["channels"],
-                            self.cfg.network.drop_path)
+        model = build_model(
+            self.cfg.network.model, max(2, len(info.get("classes") or [])), info["channels"], self.cfg.network.drop_path
+        )
         return backbone_of(model)
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
@@ -166,8 +210,10 @@ class SelfSupervisedTask(Task):
     @torch.no_grad()
     def evaluate(self, models: Mapping[str, nn.Module], loader: Iterable[Batch], ctx: RunContext) -> Evaluation:
         backbone = models["backbone"]
-        sums = {"view_loss": torch.zeros((), dtype=torch.float64, device=ctx.device),
-                "samples": torch.zeros((), dtype=torch.float64, device=ctx.device)}
+        sums = {
+            "view_loss": torch.zeros((), dtype=torch.float64, device=ctx.device),
+            "samples": torch.zeros((), dtype=torch.float64, device=ctx.device),
+        }
         features, labels, indices = [], [], []
         for v1, v2, plain, label, index in loader:
             v1, v2, plain = ctx.to_device(v1), ctx.to_device(v2), ctx.to_device(plain)
@@ -179,8 +225,9 @@ class SelfSupervisedTask(Task):
             indices.append(index.to(ctx.device))
         metrics = {}
         feature_size = self.feature_size(models)
-        local = torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64,
-                                                                     device=ctx.device)
+        local = (
+            torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64, device=ctx.device)
+        )
         local_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.int64, device=ctx.device)
         local_index = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64, device=ctx.device)
         correct = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -191,8 +238,15 @@ class SelfSupervisedTask(Task):
             else:  # label-free train/: the other validation images are the bank
                 bank, bank_labels, bank_index = self.gathered(ctx, local, local_labels, local_index)
                 exclude = local_index
-            predicted = knn_predict(local, bank, bank_labels, max(len(self.classes), 1), self.options.knn_k,
-                                    self.options.knn_temperature, exclude)
+            predicted = knn_predict(
+                local,
+                bank,
+                bank_labels,
+                max(len(self.classes), 1),
+                self.options.knn_k,
+                self.options.knn_temperature,
+                exclude,
+            )
             correct = (predicted == local_labels).sum().double()
         totals = ctx.all_reduce_sums({**sums, "correct": correct})
         count = max(float(totals["samples"]), 1.0)
@@ -206,8 +260,9 @@ class SelfSupervisedTask(Task):
         first = next(m for m in projector.modules() if isinstance(m, nn.Linear))
         return first.in_features
 
-    def gathered(self, ctx: RunContext, features: torch.Tensor, labels: torch.Tensor,
-                 index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gathered(
+        self, ctx: RunContext, features: torch.Tensor, labels: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every rank's rows in the order of the samples' indices: the same bank at any world size."""
         all_features, _ = ctx.all_gather(features)
         all_labels, _ = ctx.all_gather(labels[:, None].double())
@@ -216,22 +271,30 @@ class SelfSupervisedTask(Task):
         # The position of each sample of this rank in the bank (for leave-one-out): its index.
         return all_features[order], all_labels[order, 0].long(), all_index[order, 0].long()
 
-    def bank_features(self, backbone: nn.Module, ctx: RunContext,
-                      feature_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def bank_features(
+        self, backbone: nn.Module, ctx: RunContext, feature_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         labelled = self.bank
         assert labelled is not None  # (bank_source "train": the labelled training images)
-        loader = DataLoader(labelled, batch_size=self.cfg.optim.batch_size, num_workers=0,
-                            sampler=ShardSampler(len(labelled), ctx.rank, ctx.world_size))
+        loader = DataLoader(
+            labelled,
+            batch_size=self.cfg.optim.batch_size,
+            num_workers=0,
+            sampler=ShardSampler(len(labelled), ctx.rank, ctx.world_size),
+        )
         features, labels, indices = [], [], []
         for image, label, index in loader:
             with ctx.autocast():
                 features.append(nn.functional.normalize(full_precision(backbone(ctx.to_device(image))).double(), dim=1))
             labels.append(label.to(ctx.device))
             indices.append(index.to(ctx.device))
-        local = torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64, device=ctx.device)
+        local = (
+            torch.cat(features) if features else torch.zeros(0, feature_size, dtype=torch.float64, device=ctx.device)
+        )
         empty = torch.zeros(0, dtype=torch.int64, device=ctx.device)
-        bank, bank_labels, _ = self.gathered(ctx, local, torch.cat(labels) if labels else empty,
-                                             torch.cat(indices) if indices else empty)
+        bank, bank_labels, _ = self.gathered(
+            ctx, local, torch.cat(labels) if labels else empty, torch.cat(indices) if indices else empty
+        )
         return bank, bank_labels
 
     def epoch_warnings(self, train: dict[str, float], epoch: int) -> list[str]:
@@ -248,10 +311,15 @@ class SelfSupervisedTask(Task):
         std, dim = train.get("embedding_std"), getattr(self.options, "projection_dim", 0)
         if std is None or not dim or std >= COLLAPSED_STD / math.sqrt(dim):
             return None
-        return (f"the embeddings' std is {std:.4f}, against about {1 / math.sqrt(dim):.4f} (1/sqrt({dim})) for "
-                "embeddings spread over the sphere: they have collapsed towards one direction"
-                + ("; try --head-norm batch (it kept MoCo and SimCLR from collapsing on the built-in digits)"
-                   if getattr(self.options, "head_norm", "") == "none" else ""))
+        return (
+            f"the embeddings' std is {std:.4f}, against about {1 / math.sqrt(dim):.4f} (1/sqrt({dim})) for "
+            "embeddings spread over the sphere: they have collapsed towards one direction"
+            + (
+                "; try --head-norm batch (it kept MoCo and SimCLR from collapsing on the built-in digits)"
+                if getattr(self.options, "head_norm", "") == "none"
+                else ""
+            )
+        )
 
     def summary(self, metrics: dict[str, float]) -> str:
         text = f"val_view_loss {metrics['view_loss']:.4f}"
@@ -264,20 +332,41 @@ class SelfSupervisedTask(Task):
 
     # --- dashboard
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
-        health = [pane(f"train_{name}", f"{declared.label(name)} (mean over ranks)", declared.label(name), "train",
-                       [(name, name)]) for name in declared.loss_names if name != "loss"]
-        return [pane("train_loss", f"{self.name} loss (mean over ranks)", self.loss_label, "train", [("loss", "loss")]),
-                *health,
-                pane("val_knn_acc", "kNN accuracy of the backbone (k=%d)" % self.options.knn_k, "accuracy (%)", "val",
-                     [("knn_acc", "kNN accuracy"), ("ema_knn_acc", "EMA kNN accuracy")], percent=True),
-                pane("val_view_loss", "loss on validation views", self.loss_label, "val",
-                     [("view_loss", "view loss")])]
+        health = [
+            pane(
+                f"train_{name}",
+                f"{declared.label(name)} (mean over ranks)",
+                declared.label(name),
+                "train",
+                [(name, name)],
+            )
+            for name in declared.loss_names
+            if name != "loss"
+        ]
+        return [
+            pane("train_loss", f"{self.name} loss (mean over ranks)", self.loss_label, "train", [("loss", "loss")]),
+            *health,
+            pane(
+                "val_knn_acc",
+                f"kNN accuracy of the backbone (k={self.options.knn_k})",
+                "accuracy (%)",
+                "val",
+                [("knn_acc", "kNN accuracy"), ("ema_knn_acc", "EMA kNN accuracy")],
+                percent=True,
+            ),
+            pane("val_view_loss", "loss on validation views", self.loss_label, "val", [("view_loss", "view loss")]),
+        ]
 
     def visuals(self, data: TaskData) -> ViewSample:
         collate = data.collate
         assert collate is not None  # (build_data's: the views')
-        return ViewSample(data.train, collate, fixed_sample(dataset_size(data.train), SHOWN, self.cfg.seed),
-                          data.info["mean"], data.info["std"])
+        return ViewSample(
+            data.train,
+            collate,
+            fixed_sample(dataset_size(data.train), SHOWN, self.cfg.seed),
+            data.info["mean"],
+            data.info["std"],
+        )
 
 
 def _every_image_votes(k: int, voters: int) -> str:
@@ -286,6 +375,8 @@ def _every_image_votes(k: int, voters: int) -> str:
     labelled images at the default k of 200 gave 10%, where k 5 gave 80%)."""
     if not voters or k < voters:
         return ""
-    return (f"phalanx: warning: --knn-k {k} reaches the {voters} labelled images the kNN accuracy votes with: every "
-            f"one votes, and the accuracy says little of the features; a k well under {voters} ({max(1, voters // 5)}, "
-            "say) measures them: in a new run, or `phalanx evaluate --knn-k K` of a checkpoint (a run keeps its k)")
+    return (
+        f"phalanx: warning: --knn-k {k} reaches the {voters} labelled images the kNN accuracy votes with: every "
+        f"one votes, and the accuracy says little of the features; a k well under {voters} ({max(1, voters // 5)}, "
+        "say) measures them: in a new run, or `phalanx evaluate --knn-k K` of a checkpoint (a run keeps its k)"
+    )

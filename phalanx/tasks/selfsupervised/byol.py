@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ...models.recipe import ema_update
 from ..base import Batch, TaskData
-from .decorrelation import global_embedding_std
-from .options import BYOLOptions, DINOOptions, MoCoOptions
 from .base import SelfSupervisedTask, mlp
+from .decorrelation import global_embedding_std
 from .losses import BYOLLoss
+from .options import BYOLOptions, DINOOptions, MoCoOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -67,8 +68,12 @@ class BYOLTask(MomentumTeacherTask):
         hidden = o.hidden_dim or 4 * size
         projector = mlp(size, hidden, o.projection_dim, o.head_norm)
         predictor = mlp(o.projection_dim, hidden, o.projection_dim, o.head_norm)
-        return {"backbone": backbone, "projector": projector, "predictor": predictor,
-                "teacher": self.teacher_of(backbone, projector)}
+        return {
+            "backbone": backbone,
+            "projector": projector,
+            "predictor": predictor,
+            "teacher": self.teacher_of(backbone, projector),
+        }
 
     def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:
         v1, v2 = batch

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from ..base import Batch, TaskData
-from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
 from .base import SelfSupervisedTask, gather_views, mlp
 from .losses import BarlowTwinsLoss, VICRegLoss
+from .options import BarlowTwinsOptions, GlobalBatchOptions, VICRegOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -49,8 +49,11 @@ def global_embedding_std(ctx: StepContext, *views: torch.Tensor) -> Pending:
         count = total["count"]
         if count < 2:
             return count.new_zeros(())
-        stds = [((s[1] - s[0] * s[0] / count) / (count - 1)).clamp(min=0).sqrt().mean() for key, s in total.items()
-                if key != "count"]
+        stds = [
+            ((s[1] - s[0] * s[0] / count) / (count - 1)).clamp(min=0).sqrt().mean()
+            for key, s in total.items()
+            if key != "count"
+        ]
         return cast(torch.Tensor, sum(stds)) / len(stds)  # (cast: tensors, never none; typeshed's sum allows 0)
 
     return ctx.all_reduce_sums_later({**sums, "count": torch.tensor(float(rows))}, spread)
@@ -85,8 +88,12 @@ class BarlowTwinsTask(GlobalBatchTask):
     Options = BarlowTwinsOptions
     loss_label = "Barlow Twins loss"
     loss_names = ("loss", "on_diagonal", "off_diagonal", "embedding_std")
-    metric_labels = {**SelfSupervisedTask.metric_labels, "on_diagonal": "invariance: sum of (1 - C_ii)^2",
-                     "off_diagonal": "redundancy: sum of C_ij^2, i != j", "embedding_std": "embedding std"}
+    metric_labels = {
+        **SelfSupervisedTask.metric_labels,
+        "on_diagonal": "invariance: sum of (1 - C_ii)^2",
+        "off_diagonal": "redundancy: sum of C_ij^2, i != j",
+        "embedding_std": "embedding std",
+    }
     options: BarlowTwinsOptions
 
     def __init__(self, cfg: RunConfig):
@@ -99,9 +106,13 @@ class VICRegTask(GlobalBatchTask):
     Options = VICRegOptions
     loss_label = "VICReg loss"
     loss_names = ("loss", "invariance", "variance", "covariance", "embedding_std")
-    metric_labels = {**SelfSupervisedTask.metric_labels, "invariance": "invariance (mean squared distance)",
-                     "variance": "variance (hinge on the std)", "covariance": "covariance (off-diagonal)",
-                     "embedding_std": "embedding std"}
+    metric_labels = {
+        **SelfSupervisedTask.metric_labels,
+        "invariance": "invariance (mean squared distance)",
+        "variance": "variance (hinge on the std)",
+        "covariance": "covariance (off-diagonal)",
+        "embedding_std": "embedding std",
+    }
     options: VICRegOptions
 
     def __init__(self, cfg: RunConfig):

@@ -64,8 +64,11 @@ class DINOTask(MomentumTeacherTask):
     loss_label = "DINO loss (teacher to student cross-entropy)"
     view_loss_meaning = "DINO's loss between an image's two views"
     loss_names = ("loss", "teacher_entropy", "center_norm")
-    metric_labels = {**MomentumTeacherTask.metric_labels, "teacher_entropy": "teacher entropy (nats)",
-                     "center_norm": "centre norm"}
+    metric_labels = {
+        **MomentumTeacherTask.metric_labels,
+        "teacher_entropy": "teacher entropy (nats)",
+        "center_norm": "centre norm",
+    }
     manual_optimization = True  # the last layer's gradient is dropped in the first epochs
     options: DINOOptions
 
@@ -81,8 +84,11 @@ class DINOTask(MomentumTeacherTask):
         return {"backbone": backbone, "projector": head, "teacher": self.teacher_of(backbone, head)}
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, object]]]:
-        return {"student": [{"params": [*models["backbone"].parameters(), *models["projector"].parameters()],
-                             "lr_mult": 1.0}]}
+        return {
+            "student": [
+                {"params": [*models["backbone"].parameters(), *models["projector"].parameters()], "lr_mult": 1.0}
+            ]
+        }
 
     def teacher_temperature(self, epoch: int) -> float:
         """Linear from --warmup-teacher-temp to --teacher-temp over the warmup epochs (epoch 1-based)."""
@@ -143,17 +149,23 @@ class DINOTask(MomentumTeacherTask):
         uniform = math.log(self.options.output_dim)
         if train["teacher_entropy"] < COLLAPSED * uniform:
             return None
-        return (f"the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform distribution's over "
-                f"{self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the teacher gives every image "
-                "the same distribution; the loss is then its entropy whatever the backbone gives)"
-                + ("; try --head-norm batch (it kept DINO from collapsing on the built-in digits)"
-                   if self.options.head_norm == "none" else ""))
+        return (
+            f"the teacher's mean entropy is {train['teacher_entropy']:.3f} nats, the uniform distribution's over "
+            f"{self.options.output_dim} outputs {uniform:.3f}: DINO has collapsed (the teacher gives every image "
+            "the same distribution; the loss is then its entropy whatever the backbone gives)"
+            + (
+                "; try --head-norm batch (it kept DINO from collapsing on the built-in digits)"
+                if self.options.head_norm == "none"
+                else ""
+            )
+        )
 
     def view_loss(self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
         """Per sample: DINO's own loss between the two validation views (the views' alignment says
         nothing here: the head's outputs of any two views are nearly parallel)."""
-        return self.criterion(self.teacher(models, [v1, v2]), self.student(models, [v1, v2]), self.center,
-                              self.options.teacher_temp)[0]
+        return self.criterion(
+            self.teacher(models, [v1, v2]), self.student(models, [v1, v2]), self.center, self.options.teacher_temp
+        )[0]
 
     def state_dict(self) -> dict[str, Plain]:
         return {"center": self.center.detach().cpu().clone()}

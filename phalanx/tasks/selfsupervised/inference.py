@@ -31,7 +31,9 @@ class SelfSupervisedInference(Inference):
         m = results["metrics"]
         knn = f"  kNN accuracy {100 * m['knn_acc']:.2f}%" if "knn_acc" in m else ""
         warned = f"\n{self.task.knn_note}" if "knn_acc" in m and self.task.knn_note else ""  # every image votes
-        return f"images {results['samples']}  view loss {m['view_loss']:.4f} ({self.task.view_loss_meaning}){knn}{warned}"
+        return (
+            f"images {results['samples']}  view loss {m['view_loss']:.4f} ({self.task.view_loss_meaning}){knn}{warned}"
+        )
 
     def check_predict_output(self, output: str) -> None:
         check_features_output(output)
@@ -51,6 +53,3 @@ class SelfSupervisedInference(Inference):
 
     def export_metadata(self) -> dict[str, Any]:
         return {**super().export_metadata(), "outputs": "the backbone's features (a feature extractor)"}
-
-
-

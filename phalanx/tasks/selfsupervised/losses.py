@@ -22,8 +22,14 @@ class NTXentLoss(nn.Module):
         super().__init__()
         self.temperature = temperature
 
-    def forward(self, z1: torch.Tensor, z2: torch.Tensor, all1: torch.Tensor | None = None,
-                all2: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        z1: torch.Tensor,
+        z2: torch.Tensor,
+        all1: torch.Tensor | None = None,
+        all2: torch.Tensor | None = None,
+        start: int = 0,
+    ) -> torch.Tensor:
         all1, all2 = (z1, z2) if all1 is None or all2 is None else (all1, all2)
         z1, z2 = nn.functional.normalize(z1, dim=1), nn.functional.normalize(z2, dim=1)
         candidates = torch.cat([nn.functional.normalize(all1, dim=1), nn.functional.normalize(all2, dim=1)])
@@ -59,9 +65,12 @@ class InfoNCELoss(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
         query, key = nn.functional.normalize(query, dim=1), nn.functional.normalize(key, dim=1)
-        logits = torch.cat([(query * key).sum(1, keepdim=True), query @ negatives.to(query).T], dim=1) / self.temperature
-        return nn.functional.cross_entropy(logits, torch.zeros(len(query), dtype=torch.long, device=query.device),
-                                           reduction="none")
+        logits = (
+            torch.cat([(query * key).sum(1, keepdim=True), query @ negatives.to(query).T], dim=1) / self.temperature
+        )
+        return nn.functional.cross_entropy(
+            logits, torch.zeros(len(query), dtype=torch.long, device=query.device), reduction="none"
+        )
 
 
 class DINOLoss(nn.Module):
@@ -74,9 +83,12 @@ class DINOLoss(nn.Module):
         super().__init__()
         self.student_temperature = student_temperature
 
-    def forward(self, teacher: list[torch.Tensor], student: list[torch.Tensor], center: torch.Tensor,
-                teacher_temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        probabilities = nn.functional.softmax((torch.stack(teacher) - center.to(teacher[0])) / teacher_temperature, dim=-1)
+    def forward(
+        self, teacher: list[torch.Tensor], student: list[torch.Tensor], center: torch.Tensor, teacher_temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        probabilities = nn.functional.softmax(
+            (torch.stack(teacher) - center.to(teacher[0])) / teacher_temperature, dim=-1
+        )
         log_student = nn.functional.log_softmax(torch.stack(student) / self.student_temperature, dim=-1)
         cross = -torch.einsum("tbd,sbd->tsb", probabilities, log_student)
         same = torch.eye(len(teacher), len(student), dtype=torch.bool, device=cross.device)
@@ -152,8 +164,13 @@ class VICRegLoss(nn.Module):
     """VICReg's (Bardes et al. 2022), of a whole batch, each term as Lightly's ``VICRegLoss``
     computes it: the loss (``"loss"``) and its invariance, variance and covariance terms."""
 
-    def __init__(self, invariance_weight: float = 25.0, variance_weight: float = 25.0, covariance_weight: float = 1.0,
-                 variance_eps: float = 1e-4):
+    def __init__(
+        self,
+        invariance_weight: float = 25.0,
+        variance_weight: float = 25.0,
+        covariance_weight: float = 1.0,
+        variance_eps: float = 1e-4,
+    ):
         super().__init__()
         self.weights = (invariance_weight, variance_weight, covariance_weight)
         self.eps = variance_eps
@@ -170,5 +187,9 @@ class VICRegLoss(nn.Module):
         spread = 0.5 * (variance(z1) + variance(z2))
         covariances = covariance(z1) + covariance(z2)
         w_inv, w_var, w_cov = self.weights
-        return {"loss": w_inv * invariance + w_var * spread + w_cov * covariances, "invariance": invariance.detach(),
-                "variance": spread.detach(), "covariance": covariances.detach()}
+        return {
+            "loss": w_inv * invariance + w_var * spread + w_cov * covariances,
+            "invariance": invariance.detach(),
+            "variance": spread.detach(),
+            "covariance": covariances.detach(),
+        }

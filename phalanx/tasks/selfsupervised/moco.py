@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from ..base import Batch, Plain, PlainRecord, TaskData
+from .base import mlp
 from .byol import MomentumTeacherTask
 from .decorrelation import embedding_std
-from .options import MoCoOptions
-from .base import mlp
 from .losses import InfoNCELoss
+from .options import MoCoOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -40,7 +40,9 @@ class MoCoTask(MomentumTeacherTask):
         super().__init__(cfg)
         # Lightly's memory bank starts as random unit vectors; seeded, so every rank's is the same.
         generator = torch.Generator().manual_seed(cfg.seed)
-        queue = torch.randn(self.options.queue_size, self.options.projection_dim, generator=generator, dtype=torch.float64)
+        queue = torch.randn(
+            self.options.queue_size, self.options.projection_dim, generator=generator, dtype=torch.float64
+        )
         self.queue = nn.functional.normalize(queue, dim=1)
         self.queue_at = 0  # where the next key goes
         self.criterion = InfoNCELoss(self.options.temperature)
@@ -59,10 +61,10 @@ class MoCoTask(MomentumTeacherTask):
         self.queue = self.queue.to(keys)
         size, at = len(self.queue), self.queue_at
         if at + len(keys) >= size:
-            self.queue[at:] = keys[:size - at]
+            self.queue[at:] = keys[: size - at]
             self.queue_at = 0
         else:
-            self.queue[at:at + len(keys)] = keys
+            self.queue[at : at + len(keys)] = keys
             self.queue_at = at + len(keys)
 
     def training_step(self, batch: Batch, ctx: StepContext) -> StepLosses:

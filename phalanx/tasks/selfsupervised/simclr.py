@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from ..base import Batch, TaskData
-from .decorrelation import global_embedding_std
-from .options import SimCLROptions
 from .base import SelfSupervisedTask, gather_views, mlp
+from .decorrelation import global_embedding_std
 from .losses import NTXentLoss
+from .options import SimCLROptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig

@@ -4,16 +4,17 @@ sample, so it is the same at any world size without a gather."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..base import Batch, TaskData
-from .decorrelation import global_embedding_std
-from .options import SimSiamOptions
 from .base import SelfSupervisedTask, mlp
+from .decorrelation import global_embedding_std
 from .losses import NegativeCosineLoss
+from .options import SimSiamOptions
 
 if TYPE_CHECKING:
     from ..contract import StepContext, StepLosses
@@ -32,11 +33,15 @@ class SimSiamTask(SelfSupervisedTask):
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         backbone, size = self.backbone(data.info)
         o = self.options
-        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm, 2),
-                "predictor": mlp(o.projection_dim, o.predictor_dim, o.projection_dim, o.head_norm)}
+        return {
+            "backbone": backbone,
+            "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm, 2),
+            "predictor": mlp(o.projection_dim, o.predictor_dim, o.projection_dim, o.head_norm),
+        }
 
-    def predict_pair(self, models: Mapping[str, nn.Module], v1: torch.Tensor,
-                     v2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def predict_pair(
+        self, models: Mapping[str, nn.Module], v1: torch.Tensor, v2: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         z1, z2 = self.embed(models, v1), self.embed(models, v2)
         return models["predictor"](z1), models["predictor"](z2), z1, z2
 

@@ -15,16 +15,17 @@ once the queue is full; the queue is the task's state, checkpointed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from ..base import Batch, Plain, PlainRecord, TaskData
-from .decorrelation import global_embedding_std
-from .options import SwAVOptions
 from .base import SelfSupervisedTask, mlp
+from .decorrelation import global_embedding_std
 from .losses import SwAVLoss, sinkhorn
+from .options import SwAVOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -36,8 +37,11 @@ class SwAVTask(SelfSupervisedTask):
     Options = SwAVOptions
     loss_label = "SwAV loss (swapped prediction)"
     loss_names = ("loss", "prototype_usage", "embedding_std")  # the features' spread: a collapse warns
-    metric_labels = {**SelfSupervisedTask.metric_labels, "prototype_usage": "prototypes in use (fraction)",
-                     "embedding_std": "embedding std (collapse: 0)"}
+    metric_labels = {
+        **SelfSupervisedTask.metric_labels,
+        "prototype_usage": "prototypes in use (fraction)",
+        "embedding_std": "embedding std (collapse: 0)",
+    }
     manual_optimization = True  # the prototypes' gradient is dropped in the first epochs
     options: SwAVOptions
 
@@ -46,8 +50,11 @@ class SwAVTask(SelfSupervisedTask):
         o = self.options
         prototypes = nn.Linear(o.projection_dim, o.prototypes, bias=False)  # SwAV's (Lightly's has a bias)
         self.normalize(prototypes)
-        return {"backbone": backbone, "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm),
-                "prototypes": prototypes}
+        return {
+            "backbone": backbone,
+            "projector": mlp(size, o.hidden_dim, o.projection_dim, o.head_norm),
+            "prototypes": prototypes,
+        }
 
     @staticmethod
     @torch.no_grad()
@@ -69,7 +76,7 @@ class SwAVTask(SelfSupervisedTask):
         """Sinkhorn-Knopp's codes of the global batch's scores, balanced with the queue's scores
         beside them (their own codes dropped), as Lightly's ``SwaVLoss`` with ``queue_outputs``."""
         scores = everyone if queued is None else torch.cat([everyone, queued])
-        return sinkhorn(scores, self.options.sinkhorn_iterations, self.options.sinkhorn_epsilon)[:len(everyone)]
+        return sinkhorn(scores, self.options.sinkhorn_iterations, self.options.sinkhorn_epsilon)[: len(everyone)]
 
     def queued_scores(self, crop: int, prototypes: nn.Module, epoch: int) -> torch.Tensor | None:
         length = self.options.queue_length
@@ -109,7 +116,7 @@ class SwAVTask(SelfSupervisedTask):
                 queued = self.queued_scores(crop, prototypes, ctx.epoch)
             code = self.codes(everyone, queued)
             used.append(code.argmax(1))
-            codes.append(code[start:start + len(score)] if ctx.samples else torch.zeros_like(score))
+            codes.append(code[start : start + len(score)] if ctx.samples else torch.zeros_like(score))
         if self.options.queue_length:  # this global batch's features, in the samples' order, on every rank
             self.enqueue([ctx.all_gather_in_order(f.detach()) for f in features[:2]])
         loss = self.criterion(scores, codes)

@@ -59,14 +59,19 @@ class ViewRecipe:
         distributions of torchvision's transforms."""
         uniforms = torch.rand(DRAWS, dtype=torch.float64).tolist()
         params = [0.0] * FIELDS
-        params[X0:Y1 + 1] = _crop_box(height, width, self.scale, uniforms)
+        params[X0 : Y1 + 1] = _crop_box(height, width, self.scale, uniforms)
         params[FLIP] = float(self.flip and uniforms[U_FLIP] < 0.5)
         if uniforms[U_JITTER] < 0.8:
-            b, c, s, h = uniforms[U_FACTORS:U_FACTORS + 4]
+            b, c, s, h = uniforms[U_FACTORS : U_FACTORS + 4]
             colour = self.channels == 3
-            params[JITTER:HUE + 1] = [1.0, 0.6 + 0.8 * b, 0.6 + 0.8 * c, 0.6 + 0.8 * s if colour else 1.0,
-                                      0.2 * h - 0.1 if colour else 0.0]
-            keys = uniforms[U_ORDER:U_ORDER + 4]
+            params[JITTER : HUE + 1] = [
+                1.0,
+                0.6 + 0.8 * b,
+                0.6 + 0.8 * c,
+                0.6 + 0.8 * s if colour else 1.0,
+                0.2 * h - 0.1 if colour else 0.0,
+            ]
+            keys = uniforms[U_ORDER : U_ORDER + 4]
             order = sorted(range(4), key=keys.__getitem__)  # a random order of the four
             params[ORDER] = order
         params[GRAY] = float(self.channels == 3 and uniforms[U_GRAY] < 0.2)
@@ -77,7 +82,7 @@ class ViewRecipe:
     def crop(self, image: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         """The view's resized crop (C, size, size), floats in [0, 1], as torchvision's resized_crop
         (antialiased when shrinking): made per sample, so a loader keeps crops, not whole images."""
-        x0, y0, x1, y1 = (int(v) for v in params[X0:Y1 + 1].tolist())
+        x0, y0, x1, y1 = (int(v) for v in params[X0 : Y1 + 1].tolist())
         pixels = image[None, :, y0:y1, x0:x1]
         pixels = pixels.float() / 255 if pixels.dtype == torch.uint8 else pixels.float()
         return F.interpolate(pixels, (self.size, self.size), mode="bilinear", align_corners=False, antialias=True)[0]
@@ -113,8 +118,8 @@ class ViewRecipe:
         height, width = views.shape[-2:]
         padded = F.pad(views, (half, half, half, half), mode="reflect")
         # (cast: a sum of tensors, never empty; typeshed's sum allows the int 0 of an empty one)
-        across = cast(torch.Tensor, sum(weights[:, k] * padded[..., :, k:k + width] for k in range(kernel)))
-        return cast(torch.Tensor, sum(weights[:, k] * across[..., k:k + height, :] for k in range(kernel)))
+        across = cast(torch.Tensor, sum(weights[:, k] * padded[..., :, k : k + width] for k in range(kernel)))
+        return cast(torch.Tensor, sum(weights[:, k] * across[..., k : k + height, :] for k in range(kernel)))
 
 
 def _crop_box(height: int, width: int, scale: tuple[float, float], uniforms: list[float]) -> list[float]:
@@ -122,7 +127,7 @@ def _crop_box(height: int, width: int, scale: tuple[float, float], uniforms: lis
     ratio in 3/4-4/3 (log-uniform), placed uniformly; after 10 misses, the centre crop of the
     nearest ratio."""
     for attempt in range(ATTEMPTS):
-        u_area, u_ratio, u_top, u_left = uniforms[4 * attempt:4 * attempt + 4]
+        u_area, u_ratio, u_top, u_left = uniforms[4 * attempt : 4 * attempt + 4]
         area = height * width * (scale[0] + (scale[1] - scale[0]) * u_area)
         ratio = math.exp(LOG_RATIO[0] + (LOG_RATIO[1] - LOG_RATIO[0]) * u_ratio)
         w, h = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
@@ -130,8 +135,13 @@ def _crop_box(height: int, width: int, scale: tuple[float, float], uniforms: lis
             top, left = int(u_top * (height - h + 1)), int(u_left * (width - w + 1))
             return [left, top, left + w, top + h]
     ratio = width / height
-    w, h = (width, int(round(width * 4 / 3))) if ratio < 3 / 4 else \
-        (int(round(height * 4 / 3)), height) if ratio > 4 / 3 else (width, height)
+    w, h = (
+        (width, int(round(width * 4 / 3)))
+        if ratio < 3 / 4
+        else (int(round(height * 4 / 3)), height)
+        if ratio > 4 / 3
+        else (width, height)
+    )
     top, left = (height - h) // 2, (width - w) // 2
     return [left, top, left + w, top + h]
 

@@ -5,17 +5,18 @@ dashboard."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from ... import records
+from ...data.sampling import derive_seed
 from ...data.transforms import SMALL
 from ...records.pictures import denormalize, png, strip
-from ...data.sampling import derive_seed
 from ..base import RunContext, dataset_size
 from .view_batch import ViewRecipe
 
@@ -49,7 +50,9 @@ class ViewSet:
             return tuple(per_image(recipe)(image) for recipe, count in self.groups for _ in range(count))
         height, width = image.shape[-2:]
         params = [torch.stack([recipe.draw(height, width) for _ in range(count)]) for recipe, count in self.groups]
-        crops = [torch.stack([recipe.crop(image, row) for row in rows]) for (recipe, _), rows in zip(self.groups, params)]
+        crops = [
+            torch.stack([recipe.crop(image, row) for row in rows]) for (recipe, _), rows in zip(self.groups, params)
+        ]
         return Drawn(crops, params)
 
     def collate(self, items: list) -> Any:
@@ -76,15 +79,16 @@ def one_view(recipe: ViewRecipe, image: torch.Tensor) -> torch.Tensor:
     return per_image(recipe)(image) if made_by_pil(image, recipe.size) else recipe(image)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def per_image(recipe: ViewRecipe) -> Callable[[torch.Tensor], torch.Tensor]:
     """``recipe`` as torchvision's transforms on one 8-bit image made a PIL image (Lightly's SimCLRTransform)."""
     from torchvision import transforms as T
 
     steps = [T.ToPILImage(), T.RandomResizedCrop(recipe.size, scale=recipe.scale, antialias=True)]
     steps += [T.RandomHorizontalFlip()] if recipe.flip else []
-    steps += [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1) if recipe.channels == 3 else T.ColorJitter(0.4, 0.4)],
-                            p=0.8)]
+    steps += [
+        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1) if recipe.channels == 3 else T.ColorJitter(0.4, 0.4)], p=0.8)
+    ]
     steps += [T.RandomGrayscale(p=0.2)] if recipe.channels == 3 else []
     steps += [T.RandomApply([_pil_blur], p=recipe.blur)] if recipe.blur > 0 else []
     return T.Compose([*steps, T.ToTensor(), T.Normalize(list(recipe.mean), list(recipe.std))])
@@ -102,8 +106,18 @@ def two_views(recipe: ViewRecipe) -> ViewSet:
     return ViewSet([(recipe, 2)])
 
 
-def multi_crop(global_scale: float, local_views: int, local_size: int, local_scale: float, size: int, channels: int,
-               flip: bool, blur: float, mean: tuple[float, ...], std: tuple[float, ...]) -> ViewSet:
+def multi_crop(
+    global_scale: float,
+    local_views: int,
+    local_size: int,
+    local_scale: float,
+    size: int,
+    channels: int,
+    flip: bool,
+    blur: float,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> ViewSet:
     """DINO's and SwAV's crops: global ones of ``size`` (area ``global_scale`` to 1), local ones of
     ``local_size`` (0: 3/7 of ``size``, at least 8; area ``local_scale`` to ``global_scale``)."""
     local = local_size or max(8, round(size * 3 / 7))
@@ -111,15 +125,26 @@ def multi_crop(global_scale: float, local_views: int, local_size: int, local_sca
         from ...errors import PhalanxError
 
         if not local_size:  # the default's 8-px floor, not a --local-size the user gave
-            raise PhalanxError(f"{size} px is smaller than a local crop's 8 px at the least: give --image-size 8 or "
-                               "more, or --local-views 0", "--image-size")
-        raise PhalanxError(f"{local} px is larger than the images' {size} px: a local crop is a small part of "
-                           "an image", "--local-size")
-    description = (f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
-             f"(area {local_scale:g}-{global_scale:g}) per image, blur {blur:g}")
+            raise PhalanxError(
+                f"{size} px is smaller than a local crop's 8 px at the least: give --image-size 8 or "
+                "more, or --local-views 0",
+                "--image-size",
+            )
+        raise PhalanxError(
+            f"{local} px is larger than the images' {size} px: a local crop is a small part of an image", "--local-size"
+        )
+    description = (
+        f"2 global crops of {size} px (area {global_scale:g}-1) and {local_views} local crops of {local} px "
+        f"(area {local_scale:g}-{global_scale:g}) per image, blur {blur:g}"
+    )
     local_crops = ViewRecipe(local, channels, (local_scale, global_scale), flip, blur, mean, std)
-    return ViewSet([(ViewRecipe(size, channels, (global_scale, 1.0), flip, blur, mean, std), 2),
-                    *([(local_crops, local_views)] if local_views else [])], description)
+    return ViewSet(
+        [
+            (ViewRecipe(size, channels, (global_scale, 1.0), flip, blur, mean, std), 2),
+            *([(local_crops, local_views)] if local_views else []),
+        ],
+        description,
+    )
 
 
 class ValidationViews(Dataset):
@@ -155,8 +180,14 @@ class Indexed(Dataset):
 class ViewSample:
     """Each epoch: a few training images' two views, as that epoch's training drew them."""
 
-    def __init__(self, train: Dataset[Any], collate: Callable[[list[Any]], Any], indices: list[int], mean: list[float],
-                 std: list[float]):
+    def __init__(
+        self,
+        train: Dataset[Any],
+        collate: Callable[[list[Any]], Any],
+        indices: list[int],
+        mean: list[float],
+        std: list[float],
+    ):
         self.train, self.collate, self.indices, self.mean, self.std = train, collate, indices, mean, std
 
     def record(self, models: Mapping[str, nn.Module], epoch: int, ctx: RunContext) -> dict[str, Any]:
@@ -169,5 +200,9 @@ class ViewSample:
                 items.append(records.images_item(png(strip(shown)), f"image {index}: view 1 | view 2"))
         finally:
             torch.default_generator.set_state(state)
-        return {"kind": "images", "epoch": epoch, "title": "two views of training images (this epoch's augmentation)",
-                "items": items}
+        return {
+            "kind": "images",
+            "epoch": epoch,
+            "title": "two views of training images (this epoch's augmentation)",
+            "items": items,
+        }

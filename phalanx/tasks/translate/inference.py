@@ -15,8 +15,8 @@ from torch.utils.data import Dataset
 from ...atomic import atomic_write_bytes
 from ...data.inputs import InputImages, output_names
 from ...data.pairs import PairFiles, PairTransform, Transformed, find_pairs
-from ...errors import PhalanxError
 from ...data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable, slide_of
+from ...errors import PhalanxError
 from ...records.pictures import pixels, png_bytes
 from ..base import Evaluation
 from ..inference import Inference, Predictor
@@ -34,20 +34,21 @@ class TranslateInference(Inference):
     def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
         pairs = find_pairs(split, self.task.targets, skip_broken=False, last=self.task.last_target_folder)
         size = self.info["size"]
-        return Transformed(PairFiles(pairs), PairTransform(size, train=False, flip=False)), \
-            f"{split} ({len(pairs)} {pairs.layout} pairs)"
+        return Transformed(
+            PairFiles(pairs), PairTransform(size, train=False, flip=False)
+        ), f"{split} ({len(pairs)} {pairs.layout} pairs)"
 
     def results(self, evaluation: Evaluation) -> dict[str, Any]:
         return {"images": evaluation.extra["samples"], "targets": self.task.targets}
 
     def results_table(self, results: dict[str, Any]) -> str:
         m = results["metrics"]
-        lines = [f"images {results['images']}", "",
-                 f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
+        lines = [f"images {results['images']}", "", f"{'target':<8} {'L1':>8} {'PSNR (dB)':>10} {'SSIM':>8}"]
         for t in range(self.task.targets):  # named as predict's folders (DeepLIIF's: Hema, ..., Seg)
             s = self.task.suffix(t)
-            lines.append(f"{self.task.output_folder(t):<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} "
-                         f"{m[f'SSIM{s}']:>8.4f}")
+            lines.append(
+                f"{self.task.output_folder(t):<8} {m[f'L1{s}']:>8.4f} {m[f'PSNR{s}']:>10.2f} {m[f'SSIM{s}']:>8.4f}"
+            )
         if self.task.targets > 1:
             lines.append(f"{'mean':<8} {m['L1']:>8.4f} {m['PSNR']:>10.2f} {m['SSIM']:>8.4f}")
         return "\n".join(lines)
@@ -55,8 +56,10 @@ class TranslateInference(Inference):
     def check_predict_output(self, output: str) -> None:
         path = Path(output)
         if path.suffix:
-            raise PhalanxError(f"is a folder for --task translate (one subfolder of PNGs per target), not a file "
-                               f"({path.name})", "--output")
+            raise PhalanxError(
+                f"is a folder for --task translate (one subfolder of PNGs per target), not a file ({path.name})",
+                "--output",
+            )
         if path.exists() and not path.is_dir():
             raise PhalanxError(f"{path} exists and is not a folder", "--output")
 
@@ -65,8 +68,9 @@ class TranslateInference(Inference):
         overlap), written as PNG to OUTPUT/target<N>/<name>.png, <name> keeping the image's folders
         below the deepest folder holding every input (``output_names``); a TIFF larger than
         ``--region-size`` (a whole slide) region by region, to OUTPUT/target<N>/<name>.ome.tif."""
-        inputs = InputImages(paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0,
-                             slides_above=opts.region_size)
+        inputs = InputImages(
+            paths, self.info["mode"], lambda image: image.float() / 127.5 - 1.0, slides_above=opts.region_size
+        )
         generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
         return self.predictor_class()(inputs, paths, device, generators, self, opts)
 
@@ -80,9 +84,13 @@ class TranslateInference(Inference):
     def warn_of_panels(self, panels: list[Path]) -> None:
         if panels:
             count = self.task.targets + 1
-            print(f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
-                  f"x height, the aligned training data's input|target layout), e.g. {panels[0]}: each was "
-                  "translated whole; give predict the input panel (the left one) alone", file=sys.stderr, flush=True)
+            print(
+                f"phalanx: warning: {len(panels)} image(s) are {count} square panels side by side (width = {count} "
+                f"x height, the aligned training data's input|target layout), e.g. {panels[0]}: each was "
+                "translated whole; give predict the input panel (the left one) alone",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def export_modules(self) -> dict[str, tuple[nn.Module, torch.Tensor]]:
         size, channels = self.info["size"], self.info["channels"]
@@ -91,25 +99,36 @@ class TranslateInference(Inference):
 
     def export_metadata(self) -> dict[str, Any]:
         info = self.info
-        return {"input": "RGB" if info["channels"] == 3 else "grayscale", "image_size": info["size"],
-                "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
-                "outputs": "the translated image, (output + 1) * 127.5 for pixels",
-                "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does"}
+        return {
+            "input": "RGB" if info["channels"] == 3 else "grayscale",
+            "image_size": info["size"],
+            "scale": "pixels / 127.5 - 1 (inputs and outputs in [-1, 1])",
+            "outputs": "the translated image, (output + 1) * 127.5 for pixels",
+            "sides": f"multiples of {info['size']} for a U-Net; tile larger images as phalanx predict does",
+        }
 
 
 class TranslationPredictor(Predictor):
     inputs: InputImages
 
-    def __init__(self, inputs: InputImages, paths: list[Path], device: torch.device, generators: dict[str, nn.Module],
-                 inference: TranslateInference, opts: PredictOptions):
+    def __init__(
+        self,
+        inputs: InputImages,
+        paths: list[Path],
+        device: torch.device,
+        generators: dict[str, nn.Module],
+        inference: TranslateInference,
+        opts: PredictOptions,
+    ):
         super().__init__(inputs, paths, device)
         self.generators, self.inference, self.info = generators, inference, inference.info
         self.names = output_names(paths)  # before any work: two images never share an output
         slides = [self.slide_name(i) for i, p in enumerate(paths) if slide_of(p, opts.region_size)]  # (headers)
         if len(set(slides)) != len(slides):
             twice = next(name for name in slides if slides.count(name) > 1)
-            raise PhalanxError(f"two slides would both be written as {twice}; predict them in separate runs (or "
-                               "rename one)", "IMAGES")
+            raise PhalanxError(
+                f"two slides would both be written as {twice}; predict them in separate runs (or rename one)", "IMAGES"
+            )
         self.overlap = tile_overlap(opts.overlap_pixels(), self.info["size"])
         self.region_size = opts.region_size
         self.output = Path(opts.output)
@@ -159,10 +178,14 @@ class TranslationPredictor(Predictor):
                 for top in range(0, slide.height, region):
                     for left in range(0, slide.width, region):
                         height, width = min(region, slide.height - top), min(region, slide.width - left)
-                        t0, l0 = (start(begin, total, size, stride, before) for begin, total in
-                                  ((top, slide.height), (left, slide.width)))
-                        t1, l1 = (after(end, total, size, overlap) for end, total in
-                                  ((top + height, slide.height), (left + width, slide.width)))
+                        t0, l0 = (
+                            start(begin, total, size, stride, before)
+                            for begin, total in ((top, slide.height), (left, slide.width))
+                        )
+                        t1, l1 = (
+                            after(end, total, size, overlap)
+                            for end, total in ((top + height, slide.height), (left + width, slide.width))
+                        )
                         window = self.inputs.prepare(reader.region(t0, l0, t1 - t0, l1 - l0)).to(self.dtype)
                         core = (..., slice(top - t0, top - t0 + height), slice(left - l0, left - l0 + width))
                         for t, out in enumerate(self.outputs(window)):
@@ -178,7 +201,7 @@ class TranslationPredictor(Predictor):
     def slide_name(self, index: int) -> Path:
         """Where a slide's outputs go in each output folder: its name as an OME-TIFF."""
         name = self.names[index]
-        stem = name.name[:-len(".ome.png")] if name.name.endswith(".ome.png") else name.stem
+        stem = name.name[: -len(".ome.png")] if name.name.endswith(".ome.png") else name.stem
         return name.with_name(f"{stem}.ome.tif")
 
     def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:

@@ -41,8 +41,18 @@ class UnetBlock(nn.Module):
     """One level of the U-Net: down, the inner levels, up; the input is concatenated to the output
     (the skip connection), except at the outermost level."""
 
-    def __init__(self, outer: int, inner: int, norm: str, *, inputs: int | None = None, submodule: nn.Module | None = None,
-                 outermost: bool = False, innermost: bool = False, dropout: bool = False):
+    def __init__(
+        self,
+        outer: int,
+        inner: int,
+        norm: str,
+        *,
+        inputs: int | None = None,
+        submodule: nn.Module | None = None,
+        outermost: bool = False,
+        innermost: bool = False,
+        dropout: bool = False,
+    ):
         super().__init__()
         self.outermost = outermost
         make_norm, bias = norm_layer(norm), _bias(norm)
@@ -50,16 +60,29 @@ class UnetBlock(nn.Module):
         down = nn.Conv2d(inputs, inner, 4, stride=2, padding=1, bias=bias)
         if outermost:
             assert submodule is not None  # (every level but the innermost holds the inner ones)
-            layers = [down, submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
-                      nn.Tanh()]
+            layers = [
+                down,
+                submodule,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1),
+                nn.Tanh(),
+            ]
         elif innermost:
-            layers = [nn.LeakyReLU(0.2, True), down, nn.ReLU(True),
-                      nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias)]
+            layers = [
+                nn.LeakyReLU(0.2, True),
+                down,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(inner, outer, 4, stride=2, padding=1, bias=bias),
+            ]
             layers += [make_norm(outer)] if make_norm else []
         else:
             assert submodule is not None
             layers = [nn.LeakyReLU(0.2, True), down] + ([make_norm(inner)] if make_norm else [])
-            layers += [submodule, nn.ReLU(True), nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias)]
+            layers += [
+                submodule,
+                nn.ReLU(True),
+                nn.ConvTranspose2d(2 * inner, outer, 4, stride=2, padding=1, bias=bias),
+            ]
             layers += ([make_norm(outer)] if make_norm else []) + ([nn.Dropout(0.5)] if dropout else [])
         self.model = nn.Sequential(*layers)
 
@@ -70,7 +93,7 @@ class UnetBlock(nn.Module):
 def unet(inputs: int, outputs: int, downs: int, ngf: int, norm: str, dropout: bool) -> nn.Module:
     """pix2pix's UnetGenerator: channels ngf, 2ngf, 4ngf, then 8ngf down to the 1x1 innermost level;
     dropout in the 8ngf-to-8ngf levels above the innermost one."""
-    widths = [ngf * min(2 ** level, 8) for level in range(downs)]
+    widths = [ngf * min(2**level, 8) for level in range(downs)]
     block = UnetBlock(widths[-2], widths[-1], norm, innermost=True)
     for level in range(downs - 2, 0, -1):
         both_widest = widths[level - 1] == widths[level] == 8 * ngf
@@ -84,7 +107,9 @@ class ResnetBlock(nn.Module):
         make_norm, bias = norm_layer(norm), _bias(norm)
         layers: list[nn.Module] = [nn.ReflectionPad2d(1), nn.Conv2d(width, width, 3, bias=bias)]
         layers += ([make_norm(width)] if make_norm else []) + [nn.ReLU(True)] + ([nn.Dropout(0.5)] if dropout else [])
-        layers += [nn.ReflectionPad2d(1), nn.Conv2d(width, width, 3, bias=bias)] + ([make_norm(width)] if make_norm else [])
+        layers += [nn.ReflectionPad2d(1), nn.Conv2d(width, width, 3, bias=bias)] + (
+            [make_norm(width)] if make_norm else []
+        )
         self.block = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -101,13 +126,16 @@ def resnet(inputs: int, outputs: int, blocks: int, ngf: int, norm: str, dropout:
 
     layers: list[nn.Module] = [nn.ReflectionPad2d(3), nn.Conv2d(inputs, ngf, 7, bias=bias), *normed(ngf), nn.ReLU(True)]
     for i in range(2):
-        width = ngf * 2 ** i
+        width = ngf * 2**i
         layers += [nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=bias), *normed(2 * width), nn.ReLU(True)]
     layers += [ResnetBlock(4 * ngf, norm, dropout) for _ in range(blocks)]
     for i in range(2, 0, -1):
-        width = ngf * 2 ** i
-        layers += [nn.ConvTranspose2d(width, width // 2, 3, stride=2, padding=1, output_padding=1, bias=bias),
-                   *normed(width // 2), nn.ReLU(True)]
+        width = ngf * 2**i
+        layers += [
+            nn.ConvTranspose2d(width, width // 2, 3, stride=2, padding=1, output_padding=1, bias=bias),
+            *normed(width // 2),
+            nn.ReLU(True),
+        ]
     layers += [nn.ReflectionPad2d(3), nn.Conv2d(ngf, outputs, 7), nn.Tanh()]
     return nn.Sequential(*layers)
 
@@ -119,7 +147,7 @@ def patch_discriminator(inputs: int, ndf: int, layers: int, norm: str) -> nn.Mod
     modules: list[nn.Module] = [nn.Conv2d(inputs, ndf, 4, stride=2, padding=1), nn.LeakyReLU(0.2, True)]
     width = ndf
     for n in range(1, layers + 1):
-        wider = ndf * min(2 ** n, 8)
+        wider = ndf * min(2**n, 8)
         stride = 2 if n < layers else 1
         modules += [nn.Conv2d(width, wider, 4, stride=stride, padding=1, bias=bias)]
         modules += ([make_norm(wider)] if make_norm else []) + [nn.LeakyReLU(0.2, True)]
@@ -153,17 +181,23 @@ def check_generator(name: str, image_size: int, option: str = "--generator") -> 
         if size < 4 or size & (size - 1):
             raise PhalanxError(f"unet_N needs N a power of two of at least 4 (got {name})", option)
         if image_size % size:
-            raise PhalanxError(f"{name} halves its input {int(math.log2(size))} times: --image-size must be a multiple "
-                               f"of {size} (got {image_size}); or choose unet_{_largest_unet(image_size)}",
-                               option)
+            raise PhalanxError(
+                f"{name} halves its input {int(math.log2(size))} times: --image-size must be a multiple "
+                f"of {size} (got {image_size}); or choose unet_{_largest_unet(image_size)}",
+                option,
+            )
         return
     match = re.fullmatch(r"resnet_(\d+)blocks", name)
     if not match:
-        raise PhalanxError(f"must be unet_N (a U-Net for N-pixel images) or resnet_Nblocks (N residual blocks), as "
-                           f"{', '.join(GENERATORS)} (got {name!r})", option)
+        raise PhalanxError(
+            f"must be unet_N (a U-Net for N-pixel images) or resnet_Nblocks (N residual blocks), as "
+            f"{', '.join(GENERATORS)} (got {name!r})",
+            option,
+        )
     if image_size % 4:
-        raise PhalanxError(f"{name} halves its input twice: --image-size must be a multiple of 4 (got {image_size})",
-                           option)
+        raise PhalanxError(
+            f"{name} halves its input twice: --image-size must be a multiple of 4 (got {image_size})", option
+        )
 
 
 def check_discriminator(layers: int, image_size: int) -> None:
@@ -177,11 +211,14 @@ def check_discriminator(layers: int, image_size: int) -> None:
         left //= 2  # a 4x4 convolution of stride 2, padding 1
     if left >= 3:
         return
-    fits = [n for n in range(1, layers) if image_size // 2 ** n >= 3]
+    fits = [n for n in range(1, layers) if image_size // 2**n >= 3]
     # (a larger --image-size also fits, where the generator takes it: unet_N wants a multiple of N)
     hint = f"use --d-layers {fits[-1]}, or a larger --image-size" if fits else "use a larger --image-size"
-    raise PhalanxError(f"{layers} layers halve the image {layers} times, leaving {left} pixel(s) of the 3 its last layers need "
-                       f"(--image-size {image_size}); {hint}", "--d-layers")
+    raise PhalanxError(
+        f"{layers} layers halve the image {layers} times, leaving {left} pixel(s) of the 3 its last layers need "
+        f"(--image-size {image_size}); {hint}",
+        "--d-layers",
+    )
 
 
 def _largest_unet(image_size: int) -> int:

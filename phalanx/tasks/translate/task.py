@@ -10,9 +10,10 @@ Validation: per target, L1, PSNR and SSIM over every validation image once, at a
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,11 +27,23 @@ from ...data.sources import holdout_indices
 from ...data.transforms import one_size
 from ...errors import PhalanxError
 from ...records.pictures import png, strip
-from ..base import (Batch, Declaration, Evaluation, RunContext, StepContext, StepLosses, Task, TaskData, dataset_size,
-                    fixed_sample, full_precision, pane)
-from .options import GANOptions, TranslateOptions
+from ..base import (
+    Batch,
+    Declaration,
+    Evaluation,
+    RunContext,
+    StepContext,
+    StepLosses,
+    Task,
+    TaskData,
+    dataset_size,
+    fixed_sample,
+    full_precision,
+    pane,
+)
 from .image_metrics import psnr, ssim
 from .nets import build_discriminator, build_generator, check_discriminator, check_generator
+from .options import GANOptions, TranslateOptions
 
 if TYPE_CHECKING:
     from ...config import RunConfig
@@ -51,11 +64,16 @@ class TranslateTask(Task):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         if cfg.data.normalize != "auto" or cfg.data.mean:
-            raise PhalanxError(f"--task {self.name} works in [-1, 1], pix2pix's tanh outputs: leave --normalize and "
-                               "--mean/--std out", "--normalize" if cfg.data.normalize != "auto" else "--mean")
+            raise PhalanxError(
+                f"--task {self.name} works in [-1, 1], pix2pix's tanh outputs: leave --normalize and --mean/--std out",
+                "--normalize" if cfg.data.normalize != "auto" else "--mean",
+            )
         if cfg.data.augment not in ("auto", "basic", "none"):
-            raise PhalanxError(f"--task {self.name} augments with random crops and flips (basic) or not at all (none); "
-                               f"got {cfg.data.augment}", "--augment")
+            raise PhalanxError(
+                f"--task {self.name} augments with random crops and flips (basic) or not at all (none); "
+                f"got {cfg.data.augment}",
+                "--augment",
+            )
         self.targets = self.expected_targets() or 1
 
     # --- names: one target keeps pix2pix's, several get DeepLIIF's _1, _2, ...
@@ -102,24 +120,36 @@ class TranslateTask(Task):
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         """One generator per target (known once the data is read): the names follow the count."""
-        losses = tuple(f"{loss}{self.suffix(t)}" for t in range(self.targets) for loss in ("G_GAN", "G_L1", "D_real", "D_fake"))
-        return replace(super().declare(data, models), loss_names=losses, primary_model=self.net("generator", 0),
-                       ema_models=tuple(self.net("generator", t) for t in range(self.targets)))
+        losses = tuple(
+            f"{loss}{self.suffix(t)}" for t in range(self.targets) for loss in ("G_GAN", "G_L1", "D_real", "D_fake")
+        )
+        return replace(
+            super().declare(data, models),
+            loss_names=losses,
+            primary_model=self.net("generator", 0),
+            ema_models=tuple(self.net("generator", t) for t in range(self.targets)),
+        )
 
     # --- data and networks
     def build_data(self) -> TaskData:
         cfg = self.cfg
         size = one_size(cfg.data, self.name)
         if not cfg.data.dataroot:
-            raise PhalanxError(f"--task {self.name} reads paired images: give --dataroot DIR ({self.layout_words})",
-                               "--dataroot")
+            raise PhalanxError(
+                f"--task {self.name} reads paired images: give --dataroot DIR ({self.layout_words})", "--dataroot"
+            )
         root = Path(cfg.data.dataroot)
         if not root.is_dir():
             raise PhalanxError(f"{root} is not a directory", "--dataroot")
         if not train_dir(root).is_dir():
-            raise PhalanxError(f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
-                               f"{root}/train/A/ and {root}/train/B/", "--dataroot")
-        train_pairs = find_pairs(train_dir(root), self.expected_targets(), cfg.data.skip_broken, self.last_target_folder)
+            raise PhalanxError(
+                f"{root} has no train/ folder; expected {root}/train/*.png (aligned pairs) or "
+                f"{root}/train/A/ and {root}/train/B/",
+                "--dataroot",
+            )
+        train_pairs = find_pairs(
+            train_dir(root), self.expected_targets(), cfg.data.skip_broken, self.last_target_folder
+        )
         self.targets = train_pairs.targets
         skipped = dict(train_pairs.skipped)
         self.check_networks(size)
@@ -136,16 +166,29 @@ class TranslateTask(Task):
             train_files, val_files = Subset(train_files, train_index), Subset(train_files, val_index)
             how = f"{cfg.data.val_fraction:g} hold-out"
         prepare = PairTransform(size, train=False, flip=False)
-        train = SeededView(train_files, PairTransform(size, train=True, flip=flip, crop=crop) if augment else prepare, cfg.seed,
-                           plain=Transformed(train_files, prepare))
+        train = SeededView(
+            train_files,
+            PairTransform(size, train=True, flip=flip, crop=crop) if augment else prepare,
+            cfg.seed,
+            plain=Transformed(train_files, prepare),
+        )
         channels = 1 if train_pairs.mode == "L" else 3
         gone = f"; {len(skipped)} sample(s) left out" if skipped else ""
-        description = (f"{root} ({len(train)} train / {dataset_size(val_files)} val pairs from {how}, "
-                       f"{train_pairs.layout} layout, {self.targets_words()}, {size}x{size}"
-                       f"{self.augmentation_words(augment and crop, augment and flip)}{gone})")
-        info = {"targets": self.targets, "channels": channels, "size": size, "mode": train_pairs.mode,
-                "layout": train_pairs.layout,
-                "mean": [0.5] * channels, "std": [0.5] * channels, **self.network_info()}
+        description = (
+            f"{root} ({len(train)} train / {dataset_size(val_files)} val pairs from {how}, "
+            f"{train_pairs.layout} layout, {self.targets_words()}, {size}x{size}"
+            f"{self.augmentation_words(augment and crop, augment and flip)}{gone})"
+        )
+        info = {
+            "targets": self.targets,
+            "channels": channels,
+            "size": size,
+            "mode": train_pairs.mode,
+            "layout": train_pairs.layout,
+            "mean": [0.5] * channels,
+            "std": [0.5] * channels,
+            **self.network_info(),
+        }
         return TaskData(train, Transformed(val_files, prepare), description, info, skipped=skipped)
 
     def restore_info(self, info: dict[str, Any]) -> None:
@@ -155,15 +198,19 @@ class TranslateTask(Task):
         o, channels = self.options, data.info["channels"]
         models = {}
         for t in range(self.targets):
-            models[self.net("generator", t)] = build_generator(o.generator, channels, channels, o.ngf, o.norm, o.dropout)
+            models[self.net("generator", t)] = build_generator(
+                o.generator, channels, channels, o.ngf, o.norm, o.dropout
+            )
         for t in range(self.targets):
             models[self.net("discriminator", t)] = build_discriminator(2 * channels, o.ndf, o.d_layers, o.norm)
         return models
 
     def param_groups(self, models: Mapping[str, nn.Module]) -> dict[str, list[dict[str, Any]]]:
         """One optimizer for every generator and one for every discriminator, as DeepLIIF has."""
-        return {kind: [{"params": [p for t in range(self.targets) for p in models[self.net(kind, t)].parameters()]}]
-                for kind in ("generator", "discriminator")}
+        return {
+            kind: [{"params": [p for t in range(self.targets) for p in models[self.net(kind, t)].parameters()]}]
+            for kind in ("generator", "discriminator")
+        }
 
     @staticmethod
     def augmentation_words(crop: bool, flip: bool) -> str:
@@ -193,7 +240,11 @@ class TranslateTask(Task):
             for t, fake in enumerate(fakes):
                 losses[f"G_GAN{self.suffix(t)}"] = self.gan_loss(judges[t](torch.cat([inputs, fake], 1)), True)
                 losses[f"G_L1{self.suffix(t)}"] = (fake - targets[:, t]).abs().flatten(1).mean(1)
-                g_total = g_total + losses[f"G_GAN{self.suffix(t)}"] + self.options.lambda_l1 * losses[f"G_L1{self.suffix(t)}"]
+                g_total = (
+                    g_total
+                    + losses[f"G_GAN{self.suffix(t)}"]
+                    + self.options.lambda_l1 * losses[f"G_L1{self.suffix(t)}"]
+                )
         assert isinstance(g_total, torch.Tensor)
         ctx.backward(g_total, "generator")
         ctx.step("generator")
@@ -204,8 +255,9 @@ class TranslateTask(Task):
         sums = {f"{m}_{t}": torch.zeros(()) for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
         return {**sums, "samples": torch.zeros(())}
 
-    def validation_step(self, models: Mapping[str, nn.Module], batch: Batch,
-                        ctx: RunContext) -> dict[str, torch.Tensor]:
+    def validation_step(
+        self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext
+    ) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         return self.output_sums(self.generate(models, inputs), targets)
 
@@ -222,8 +274,11 @@ class TranslateTask(Task):
 
     def validation_metrics(self, sums: dict[str, torch.Tensor]) -> Evaluation:
         count = max(float(sums["samples"]), 1.0)
-        per_target = {f"{m}{self.suffix(t)}": float(sums[f"{m}_{t}"]) / count
-                      for t in range(self.targets) for m in ("L1", "PSNR", "SSIM")}
+        per_target = {
+            f"{m}{self.suffix(t)}": float(sums[f"{m}_{t}"]) / count
+            for t in range(self.targets)
+            for m in ("L1", "PSNR", "SSIM")
+        }
         metrics = {**per_target}
         for m in ("L1", "PSNR", "SSIM"):  # the mean over targets (best.pt's L1)
             metrics[m] = sum(float(sums[f"{m}_{t}"]) for t in range(self.targets)) / count / self.targets
@@ -245,23 +300,29 @@ class TranslateTask(Task):
 
     def loss_panes(self) -> list[dict[str, Any]]:
         per_target = self.per_target
-        return [pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
-                pane("train_G_L1", "generator L1 loss (mean over ranks)", "L1, [-1, 1] images", "train",
-                     per_target("G_L1")),
-                pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
-                pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake"))]
+        return [
+            pane("train_G_GAN", "generator GAN loss (mean over ranks)", "GAN loss", "train", per_target("G_GAN")),
+            pane(
+                "train_G_L1", "generator L1 loss (mean over ranks)", "L1, [-1, 1] images", "train", per_target("G_L1")
+            ),
+            pane("train_D_real", "discriminator loss on real pairs", "GAN loss", "train", per_target("D_real")),
+            pane("train_D_fake", "discriminator loss on generated pairs", "GAN loss", "train", per_target("D_fake")),
+        ]
 
     def panes(self, declared: Declaration) -> list[dict[str, Any]]:
         per_target, panes = self.per_target, self.loss_panes()
-        validation = [("L1", "validation L1 error", "L1, [0, 1] intensities"), ("PSNR", "validation PSNR", "PSNR (dB)"),
-                      ("SSIM", "validation SSIM", "SSIM")]
+        validation = [
+            ("L1", "validation L1 error", "L1, [0, 1] intensities"),
+            ("PSNR", "validation PSNR", "PSNR (dB)"),
+            ("SSIM", "validation SSIM", "SSIM"),
+        ]
         for metric, title, ylabel in validation:
             traces = [(metric, "mean over targets")] if self.targets > 1 else [(metric, metric)]
             traces += per_target(metric) if self.targets > 1 else [(f"ema_{metric}", f"EMA {metric}")]
             panes.append(pane(f"val_{metric}", title, ylabel, "val", traces))
         return panes
 
-    def visuals(self, data: TaskData) -> "TranslationSample":
+    def visuals(self, data: TaskData) -> TranslationSample:
         shown = fixed_sample(dataset_size(data.val), SHOWN, self.cfg.seed)
         return TranslationSample(self, [data.val[i] for i in shown])
 
@@ -283,8 +344,9 @@ class TranslationSample:
         items = []
         for i, (a, b) in enumerate(self.samples):
             panels = [a] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
-            caption = "input | " + " | ".join(f"output{self.task.suffix(t)} | target{self.task.suffix(t)}"
-                                              for t in range(self.task.targets))
+            caption = "input | " + " | ".join(
+                f"output{self.task.suffix(t)} | target{self.task.suffix(t)}" for t in range(self.task.targets)
+            )
             items.append(records.images_item(png((strip([p.float() for p in panels]) + 1) / 2), caption))
         return {"kind": "images", "epoch": epoch, "title": "validation: input | output | target", "items": items}
 

@@ -4,7 +4,7 @@ tile by tile with blended overlaps, and what a user's ``--tile-overlap`` becomes
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,12 +18,18 @@ def tile_overlap(given: int | None, size: int) -> int:
         return size // 4
     if given < size:
         return given
-    print(f"phalanx: warning: --tile-overlap {given} is not smaller than the {size} px tiles (the training size); "
-          f"using {size // 2}", file=sys.stderr, flush=True)
+    print(
+        f"phalanx: warning: --tile-overlap {given} is not smaller than the {size} px tiles (the training size); "
+        f"using {size // 2}",
+        file=sys.stderr,
+        flush=True,
+    )
     return size // 2
 
 
-def tiled(generator: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, size: int, overlap: int) -> torch.Tensor:
+def tiled(
+    generator: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, size: int, overlap: int
+) -> torch.Tensor:
     """The generator's output for an image (1, C, H, W) of any size: tiles of ``size`` (the training
     size) every ``size - overlap`` pixels, each weighted by a ramp that falls towards its edges inside
     the overlaps, summed and normalised; an image smaller than a tile is padded by reflection (or by
@@ -45,13 +51,13 @@ def tiled(generator: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor
     weight: torch.Tensor | None = None
     for top in tops:
         for left in lefts:
-            tile = generator(image[..., top:top + size, left:left + size])
-            w = (ramp[:, None] * ramp[None, :])
+            tile = generator(image[..., top : top + size, left : left + size])
+            w = ramp[:, None] * ramp[None, :]
             if out is None or weight is None:  # (both, at the first tile)
                 out = image.new_zeros((1, tile.shape[1], padded_h, padded_w))
                 weight = image.new_zeros((1, 1, padded_h, padded_w))
-            out[..., top:top + size, left:left + size] += tile * w
-            weight[..., top:top + size, left:left + size] += w
+            out[..., top : top + size, left : left + size] += tile * w
+            weight[..., top : top + size, left : left + size] += w
     assert out is not None and weight is not None  # (one tile at least)
     return (out / weight)[..., :height, :width]
 
