@@ -17,11 +17,26 @@ setup(
         "boto3>=1.28",
         "pycocotools>=2.0.7",  # --task detect's COCO mAP
         "scipy>=1.10",  # --task deepliif's cell counts (connected components)
-        "tifffile>=2025.1", "zarr>=3.0", "imagecodecs>=2025.3",  # whole slides read and written region by region
+        "tifffile>=2025.1",
+        "zarr>=3.0",
+        "imagecodecs>=2025.3",  # whole slides read and written region by region
     ],
-    extras_require={"timm": ["timm>=1.0"],  # --model timm/NAME
-                    "test": ["pytest>=8", "pytest-timeout>=2", "moto[server]>=5", "playwright>=1.40", "hypothesis>=6",
-                             "timm>=1.0",  # --model timm/NAME
-                             "lightly>=1.5"]},  # the reference NT-Xent that --task simclr is compared with
+    extras_require={
+        "timm": ["timm>=1.0"],  # --model timm/NAME
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2",
+            "moto[server]>=5",
+            "playwright>=1.40",
+            "hypothesis>=6",
+            "timm>=1.0",  # --model timm/NAME
+            "lightly>=1.5",  # the reference NT-Xent that --task simclr is compared with
+            # scripts/lint.sh (versions pinned in constraints.txt: a formatter's style moves between releases)
+            "ruff>=0.6",
+            "mypy>=1.10",
+            "import-linter>=2.0",
+            "grimp>=3.0",
+        ],
+    },
     entry_points={"console_scripts": ["phalanx=phalanx.cli:entry"]},
 )

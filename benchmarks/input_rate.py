@@ -228,11 +228,15 @@ def rates(repeats: int, sets: list[str], threads_set: str | None) -> dict:
                 ("hand-written loop", lambda root=root: loop_rate(root, env)),
             ]
             if name == threads_set:
-                runs.append(("phalanx, OMP_NUM_THREADS unset", lambda root=root, flags=flags: phalanx_rate(root, free, flags)))
+                runs.append(
+                    ("phalanx, OMP_NUM_THREADS unset", lambda root=root, flags=flags: phalanx_rate(root, free, flags))
+                )
                 runs.append(
                     (
                         "phalanx, OMP_NUM_THREADS unset, OMP_WAIT_POLICY=PASSIVE",
-                        lambda root=root, flags=flags: phalanx_rate(root, {**free, "OMP_WAIT_POLICY": "PASSIVE"}, flags),
+                        lambda root=root, flags=flags: phalanx_rate(
+                            root, {**free, "OMP_WAIT_POLICY": "PASSIVE"}, flags
+                        ),
                     )
                 )
             shift = rep % len(runs)

@@ -195,8 +195,9 @@ def _layout_free(before: str) -> re.Pattern[str]:
     """``before`` whatever the code's layout: any whitespace between its characters (a formatter
     that breaks a line or indents an argument) and a trailing comma before a closing bracket, so
     that reformatting, as a move, leaves the mutants as they are."""
-    parts = [r"(?:,\s*)?" + re.escape(char) if char in ")]}" else re.escape(char) for char in before
-             if not char.isspace()]
+    parts = [
+        r"(?:,\s*)?" + re.escape(char) if char in ")]}" else re.escape(char) for char in before if not char.isspace()
+    ]
     return re.compile(r"\s*".join(parts))
 
 

@@ -582,7 +582,9 @@ def test_a_slide_counted_block_by_block_equals_the_whole_image(tmp_path, seed):
                 given.get("size_thresh_upper"),
             )
             assert scoring == theirs, (block, given)
-            slide.outline(found, counted, positive, lambda t, left, h, w: orig[t : t + h, left : left + w], "over", "refined")
+            slide.outline(
+                found, counted, positive, lambda t, left, h, w: orig[t : t + h, left : left + w], "over", "refined"
+            )
             assert np.array_equal(outputs.read("over", 0, 0, 96, 96), images["overlaid"]), (block, given)
             assert np.array_equal(outputs.read("refined", 0, 0, 96, 96), images["refined"]), (block, given)
     assert count(seg, marker, size_thresh=None)["num_total"] > 5  # cells worth counting

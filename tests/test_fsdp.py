@@ -272,6 +272,7 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_trains_the_same():
 
     def network():
         torch.manual_seed(0)
+
         def block(a, b):
             return nn.Sequential(nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.ReLU(), nn.Dropout(0.3))
 
