@@ -64,3 +64,17 @@ def test_a_translation_checkpoint_predicts(runs, phalanx, tmp_path):
     )
     assert predicted.code == 0, predicted.err
     assert [p.name for p in (tmp_path / "out").rglob("*.png")]
+
+
+def test_a_task_written_before_the_rebuild_imports_what_it_imported():
+    """The names the docs gave task authors before the package moved into folders still import."""
+    from phalanx.data import SeededView, load_digits  # noqa: F401
+    from phalanx.data.inputs import InputImages, output_names  # noqa: F401
+    from phalanx.data.sources import holdout_indices  # noqa: F401
+    from phalanx.errors import PhalanxError
+    from phalanx.fields import option
+    from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, png, strip  # noqa: F401
+    from phalanx.tasks import PhalanxError as exported_error
+    from phalanx.tasks import option as exported_option
+
+    assert option is exported_option and PhalanxError is exported_error

@@ -181,7 +181,7 @@ def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_is_bi
         rank1 = [
             p
             for p in processes_with(str(tmp_path))
-            if b"phalanx.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+            if b"phalanx.launch.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
             and b"RANK=1\x00" in Path(f"/proc/{p}/environ").read_bytes()
         ]
         assert len(rank1) == 1

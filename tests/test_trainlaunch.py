@@ -92,7 +92,9 @@ def test_worker_killed_mid_epoch_is_restarted_and_the_history_is_complete(tmp_pa
     try:
         # Mid-epoch 2 (its 7th step of 23): a checkpoint of epoch 1 exists and epoch 2 has begun.
         paused(tmp_path / "gate", ranks=2)
-        workers = [p for p in processes_with("killrun") if b"phalanx.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        workers = [
+            p for p in processes_with("killrun") if b"phalanx.launch.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
         assert len(workers) == 2
         os.kill(max(workers), signal.SIGKILL)
         release(tmp_path / "gate")  # the restarted workers pass the gate: it stays open
@@ -189,7 +191,9 @@ def test_a_launcher_killed_with_sigkill_leaves_no_orphan_worker(tmp_path):
     metrics = tmp_path / "orphans" / "metrics.jsonl"
     try:
         wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0)
-        workers = [p for p in processes_with("orphans") if b"phalanx.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        workers = [
+            p for p in processes_with("orphans") if b"phalanx.launch.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
         assert len(workers) == 2
         proc.kill()  # SIGKILL: no handler runs in the launcher
         proc.wait(timeout=30)

@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from phalanx.config.fields import option
 from phalanx.data import SeededView, load_digits
 from phalanx.data.inputs import InputImages, output_names
 from phalanx.data.sources import holdout_indices
-from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, png, strip
+from phalanx.tasks import Inference, Predictor, Task, TaskData, denormalize, images_item, option, png, strip
 
 SHOWN = 8  # validation digits shown with their reconstructions each epoch
 

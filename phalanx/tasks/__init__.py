@@ -32,6 +32,14 @@ def __getattr__(name: str) -> Any:
         from ..records import images_item
 
         return images_item
+    if name == "option":
+        from ..config.fields import option
+
+        return option
+    if name == "PhalanxError":
+        from ..errors import PhalanxError
+
+        return PhalanxError
     if name == "window":
         from ..records.windows import window
 
