@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -20,7 +21,7 @@ from ..config import RunConfig
 from ..cores import available_cores
 from . import transforms
 from .sampling import derive_seed
-from .sources import holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
+from .sources import dataset_size, holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)
 from .transforms import Pipeline
 
 
@@ -48,7 +49,7 @@ class TrainView(Dataset):
         self.plain, self.raw, self.augment, self.seed = plain, raw, augment, seed
 
     def __len__(self) -> int:
-        return len(self.plain)
+        return dataset_size(self.plain)
 
     def __getitem__(self, key):
         if not isinstance(key, tuple):
@@ -77,7 +78,7 @@ class SeededView(Dataset):
         self.plain = base if plain is None else plain  # view[i]: the sample as evaluation prepares it
 
     def __len__(self) -> int:
-        return len(self.base)
+        return dataset_size(self.base)
 
     def __getitem__(self, key):
         if not isinstance(key, tuple):
@@ -103,7 +104,7 @@ class Mapped(Dataset):
         self.base, self.transform = base, transform
 
     def __len__(self) -> int:
-        return len(self.base)
+        return dataset_size(self.base)
 
     def __getitem__(self, index: int):
         image, label = self.base[index]
@@ -127,6 +128,7 @@ def _in_chunks(
             keeps = in_place and part.shape[1:] == images.shape[1:] and part.dtype == images.dtype
             out = images if keeps else part.new_empty((len(images), *part.shape[1:]))
         out[start : start + len(part)] = part  # each chunk reads its own rows only, before they are written
+    assert out is not None  # (one chunk at least)
     return out
 
 
@@ -142,7 +144,9 @@ def build_datasets(
     if stats is None:  # --normalize dataset: the training split's own, resized but not augmented
         bare = Pipeline(size, "none", 1.0, (0.0,) * source.channels, (1.0,) * source.channels)
         resized = transforms.build(bare, cfg.data, train=False)
-        stats = transforms.dataset_statistics(lambda i: resized(source.train[i][0]), len(source.train), cfg.seed)
+        stats = transforms.dataset_statistics(
+            lambda i: resized(source.train[i][0]), dataset_size(source.train), cfg.seed
+        )
     pipeline = Pipeline(size, augment, crop_pct, *stats)
     for split in (source.train, source.val):
         files = image_files(split)
@@ -156,8 +160,9 @@ def build_datasets(
         train_images, val_images = source.in_memory
         from .sources import Tensors
 
+        assert isinstance(source.train, Tensors) and isinstance(source.val, Tensors)  # (in memory: Tensors splits)
         # Without augmentation nothing reads the raw training images again: transformed where they lie.
-        plain_train = Tensors(_in_chunks(plain, train_images, in_place=augmented is None), source.train.labels)
+        plain_train: Dataset = Tensors(_in_chunks(plain, train_images, in_place=augmented is None), source.train.labels)
         val: Dataset = Tensors(_in_chunks(evaluate, val_images, in_place=True), source.val.labels)
     else:
         plain_train, val = Mapped(source.train, plain), Mapped(source.val, evaluate)
@@ -197,6 +202,15 @@ def loader_workers(num_workers: str, local_processes: int, training_threads: int
     return max(0, available_cores() // max(1, local_processes) - training_threads)
 
 
+class _LoaderOptions(TypedDict):
+    """What run_loaders gives both its loaders."""
+
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    collate_fn: Callable | None
+
+
 def run_loaders(
     train: Dataset,
     val: Dataset,
@@ -212,10 +226,15 @@ def run_loaders(
     validation loader (this rank's shard: every sample counted once over the ranks)."""
     from .sampling import ShardSampler
 
-    common = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0, "collate_fn": collate}
+    common: _LoaderOptions = {
+        "num_workers": workers,
+        "pin_memory": pin,
+        "persistent_workers": workers > 0,
+        "collate_fn": collate,
+    }
     return (
         DataLoader(by_epoch(train), batch_sampler=batches, **common),
-        DataLoader(val, batch_size=batch_size, sampler=ShardSampler(len(val), rank, world_size), **common),
+        DataLoader(val, batch_size=batch_size, sampler=ShardSampler(dataset_size(val), rank, world_size), **common),
     )
 
 

@@ -103,7 +103,7 @@ def _categories(
     data: dict[str, Any], json_path: Path, where: str, training: list[dict[str, Any]] | None
 ) -> list[dict[str, Any]]:
     try:
-        cats = sorted(
+        cats: list[dict[str, Any]] = sorted(
             ({"id": int(c["id"]), "name": str(c.get("name", c["id"]))} for c in data["categories"]),
             key=lambda c: c["id"],
         )
@@ -261,5 +261,5 @@ def _named_in(annotations: Path, paths: list[Path]) -> list[dict[str, Any]] | No
         if isinstance(image, dict) and "id" in image
         for root in roots
     }
-    matched = [by_path.get(os.path.abspath(path)) for path in paths]
-    return matched if all(matched) else None
+    matched = [image for image in (by_path.get(os.path.abspath(path)) for path in paths) if image]
+    return matched if len(matched) == len(paths) else None

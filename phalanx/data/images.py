@@ -70,7 +70,7 @@ def too_large() -> ValueError:
     return ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
 
 
-def read_bounded(path: Path) -> bytes:
+def read_bounded(path: str | os.PathLike[str]) -> bytes:
     """A file's bytes, refused beyond ``MAX_FILE_BYTES``. Read unbuffered, one byte past the size the
     file says it has, then on in small chunks (a file that grew, a pipe): a read of
     ``MAX_FILE_BYTES + 1`` allocated that much for every image (``benchmarks/read_decode.py``)."""
@@ -101,9 +101,10 @@ def decode(data: bytes, mode: str, min_side: int | None, fast: bool) -> torch.Te
     """
     from PIL import Image
 
+    img: Image.Image  # an opened file, or its pixels made 8-bit
     if fast and data[:3] == JPEG_MAGIC:
         size = jpeg_size(data) if min_side else None
-        if size and min(size) >= max(DRAFT_REDUCTION * min_side, DRAFT_MIN_SIDE):
+        if size and min_side and min(size) >= max(DRAFT_REDUCTION * min_side, DRAFT_MIN_SIDE):
             with Image.open(io.BytesIO(data)) as img:
                 img.draft(mode, (img.size[0] // DRAFT_REDUCTION, img.size[1] // DRAFT_REDUCTION))
                 img.load()

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from ..errors import PhalanxError
 from .images import MAX_FILE_BYTES, decode, read_bounded, too_large
 from .manifest import IMAGE_SUFFIXES
+from .sources import dataset_size
 
 OPTION = "--dataroot"
 
@@ -99,7 +100,10 @@ def _aligned(split: Path, targets: int, skip_broken: bool) -> Pairs:
             f"(aligned), or {split}/A/ and {split}/B/ (plain)",
             OPTION,
         )
-    kept, bad, panels_seen, modes = [], {}, None, set()
+    kept: list[tuple[str, ...]] = []
+    bad: dict[str, str] = {}
+    panels_seen: int | None = None
+    modes: set[str] = set()
     for name in names:
         try:
             (width, height), mode = _size(split / name)
@@ -124,6 +128,7 @@ def _aligned(split: Path, targets: int, skip_broken: bool) -> Pairs:
     _broken(split, bad, skip_broken)
     if not kept:
         raise PhalanxError(f"no readable pair in {split}", OPTION)
+    assert panels_seen is not None  # (a kept pair set it)
     return Pairs(split, "aligned", kept, panels_seen - 1, _mode(modes), {str(split / k): v for k, v in bad.items()})
 
 
@@ -225,7 +230,7 @@ class Transformed(Dataset):
         self.base, self.transform = base, transform
 
     def __len__(self) -> int:
-        return len(self.base)
+        return dataset_size(self.base)
 
     def __getitem__(self, index: int):
         return self.transform(self.base[index])

@@ -9,12 +9,17 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..atomic import atomic_write
 from .images import eight_bit
+
+if TYPE_CHECKING:  # imported where a slide is read or written
+    import tifffile
+    import zarr
 
 SLIDE_SUFFIXES = {".tif", ".tiff", ".svs"}
 TILE = 512  # the OME-TIFF tiles written, as DeepLIIF writes its slides' (its tile size)
@@ -33,7 +38,7 @@ class Slide:
     width: int
 
 
-def _series(tiff):
+def _series(tiff: tifffile.TiffFile) -> tuple[str, tuple[int, ...], tifffile.TiffPageSeries]:
     """The first image of a TIFF as (axes without leading singleton axes, zarr-able series)."""
     series = tiff.series[0]
     axes, shape = series.axes, series.shape
@@ -68,15 +73,18 @@ class SlideReader:
         import zarr
 
         self.slide, self.mode = slide, mode
-        self.tiff = None
+        tiff = None
         try:
-            self.tiff = tifffile.TiffFile(slide.path)
-            self.axes, _, series = _series(self.tiff)
-            self.pixels = zarr.open(series.aszarr(level=0), mode="r")
+            tiff = tifffile.TiffFile(slide.path)
+            self.axes, _, series = _series(tiff)
+            pixels = zarr.open(series.aszarr(level=0), mode="r")
+            assert isinstance(pixels, zarr.Array)  # (one level of a series: an array, not a group)
+            self.pixels = pixels
         except Exception as exc:
-            if self.tiff is not None:
-                self.tiff.close()
+            if tiff is not None:
+                tiff.close()
             raise self.unreadable(exc) from None
+        self.tiff = tiff
 
     def __enter__(self) -> SlideReader:
         return self
@@ -120,7 +128,7 @@ class SlideOutputs:
         self.scratch, self.height, self.width = scratch, height, width
         shutil.rmtree(scratch, ignore_errors=True)  # what a killed run left
         scratch.mkdir(parents=True)
-        self.arrays: dict[str, object] = {}
+        self.arrays: dict[str, zarr.Array] = {}
         self.scratch_only: set[str] = set()  # arrays kept for the computation, not outputs
 
     def write(self, name: str, top: int, left: int, array: np.ndarray, output: bool = True) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import gzip
 import itertools
 import os
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -55,8 +57,15 @@ def load(data: DataOptions, seed: int, channels: int | None, unlabelled: bool = 
 
 def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
     """A seeded split, identical on every rank and every resume."""
-    train, val = holdout_indices(len(dataset), fraction, seed)
+    train, val = holdout_indices(dataset_size(dataset), fraction, seed)
     return Subset(dataset, train), Subset(dataset, val)
+
+
+def dataset_size(dataset: Dataset[Any]) -> int:
+    """``len(dataset)`` of a map-style data set (every one here has a length). Cast: torch's
+    ``Dataset`` declares no ``__len__``, though DataLoader and its samplers need one. (The tasks'
+    ``dataset_size``, kept here too: ``phalanx.data`` imports nothing of the tasks.)"""
+    return len(cast(Sized, dataset))
 
 
 def holdout_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -203,6 +212,7 @@ def _files(
 
 
 def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled: bool = False) -> Source:
+    assert data.dataroot is not None  # (the configuration requires it with a folder)
     root = Path(data.dataroot)
     if not root.is_dir():
         raise PhalanxError(f"{root} is not a directory", "--dataroot")
@@ -216,6 +226,8 @@ def _image_folder(data: DataOptions, seed: int, channels: int | None, unlabelled
     classes, train, skipped = _files(train_dir(root), found, mode, data)
     labels = f"{len(classes)} classes" if classes else "no labels"
     val_root = validation_dir(root)
+    train_set: Dataset[Any]
+    val_set: Dataset[Any]
     if val_root.is_dir():
         val_found = _checked(val_root, classes or None, data, unlabelled)
         val_classes, val, val_skipped = _files(val_root, val_found, mode, data)
@@ -303,7 +315,7 @@ class Channels(Dataset):
         self.base, self.channels = base, channels
 
     def __len__(self) -> int:
-        return len(self.base)
+        return dataset_size(self.base)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         from torchvision.transforms.v2.functional import pil_to_tensor, rgb_to_grayscale
@@ -320,6 +332,7 @@ class Channels(Dataset):
 def _torchvision_dataset(data: DataOptions, seed: int, channels: int | None) -> Source:
     import torchvision.datasets as tvd
 
+    assert data.dataset is not None  # (DataOptions fills it in; load sends spec's names here)
     spec = {"mnist": (tvd.MNIST, 1, 28), "fashionmnist": (tvd.FashionMNIST, 1, 28), "cifar10": (tvd.CIFAR10, 3, 32)}
     cls, native_channels, native_size = spec[data.dataset]
     out_channels = channels or native_channels

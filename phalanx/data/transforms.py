@@ -66,7 +66,7 @@ def one_size(data: DataOptions, task: str) -> int:
 
 
 def resolve(
-    data: DataOptions, native_size: int, channels: int, dataset: str, model: dict | None = None
+    data: DataOptions, native_size: int, channels: int, dataset: str | None, model: dict | None = None
 ) -> tuple[int, str, float]:
     """(image size, augmentation, evaluation crop fraction) for this run; ``model``: what the model
     prefers where the options say auto (timm's pretrained config: ``size``, ``crop_pct``)."""
@@ -256,7 +256,8 @@ def dataset_statistics(
         if count <= limit
         else torch.randperm(count, generator=torch.Generator().manual_seed(seed))[:limit].tolist()
     )
-    total = squares = None
+    total: torch.Tensor | None = None
+    squares: torch.Tensor | None = None
     pixels = 0
     for index in indices:
         image = images(index).double()
@@ -264,6 +265,7 @@ def dataset_statistics(
         total = flat.sum(1) if total is None else total + flat.sum(1)
         squares = (flat**2).sum(1) if squares is None else squares + (flat**2).sum(1)
         pixels += flat.shape[1]
+    assert total is not None and squares is not None  # (one image at least)
     mean = total / pixels
     std = (squares / pixels - mean**2).clamp(min=1e-12).sqrt()
     return tuple(round(v, 6) for v in mean.tolist()), tuple(round(v, 6) for v in std.tolist())
