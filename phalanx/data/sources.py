@@ -63,8 +63,8 @@ def holdout_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset,
 
 def dataset_size(dataset: Dataset[Any]) -> int:
     """``len(dataset)`` of a map-style data set (every one here has a length). Cast: torch's
-    ``Dataset`` declares no ``__len__``, though DataLoader and its samplers need one. (The tasks'
-    ``dataset_size``, kept here too: ``phalanx.data`` imports nothing of the tasks.)"""
+    ``Dataset`` declares no ``__len__``, though DataLoader and its samplers need one (the task
+    contract re-exports it)."""
     return len(cast(Sized, dataset))
 
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..checkpoint import check_loadable
 from ..config import registry
+from ..data.sources import dataset_size
 from ..errors import PhalanxError
 from .contract import (
     Batch,
@@ -43,7 +44,6 @@ from .contract import (
     StepLosses,
     TaskData,
     Visuals,
-    dataset_size,
     pane,
 )
 

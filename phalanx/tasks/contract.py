@@ -7,9 +7,9 @@ them."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -40,12 +40,6 @@ class TaskData:
     info: PlainRecord
     collate: Callable[[list[Any]], Batch] | None = None
     skipped: dict[str, str] = field(default_factory=dict)
-
-
-def dataset_size(dataset: Dataset[Any]) -> int:
-    """``len(dataset)`` of a map-style dataset (every one a task's data holds). Cast: torch's
-    ``Dataset`` declares no ``__len__``, though DataLoader and its samplers need one."""
-    return len(cast(Sized, dataset))
 
 
 @dataclass
