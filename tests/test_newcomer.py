@@ -1,4 +1,4 @@
-"""What a new user hit (issue: "CI green on every CPU, and what a new user hit this round"): each
+"""What a new user hit (the issues that report a fresh clone tried as a new user would): each
 item as a test that failed before its fix."""
 
 from __future__ import annotations
