@@ -17,7 +17,7 @@ phalanx's includes its validation and checkpoints; its own training-only figure 
 Quality: the last epoch's networks of both, loaded into phalanx's networks (DeepLIIF's through
 ``--weights``' reader) and scored by the same code on the validation images: PSNR of each modality
 (the mean), PSNR of the segmentation, and the mean absolute error of DeepLIIF's cell count
-(``deepliif_cells``) against the count of the true segmentation. Results:
+(``phalanx.tasks.deepliif.cells``) against the count of the true segmentation. Results:
 benchmarks/results/deepliif_model.{json,md}.
 """
 

@@ -1,6 +1,6 @@
 """User-facing errors: one line that names the option and says what to do.
 
-Only ``cli.py`` turns these into exit codes; every other module raises them where a value is
+Only ``phalanx.cli.main`` turns these into exit codes; every other module raises them where a value is
 checked, so the message can name the option the user typed.
 """
 

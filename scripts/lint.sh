@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 bin=.venv/bin
 "$bin/ruff" check phalanx tests benchmarks scripts examples setup.py
 "$bin/ruff" format --check phalanx tests benchmarks scripts examples setup.py
-PYTHONPATH="$PWD" "$bin/lint-imports" --config setup.cfg
+PYTHONPATH="$PWD" "$bin/lint-imports" --no-logo setup.cfg
 "$bin/mypy"
 echo "lint.sh: ruff, import contracts and mypy pass"

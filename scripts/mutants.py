@@ -8,7 +8,7 @@
 
 Each mutant changes one place of phalanx/ in a throwaway copy of the repository and runs the named
 tests there (every process they start imports the copy). A mutant that passes its tests survived:
-the suite cannot see that bug. The README's development section gives the current score; the
+the suite cannot see that bug. docs/development.md (Mutants) gives the current score; the
 target is that none survives.
 
 A mutant names the code it changes by what it is, not by where it lives, so that moving a module
@@ -65,7 +65,7 @@ class Mutant:
 @dataclass(frozen=True)
 class Definition:
     qualname: str
-    module: str  # dotted: phalanx.tasks.simclr
+    module: str  # dotted: phalanx.tasks.selfsupervised.simclr
     path: Path  # of its file, relative to the repository
     line: int  # its first line (a decorator's, if it has one)
     start: int  # its text is the file's [start:end], whole lines

@@ -1,5 +1,5 @@
 """Schedulers for real: a one-node SLURM cluster (Debian's slurm-wlm and munge) started by the
-test session on loopback, the README's sbatch scripts submitted to it; and Open MPI's mpirun."""
+test session on loopback, the sbatch scripts of examples/slurm/ (docs/clusters.md) submitted to it; and Open MPI's mpirun."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 def submit(
     slurm_env: dict, script: str, workdir: Path, *args: str, env: dict | None = None, sbatch: tuple[str, ...] = ()
 ) -> str:
-    """sbatch the README's script from ``workdir``, as a user would (``sbatch``: sbatch's own options,
+    """sbatch an example script (examples/slurm, docs/clusters.md) from ``workdir``, as a user would (``sbatch``: sbatch's own options,
     ``args``: the script's); returns the job id."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{slurm_env['PATH']}"  # `phalanx` as installed
     done = subprocess.run(

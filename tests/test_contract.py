@@ -1,5 +1,5 @@
-"""The task contract's seams (issue 36): only ``phalanx/tasks/`` knows which tasks exist; the
-modules stay small; each task's inference lives apart from its training."""
+"""The task contract's seams (issue 36): only ``phalanx/tasks/`` and the registry know which tasks
+exist; each task's inference lives apart from its training; the task API lists what it exports."""
 
 from __future__ import annotations
 
@@ -240,3 +240,11 @@ def test_the_config_is_frozen_sections_that_read_and_write_flat_as_before():
     ):
         annotations = [str(a) for a in helper.__annotations__.values()]
         assert section in annotations and "RunConfig" not in " ".join(annotations), helper.__name__
+
+
+def test_the_task_api_lists_what_it_exports_and_each_name_imports():
+    import phalanx.tasks as api
+
+    assert sorted(api.__all__) == sorted(api._WHERE) and dir(api) == api.__all__
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name

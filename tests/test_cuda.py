@@ -172,7 +172,7 @@ def test_trainlaunch_on_gpu_0_is_nccl_at_world_size_1_and_equals_train_on_gpu_0(
 
 
 def test_nccl_with_two_processes_on_one_gpu_reduces_or_is_refused_by_nccl_itself(tmp_path):
-    # NCCL 2.28.9 refused it ("Duplicate GPU detected"; README, On a GPU); a later NCCL may allow it,
+    # NCCL 2.28.9 refused it ("Duplicate GPU detected"; docs/gpu.md); a later NCCL may allow it,
     # and then the sum must be right. Either way it ends, and never hangs.
     done = subprocess.run(
         [

@@ -416,7 +416,7 @@ def test_bad_annotations_are_one_line_naming_the_file_with_nothing_written_or_sk
 
 
 def test_a_detector_refuses_dataparallel_but_not_trainlaunchs_ddp_over_the_same_gpu_ids(scenes, tmp_path, phalanx):
-    # The README's DDP example for detection (trainlaunch --gpu-ids 0,1) was refused as DataParallel.
+    # The DDP example for detection (docs/tasks/detect.md) (trainlaunch --gpu-ids 0,1) was refused as DataParallel.
     common = [*DETECTOR, "--dataroot", scenes, "--gpu-ids", "0,1", "--dry-run", "--checkpoints-dir", tmp_path]
     refused = phalanx("train", *common)
     assert refused.code == 2 and "--task detect cannot train under DataParallel" in refused.err, refused.err

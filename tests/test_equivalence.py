@@ -20,7 +20,7 @@ from conftest import USER_MODELS, records, run_phalanx
 
 # The float32 run is short (a 10% training split: 11 steps of 16): over a whole epoch, momentum
 # 0.9 at LR 0.1 amplifies any rounding into a heavy tail (3.6e-7 to 1.7e-3 between regroupings of
-# the same batches, depending on the CPU's kernels; README, "Synchronous and exact"), and no
+# the same batches, depending on the CPU's kernels; docs/distributed.md, "Synchronous and exact"), and no
 # bound then both holds on every CPU and catches a bug.
 FLOAT32_RUN = ["--val-fraction", 0.9, "--epochs", 1]
 # DDP may differ from one process by up to this many times the largest difference that regrouping

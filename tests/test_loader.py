@@ -14,16 +14,16 @@ import pytest
 import torch
 from phalanx_testdata import photo
 
-from phalanx import cores
 from phalanx.config import RunConfig
 from phalanx.data import build_datasets, loader_workers, manifest
 from phalanx.data.images import DRAFT_MIN_SIDE, DRAFT_REDUCTION, PathTable, decode, jpeg_size
 from phalanx.data.transforms import Prepare
 from phalanx.errors import PhalanxError
+from phalanx.system import cores
 
-# Stated in the README ("Input pipeline"): a reduced-scale JPEG decode differs from a full decode
+# Stated in docs/training.md ("Input pipeline"): a reduced-scale JPEG decode differs from a full decode
 # plus antialiased resize by at most this much, in [0, 1] units, after the pipeline's resize.
-# Measured: mean 1.5/255, largest 9/255 (README, "Input pipeline").
+# Measured: mean 1.5/255, largest 9/255 (docs/training.md, "Input pipeline").
 MEAN_TOLERANCE, MAX_TOLERANCE = 2 / 255, 16 / 255
 
 
@@ -352,7 +352,7 @@ def test_a_hold_out_split_in_place_is_the_gathered_split():
 
 QUOTA_PROBE = """
 import json, torch
-from phalanx import cores
+from phalanx.system import cores
 from phalanx.config import RunConfig
 from phalanx.data import loader_workers
 from phalanx.distributed.strategy import Strategy

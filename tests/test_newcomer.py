@@ -555,3 +555,21 @@ def test_deepliif_checks_its_data_before_vggs_weights_and_help_says_resnet_nbloc
     check_generator("resnet_3blocks", 32, "--net-g")
     with pytest.raises(PhalanxError, match="unet_N .* or resnet_Nblocks"):
         check_generator("resnet3", 32, "--net-g")
+
+
+def test_an_inference_named_by_a_string_that_leads_nowhere_is_one_line_before_training(tmp_path, phalanx):
+    # Resolved only at evaluate or predict time, a bad name was "a bug in phalanx" after the training.
+    from phalanx.errors import PhalanxError
+    from phalanx.tasks import Inference, Task
+    from phalanx.tasks.inference import inference_class
+
+    for named, words in [
+        (".inference:Nope", "a name relative to"),
+        ("json:loads", "not a subclass of"),
+        ("no_such_module_here:X", "which does not import \\(ModuleNotFoundError"),
+    ]:
+        task = type("Named", (Task,), {"Inference": named, "__module__": "toplevel"})
+        with pytest.raises(PhalanxError, match=f"Named.Inference is '{named}'.*{words}"):
+            inference_class(task)
+    assert inference_class(type("Named", (Task,), {"Inference": Inference})) is Inference
+    assert inference_class(type("Named", (Task,), {"Inference": "phalanx.tasks.inference:Inference"})) is Inference

@@ -120,7 +120,7 @@ def test_a_run_that_fails_in_process_gives_the_caller_back_its_stop_signals(tmp_
 
 
 def test_a_command_ends_without_finalising_torch_and_loses_nothing_of_what_an_exit_does(tmp_path):
-    # phalanx ends with os._exit once torch is loaded (process_exit.py: finalising torch took 0.5-1 s
+    # phalanx ends with os._exit once torch is loaded (phalanx/distributed/processes.py: finalising torch took 0.5-1 s
     # after every command), after what the interpreter's exit does first: a user's thread that is
     # not a daemon finishes (here half a second after the exit began), exit functions run, and an
     # idle thread pool left alive is woken (joining its worker without the shutdown hooks hung).
@@ -378,8 +378,8 @@ def test_storage_down_at_the_end_holds_the_run_up_at_most_close_timeout_seconds(
 RACING_WRITER = """
 import sys, os
 from pathlib import Path
-from phalanx import snapshots
-from phalanx.atomic import atomic_write
+from phalanx.records import snapshots
+from phalanx.system.atomic import atomic_write
 snapshots.SEGMENT_RECORDS = 100
 w = snapshots.SnapshotWriter(Path(sys.argv[1]), "race", {"name": "race"}, every_seconds=0.0,
                              on_written=lambda p: None,

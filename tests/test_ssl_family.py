@@ -47,7 +47,7 @@ SIZES = {
     # 163 images: a last batch of 3 (2 and 1 row a rank; BatchNorm cannot train on one image
     # in one process, so no padding sample here: test_trainlaunch.py has one with --sync-bn).
     "byol": [*SMALL, "--head-norm", "batch", "--sync-bn", "--synthetic-samples", 181],
-    # Without normalisation its features grow some 20-fold a step at the default --lr (README, On a
+    # Without normalisation its features grow some 20-fold a step at the default --lr (docs/gpu.md, On a
     # GPU): on random RGB images the weights then differ by 2e-10 in float64, rounding grown.
     "barlowtwins": [*SMALL, "--lr", 0.006],
 }

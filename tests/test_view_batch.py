@@ -1,4 +1,4 @@
-"""The self-supervised views made a batch at a time (phalanx/tasks/view_batch.py): each view equal to
+"""The self-supervised views made a batch at a time (phalanx/tasks/selfsupervised/view_batch.py): each view equal to
 torchvision's functional operations applied to its image one at a time with the same parameters,
 the same in any batch, and drawn with the distributions of torchvision's transforms."""
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import free_port, wait_until
 from test_visualize import client
 
-from phalanx.atomic import atomic_write
 from phalanx.records.snapshots import History, dumps, segment_name
+from phalanx.system.atomic import atomic_write
 from phalanx.visualize import window_points
 
 
@@ -270,7 +270,7 @@ def test_a_stop_signal_while_a_run_is_plotted_stops_visualize_and_is_not_that_ru
 
 def test_a_pane_names_its_window_kind_and_visualize_draws_it_from_the_kinds_table(tmp_path, visdom_server, phalanx):
     # Windows by kind: a task's panes name a kind (text, table, matrix, ...) and the record it draws;
-    # the kinds are declared once (phalanx/windows.py), for the loader's checks and for visualize.
+    # the kinds are declared once (phalanx/records/windows.py), for the loader's checks and for visualize.
     from phalanx.records.windows import KINDS, window
 
     panes = [

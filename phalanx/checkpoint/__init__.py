@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_write
 from ..config.registry import DEFAULT as FORMAT_2_TASK  # formats 1 and 2 named no task: they held the default one
 from ..errors import PhalanxError, RunFailed
+from ..system.atomic import atomic_write
 
 FORMAT = "phalanx-checkpoint"
 VERSION = 4  # the newest this phalanx reads

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint
-from ..atomic import atomic_write_text
 from ..config import RunConfig, from_mapping
 from ..config.fields import flag
 from ..errors import PhalanxError, RunFailed
+from ..system.atomic import atomic_write_text
 
 CONFIG, METRICS = "config.json", "metrics.jsonl"
 

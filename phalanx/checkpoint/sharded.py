@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from .. import checkpoint
-from ..atomic import _fsync_dir
 from ..errors import PhalanxError, RunFailed
+from ..system.atomic import _fsync_dir
 
 SHARDS = "shards"
 WRITING = ".writing"

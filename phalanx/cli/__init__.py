@@ -249,7 +249,7 @@ def export(**values: Any) -> None:
     run_export(build_options(ExportOptions, values))
 
 
-for _command in (scale, consolidate):  # the tools beside training (cli_tools)
+for _command in (scale, consolidate):  # the tools beside training (tools)
     cli.add_command(_command)
 
 
@@ -340,7 +340,7 @@ def _internal_error(exc: Exception) -> int:
 def entry() -> None:
     """The ``phalanx`` console script: a failed run's stop signals stay held until it exits."""
     code = _main()
-    if "torch" in sys.modules:  # a run, a launch or an evaluation: see process_exit
+    if "torch" in sys.modules:  # a run, a launch or an evaluation: see phalanx.distributed.processes
         from ..distributed.processes import exit_process
 
         exit_process(code)

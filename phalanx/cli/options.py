@@ -1,7 +1,7 @@
 """Click options generated from ``RunConfig``'s fields, and help pages grouped under headings.
 
-With ``cli.py``, the only module that imports click. Each training option is declared once, in
-``config.py``; here it becomes a click option with the help text of the command that shows it.
+With ``phalanx.cli``, the only package that imports click. Each training option is declared once,
+in ``phalanx.config`` (its ``sections``); here it becomes a click option with the help text of the command that shows it.
 """
 
 from __future__ import annotations

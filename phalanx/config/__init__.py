@@ -2,14 +2,16 @@
 (``sections``), field declarations (``fields``), config files (``file``), the task registry
 (``registry``), the inference commands' options (``inference``), what a resume takes from its run
 (``resume``) and other tools' option names (``habits``). Standard library only; it imports nothing
-of phalanx above the base modules.
+of phalanx above the base modules, but for the registry, which finds the task folders and your
+task by name when it is asked (``importlib``, as ``--model`` finds a factory): the one place the
+layers are crossed upwards, at run time, and never by an import statement.
 
 The run configuration: every training option, declared once.
 
 ``RunConfig`` is the one object that travels from the command line to the trainer and, as JSON, to
 every DDP worker: the run's own options (task, name, where, seed) and one frozen section per concern
 (``sections``). Option names are unique across sections, so flags, ``--config``, the JSON and
-``to_dict`` stay flat. ``cli.py`` generates the click options of ``train`` and ``trainlaunch`` from
+``to_dict`` stay flat. ``phalanx.cli.options`` generates the click options of ``train`` and ``trainlaunch`` from
 ``FIELDS``, so both commands accept exactly the same training options. The task's own options
 (each task folder's ``options.py``) travel inside it, as ``task_options``. Standard library only: this module is
 imported by ``phalanx --help``, which must not pay for torch.

@@ -1,7 +1,7 @@
 """Options declared once: dataclass fields that are also command-line options.
 
-``RunConfig`` (config.py), each task's options (its folder's options.py) and the inference commands'
-options (inference/options.py) declare their fields with ``option``; ``phalanx.cli.options`` turns each field
+``RunConfig`` (``phalanx.config``), each task's options (its folder's ``options.py``) and the inference
+commands' options (``phalanx.config.inference``) declare their fields with ``option``; ``phalanx.cli.options`` turns each field
 into a click option, and the checks here apply to values from flags, config files and JSON alike.
 Standard library only: ``phalanx --help`` reads these without importing torch.
 """

@@ -245,7 +245,7 @@ def task_class(name: str) -> Any:
     if name in builtin():
         module_name, _, class_name = builtin()[name].target.partition(":")
         return getattr(importlib.import_module(module_name), class_name)
-    from ..plugins import import_user_module
+    from ..system.plugins import import_user_module
 
     Task = importlib.import_module("phalanx.tasks.base").Task  # (the base class, by name: a layer above)
 
@@ -266,7 +266,11 @@ def task_class(name: str) -> Any:
         raise PhalanxError(f"module '{module_name}' has no class '{class_name}'{hint}", OPTION)
     if not issubclass(cls, Task):
         raise PhalanxError(f"'{name}' is not a subclass of phalanx.tasks.Task", OPTION)
-    missing = [m for m in ("build_data", "build_models", "training_step") if getattr(cls, m) is getattr(Task, m)]
+    required = ["build_data", "build_models", "training_step"]
+    task: Any = cls  # (a Task subclass, checked above)
+    if task.evaluate is Task.evaluate:  # a task with an evaluation pass of its own needs no validation_step
+        required.append("validation_step")
+    missing = [m for m in required if getattr(cls, m) is getattr(Task, m)]
     if missing:
         raise PhalanxError(f"'{name}' does not define {', '.join(missing)}, which every task must", OPTION)
     return cls

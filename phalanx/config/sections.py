@@ -36,7 +36,7 @@ class DataOptions:
         None,
         "Data directory: for classification an ImageFolder "
         "layout (DIR/train/<class>/*.png, optional DIR/val/) or torchvision's files for "
-        "--dataset; the other tasks' layouts are in the README.",
+        "--dataset; the other tasks' layouts are in docs/tasks.md.",
         identity=False,
         metavar="DIR",
     )
@@ -111,7 +111,7 @@ class DataOptions:
     fast_decode: bool = option(
         True,
         "Decode JPEGs at reduced scale when the target is much smaller (within "
-        "the README's tolerance of a full decode); --no-fast-decode for the full "
+        "docs/training.md's tolerance of a full decode); --no-fast-decode for the full "
         "decode.",
         identity=False,
     )
@@ -158,9 +158,7 @@ class ModelOptions:
         below=1,
     )
     channels_last: bool = option(False, "Channels-last memory format for the model and its inputs.", identity=False)
-    compile: bool = option(
-        False, "torch.compile the model (slow first steps; see the README's measurements).", identity=False
-    )
+    compile: bool = option(False, "torch.compile the model (slow first steps; see docs/benchmarks.md).", identity=False)
     activation_checkpointing: bool = option(
         False,
         "Keep no activations inside each block of every network (the "

@@ -1,5 +1,9 @@
 """Training data: sources (``sources``), image decoding (``images``), the folder manifest
-(``manifest``) and what happens to each image (``transforms``), put together for a run.
+(``manifest``) and what happens to each image (``transforms``), put together for a run (this
+module); the samplers (``sampling``: the epoch's global order and each rank's share), the readers of
+paired images (``pairs``), COCO detections (``coco``), masks (``masks``) and whole slides
+(``slides``), ``predict``'s inputs (``inputs``) and the split folders' names (``layout``). May
+import records, the configuration and the base modules; never a task, training or distributed.
 
 ``build_datasets`` checks everything about the data before a run directory exists. The training
 split it returns is indexed two ways: by an int (the image without augmentation: statistics,
@@ -18,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import RunConfig
-from ..cores import available_cores
+from ..system.cores import available_cores
 from . import transforms
 from .sampling import derive_seed
 from .sources import dataset_size, holdout_split, image_files, load, load_digits  # noqa: F401  (the package's API)

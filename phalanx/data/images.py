@@ -5,7 +5,7 @@ take one of two faster paths:
 - reduced-scale decoding (PIL's ``draft``: libjpeg scales the DCT by 1/2, 1/4 or 1/8) when the
   pipeline needs a shorter side at most half the image's, e.g. 32 px from 160, 224 from 500+;
 - otherwise torchvision's ``decode_jpeg`` (libjpeg-turbo into a tensor, no PIL image in between).
-Other formats go through PIL. The README states how far the fast paths are from the reference.
+Other formats go through PIL. docs/training.md (Input pipeline) states how far the fast paths are from the reference.
 """
 
 from __future__ import annotations

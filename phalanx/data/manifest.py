@@ -28,9 +28,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_text
-from ..cores import available_cores
 from ..errors import PhalanxError
+from ..system.atomic import atomic_write_text
+from ..system.cores import available_cores
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 VERSION = 2  # 1: a dict of path -> [size, mtime, why]

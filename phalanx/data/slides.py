@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..atomic import atomic_write
+from ..system.atomic import atomic_write
 from .images import eight_bit
 
 if TYPE_CHECKING:  # imported where a slide is read or written

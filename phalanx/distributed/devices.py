@@ -13,8 +13,8 @@ import torch
 
 from ..config import RunConfig
 from ..config.sections import DeviceOptions, means_cpu
-from ..cores import available_cores
 from ..errors import PhalanxError
+from ..system.cores import available_cores
 from .cluster import Placement, placement_from
 
 

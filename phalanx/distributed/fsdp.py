@@ -64,7 +64,7 @@ class FSDPStrategy(DDPStrategy):
         # traffic and memory of its float32 weights), its gradients averaged in float32, and the
         # weights and optimizer state kept in float32 (torchtitan's and Lightning's default policy)
         self.gathered_dtype = torch.bfloat16 if cfg.optim.precision == "bf16" else None
-        # sharded: each rank writes its shard (sharded_checkpoint); whole: every rank helps gather it for rank 0
+        # sharded: each rank writes its shard (phalanx.checkpoint.sharded); whole: every rank helps gather it for rank 0
         self.writes_shards = cfg.devices.fsdp_checkpoints == "sharded"
         self.gathers_state = not self.writes_shards
         self._mesh: DeviceMesh | None = None

@@ -1,5 +1,5 @@
 """The strategy of a training or evaluating process, made from the run's plan: one place that knows
-every parallel mode (``strategy``: one device, DataParallel, DDP; ``sharded``: FSDP)."""
+every parallel mode (``strategy``: one device, DataParallel, DDP; ``fsdp``: FSDP)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 
 from ..config import RunConfig
-from . import processes as process_exit
+from . import processes
 from .cluster import Placement
 from .devices import check_gpu_ids, plan_run, tune_cpu_allocator
 from .fsdp import FSDPStrategy
@@ -40,7 +40,7 @@ def strategy_for(cfg: RunConfig, env: Placement | None) -> Iterator[Strategy]:
     """The strategy for this process, torn down (process group destroyed) however the run ends."""
     strategy = make_strategy(cfg, env)
     if isinstance(strategy, DDPStrategy):
-        process_exit.joined_process_group = True
+        processes.joined_process_group = True
     try:
         yield strategy
     except BaseException as exc:

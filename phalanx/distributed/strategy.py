@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..config import RunConfig
-from ..cores import available_cores, cpu_quota
+from ..system.cores import available_cores, cpu_quota
 from . import sync_norm
 from .cluster import Placement
 from .comm_clock import CommClock
@@ -122,9 +122,9 @@ class Strategy:
         """Skip the gradient all-reduce on accumulation steps that do not end in an optimizer step."""
         return contextlib.nullcontext()
 
-    # --- what a checkpoint holds of sharded networks (``sharded.FSDPStrategy``); here, as they are
+    # --- what a checkpoint holds of sharded networks (``fsdp.FSDPStrategy``); here, as they are
     gathers_state = False  # whether every rank takes part in making a checkpoint's state (full_state)
-    writes_shards = False  # whether every rank writes its own shard of the networks (sharded_checkpoint)
+    writes_shards = False  # whether every rank writes its own shard of the networks (``phalanx.checkpoint.sharded``)
 
     def full_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A run's state as a checkpoint holds it: every network and optimizer state whole."""

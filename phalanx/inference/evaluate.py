@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..atomic import atomic_write_text
 from ..config.inference import EvaluateOptions
 from ..data import loader_workers
 from ..data.sampling import ShardSampler, every_batch
 from ..distributed.devices import placement
 from ..distributed.strategies import strategy_for
 from ..errors import PhalanxError
+from ..system.atomic import atomic_write_text
 from ..tasks.base import dataset_size
 from ..train.context import DeviceContext
 from ..train.progress import ProgressBar

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from ..config import registry
 from ..config.inference import ExportOptions
 from ..errors import PhalanxError
+from ..system.atomic import atomic_write, atomic_write_bytes, atomic_write_text
 from .model import load_trained
 from .outputs import check_export_files, check_place
 

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
 from ..checkpoint.rundir import read_metrics
 from ..config import RunConfig
 from ..distributed.cluster import slurm_tasks, slurm_tasks_per_node, srun_placement
@@ -34,6 +33,7 @@ from ..errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from ..records import STEP_PARTS
 from ..records import STEP_TIME_KEYS as STEP_KEYS
 from ..records.snapshots import holds_snapshots
+from ..system.atomic import atomic_write
 
 SCALINGS = ("weak", "strong")
 

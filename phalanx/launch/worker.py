@@ -15,7 +15,7 @@ import time
 import traceback
 
 from ..config import RunConfig
-from ..distributed.lifeline import die_with_parent
+from ..distributed.processes import die_with_parent
 from ..errors import EXIT_FAILED, PhalanxError, RunFailed
 
 

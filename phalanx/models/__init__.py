@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import PhalanxError
-from ..plugins import import_user_module
+from ..system.plugins import import_user_module
 
 
 class SmallCNN(nn.Module):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config.sections import parse_s3_url
 from ..errors import PhalanxError
-from ..plugins import import_user_module
+from ..system.plugins import import_user_module
 
 Send = Callable[[Path, str], None]  # (local path, key relative to the run) -> None, raises on failure
 

@@ -5,7 +5,7 @@ metrics, dashboard panes and what ``evaluate``/``predict``/``export`` do with a 
 trainer owns progress, accumulation, precision, checkpoints, resume and the parallel strategy,
 and calls the methods below the same way whatever the task.
 
-The training step gets one micro-batch and a ``StepContext`` (``context.py``):
+The training step gets one micro-batch and a ``StepContext`` (``contract``; the trainer's is ``phalanx.train.context``):
 - the common case returns its losses by name, ``{"loss": per_sample_losses}``, and the trainer
   does backward (scaled so that DDP's average is the mean over the step's samples), accumulation,
   ``no_sync``, the GradScaler and the optimizer step;
@@ -89,7 +89,7 @@ class Task:
 
     Declarations (class attributes):
     - ``Options``: a frozen dataclass of the task's own options (fields made with
-      ``phalanx.config.fields.option``); given with ``--task-option key=value`` or a ``task:`` section of
+      ``phalanx.tasks.option``); given with ``--task-option key=value`` or a ``task:`` section of
       ``--config``; the instance gets them as ``self.options``;
     - ``defaults``: general options this task gives other defaults (``{"lr": 2e-4, ...}``);
     - ``reads``: the general data and model options (``registry.DATA_OPTIONS``: ``dataroot``,

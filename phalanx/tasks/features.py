@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..atomic import atomic_write, atomic_write_text
 from ..errors import PhalanxError
+from ..system.atomic import atomic_write, atomic_write_text
 from .base import full_precision
 from .inference import Predictor
 

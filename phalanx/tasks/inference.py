@@ -42,14 +42,28 @@ class Trained:
 def inference_class(task_class: type) -> type[Inference]:
     """A task's ``Inference``: its class, or its name, ``"module:Class"`` (``".inference:Class"``:
     beside the module of the class that declares it). A built-in task names its inference, which
-    imports the task's module for its types, instead of importing it."""
+    imports the task's module for its types, instead of importing it. A name that does not lead to
+    a subclass of ``Inference`` is one line naming the task (checked before a run starts)."""
     owner = next(cls for cls in task_class.__mro__ if "Inference" in cls.__dict__)
     named: type[Inference] | str = owner.__dict__["Inference"]
+    where, given = f"{owner.__name__}.Inference", repr(named)
     if isinstance(named, str):
         module, _, name = named.partition(":")
         package = owner.__module__.rpartition(".")[0] if module.startswith(".") else None
-        imported: type[Inference] = getattr(importlib.import_module(module, package), name)
-        return imported
+        if module.startswith(".") and not package:
+            raise PhalanxError(
+                f"{where} is {named!r}, a name relative to {owner.__module__}, which is in no package: "
+                "name it 'module:Class', or give the class itself",
+                "--task",
+            )
+        try:
+            named = getattr(importlib.import_module(module, package), name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise PhalanxError(
+                f"{where} is {named!r}, which does not import ({type(exc).__name__}: {exc})", "--task"
+            ) from None
+    if not (isinstance(named, type) and issubclass(named, Inference)):
+        raise PhalanxError(f"{where} is {given}, not a subclass of phalanx.tasks.Inference", "--task")
     return named
 
 

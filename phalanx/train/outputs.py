@@ -8,11 +8,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
 from ..checkpoint.rundir import METRICS, MetricsLog, read_metrics
 from ..config import RunConfig
 from ..records.remote import Uploader, make_uploader
 from ..records.snapshots import SnapshotWriter
+from ..system.atomic import atomic_write
 
 
 def new_run_id() -> str:

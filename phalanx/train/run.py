@@ -34,6 +34,7 @@ from ..distributed.strategy import Strategy
 from ..errors import EXIT_BAD_INPUT, PhalanxError, RunFailed
 from ..models.weights import learnt_normalisation, weights_preview
 from ..tasks.base import Declaration, Task, TaskData, check_declaration, dataset_size
+from ..tasks.inference import inference_class
 from .best import Best
 from .memory_plan import check_batch_memory, memory_lines
 from .outputs import RunOutputs, new_run_id
@@ -150,6 +151,7 @@ def describe_checks(
             f"network {name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters"
         )
     check_declaration(task, task.declare(data, models), data, models, bool(cfg.output.best_metric))
+    inference_class(type(task))  # what evaluate, predict and export will use: a bad name is said now
     lines += memory_lines(cfg, models, world_size)
     resume, stop = None, None
     try:
@@ -234,6 +236,7 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)
     check_declaration(task, declared, data, models, bool(cfg.output.best_metric))
+    inference_class(type(task))  # what evaluate, predict and export will use: a bad name is said now
     best = Best(declared, cfg.output.best_metric)  # checks --best-metric
     outputs = RunOutputs(cfg, strategy.is_main)  # checks --remote-transfer(-cmd)
     # Ranks must all have looked at the run directory before rank 0 changes it.

@@ -3,7 +3,9 @@
 The only package that imports visdom; it never imports torch, so it runs anywhere the snapshots
 can be read (a laptop, another node, from S3). Modules: ``runs`` (which runs, waited for),
 ``sources`` (bounded, safe reading), ``follow`` (each poll, one run's failure kept to itself),
-``plots`` (the windows), ``server`` (the visdom server it plots into, or starts, owns and restarts).
+``plots`` (the windows), ``server`` (the visdom server it plots into, or starts, owns and restarts),
+``assets`` (visdom's page files, fetched from the npm registry), ``options``. May import records,
+the configuration, ``phalanx.distributed.processes`` (no torch) and the base.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..distributed.lifeline import die_with_parent
+from ..distributed.processes import die_with_parent
 from ..errors import PhalanxError
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")

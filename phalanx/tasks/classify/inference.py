@@ -15,7 +15,6 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write
 from ...data import Mapped, transforms
 from ...data.images import ImageFiles, PathTable
 from ...data.inputs import InputImages
@@ -23,6 +22,7 @@ from ...data.layout import evaluation_dir
 from ...data.manifest import checked
 from ...errors import PhalanxError
 from ...models.weights import backbone_of
+from ...system.atomic import atomic_write
 from ..base import Evaluation
 from ..inference import STDOUT, Inference, Predictor
 

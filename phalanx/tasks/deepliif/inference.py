@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ...atomic import atomic_write_bytes, atomic_write_text
 from ...data.slides import Slide, SlideOutputs, SlideReader
 from ...records.pictures import pixels, png_bytes
+from ...system.atomic import atomic_write_bytes, atomic_write_text
 from ..translate.inference import TranslateInference, TranslationPredictor
 from .cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
 from .nets import without_running_statistics

@@ -88,7 +88,7 @@ def _valid(length: int, shift: int) -> np.ndarray:
 
 
 def cell_pixels(seg: np.ndarray, seg_thresh: int) -> tuple[np.ndarray, np.ndarray]:
-    """(cell pixels, positive pixels) of a segmentation image, as ``deepliif_cells.cells`` finds them."""
+    """(cell pixels, positive pixels) of a segmentation image, as ``cells.cells`` finds them."""
     seg = seg.astype(np.int32)
     cell = (seg[..., 0] + seg[..., 2] > seg_thresh) & (seg[..., 1] <= GREEN_MAX)
     return cell, cell & (seg[..., 0] >= seg[..., 2])
@@ -127,7 +127,7 @@ class SlideCells:
             self.histogram += marker_histogram(marker)
 
     def found(self) -> dict[str, np.ndarray]:
-        """Pass 2: every cell of the slide, as ``deepliif_cells.cells`` finds them in a whole image
+        """Pass 2: every cell of the slide, as ``cells.cells`` finds them in a whole image
         (with ``component``, each one's component number, for pass 3)."""
         component = self.outside.components()
         edges = np.concatenate(self.edge_labels) if self.edge_labels else np.zeros(0, dtype=np.int64)

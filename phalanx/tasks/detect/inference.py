@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write_text
 from ...data.coco import CocoImages, PredictedIds, collate, load_split, predicted_ids
 from ...data.inputs import InputImages
 from ...errors import PhalanxError
+from ...system.atomic import atomic_write_text
 from ..base import Evaluation
 from ..inference import Inference, Predictor
 

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write_bytes
 from ...data.inputs import InputImages, output_names
 from ...data.masks import MaskPairs, find_masks
 from ...errors import PhalanxError
 from ...records.pictures import png
+from ...system.atomic import atomic_write_bytes
 from ..base import Evaluation, full_precision
 from ..inference import Inference, Predictor
 from .pictures import overlay

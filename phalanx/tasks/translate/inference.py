@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...atomic import atomic_write_bytes
 from ...data.inputs import InputImages, output_names
 from ...data.pairs import PairFiles, PairTransform, Transformed, find_pairs
 from ...data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable, slide_of
 from ...errors import PhalanxError
 from ...records.pictures import pixels, png_bytes
+from ...system.atomic import atomic_write_bytes
 from ..base import Evaluation
 from ..inference import Inference, Predictor
 from .tiling import tile_overlap, tiled

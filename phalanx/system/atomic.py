@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import RunFailed
+from ..errors import RunFailed
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -12,7 +12,7 @@ import os
 import sys
 from types import ModuleType
 
-from .errors import PhalanxError
+from ..errors import PhalanxError
 
 
 def import_user_module(name: str, option: str) -> ModuleType:
