@@ -31,6 +31,13 @@ setup(
             "hypothesis>=6",
             "timm>=1.0",  # --model timm/NAME
             "lightly>=1.5",  # the reference NT-Xent that --task simclr is compared with
+            # deepliif test's own imports (tests/deepliif_cli.py runs DeepLIIF's cli.py as a process)
+            "numba>=0.60",
+            "scikit-image>=0.24",
+            "opencv-python-headless>=4.8",
+            "dask>=2024.1",
+            "dominate>=2.8",
+            "requests>=2.31",
             # scripts/lint.sh (versions pinned in constraints.txt: a formatter's style moves between releases)
             "ruff>=0.6",
             "mypy>=1.10",

@@ -2024,6 +2024,56 @@ MUTANTS = [
         "        if False:",
         ("tests/test_loader.py -k read_whole",),
     ),
+    # --- a DeepLIIF model directory against deepliif test
+    Mutant(
+        "DeepLIIF's tiles overlap an eighth",
+        "overlap_of",
+        "return tile // 16",
+        "return tile // 8",
+        ("tests/test_deepliif_model_dir.py -k pixel_for_pixel",),
+    ),
+    Mutant(
+        "no tile is empty",
+        "is_empty",
+        "return not values.size or float(np.var(values)) < EMPTY_VARIANCE",
+        "return False",
+        ("tests/test_deepliif_model_dir.py -k pixel_for_pixel",),
+    ),
+    Mutant(
+        "a directory's background colours ignored",
+        "DeepLIIFInference.background_colors",
+        'given = self.info.get("background_colors")',
+        "given = None",
+        ("tests/test_deepliif_model_dir.py -k pixel_for_pixel",),
+    ),
+    Mutant(
+        "the released model's names not supplied",
+        "_settings",
+        'v["modalities_names"] = list(RELEASED_NAMES)',
+        'v["modalities_names"] = ["input1", "mod1", "mod2", "mod3", "mod4"]',
+        ("tests/test_deepliif_model_dir.py -k released_models_layout",),
+    ),
+    Mutant(
+        "per-cell data without the marker",
+        "CellCounter.predict_one",
+        "data = cell_data(seg, marker, ",
+        "data = cell_data(seg, None, ",
+        ("tests/test_deepliif_model_dir.py -k compute_cell_results",),
+    ),
+    Mutant(
+        "a train_opt value of the wrong kind a traceback",
+        "values_read",
+        "except (ValueError, TypeError, KeyError) as exc:",
+        "except KeyError as exc:",
+        ("tests/test_deepliif_model_dir.py -k bad_directories",),
+    ),
+    Mutant(
+        "--weights DIR takes nothing from train_opt.txt",
+        "_take_from_weights",
+        "taken = {name: value for name, value in found.items() if name not in given}",
+        "taken = {}",
+        ("tests/test_deepliif_model_dir.py -k training_from_a_directory",),
+    ),
 ]
 
 

@@ -146,3 +146,72 @@ def vgg_with(features: torch.nn.Sequential):
         return net
 
     networks.models = SimpleNamespace(vgg19=vgg19_given)
+
+
+def model_directory(out: Path, ngf: int = 4, seed: int = 0) -> None:
+    """A DeepLIIF model directory as ``deepliif train`` and ``serialize`` leave one, made with
+    DeepLIIF's own ``define_G``, ``disable_batchnorm_tracking_stats`` and ``format_options``: four
+    ``resnet_9blocks`` modality networks and five ``unet_512`` segmentation networks, each as
+    ``latest_net_G1.pth``.. (training's) and traced to ``G1.pt``.., ``GS0.pt``.. (serialize's,
+    what ``deepliif test`` runs), and today's ``train_opt.txt``. BatchNorm's parameters and
+    statistics are perturbed (freshly made they are 1 and 0, where a wrong statistics rule would
+    not show), and each segmentation network's last layer is scaled so that it draws red and blue
+    blobs on black: cells to count, as a trained network draws them."""
+    networks = modules().networks
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    nets = {
+        f"G{k}": networks.define_G(3, 3, ngf, "resnet_9blocks", "batch", True, "normal", 0.02, [], "zero")
+        for k in range(1, 5)
+    }
+    nets.update(
+        {f"GS{k}": networks.define_G(3, 3, ngf, "unet_512", "batch", True, "normal", 0.02, []) for k in range(5)}
+    )
+    noise = torch.Generator().manual_seed(seed + 1)
+    for net in nets.values():
+        for module in net.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.data = 1 + 0.5 * torch.randn(module.weight.shape, generator=noise)
+                module.bias.data = 0.3 * torch.randn(module.bias.shape, generator=noise)
+                module.running_mean.data = 0.1 * torch.randn(module.running_mean.shape, generator=noise)
+                module.running_var.data = 1 + 0.2 * torch.rand(module.running_var.shape, generator=noise)
+    for k in range(5):
+        last = nets[f"GS{k}"].model.model[3]  # the outermost ConvTranspose2d, before its Tanh
+        last.weight.data *= 8
+        last.bias.data = torch.tensor([-0.9, -2.0, -0.9])
+    for name, net in nets.items():
+        torch.save(net.state_dict(), out / f"latest_net_{name}.pth")
+        served = disable_batchnorm_tracking_stats(net.eval())
+        torch.jit.trace(served, torch.zeros(1, 3, 512, 512)).save(str(out / f"{name}.pt"))
+    opt = options(
+        ngf=ngf,
+        model="DeepLIIF",
+        name=out.name,
+        checkpoints_dir=str(out.parent),
+        seg_no=1,
+        scale_size=512,
+        net_g=["resnet_9blocks"] * 4,
+        net_gs=["unet_512"] * 5,
+        background_colors=[(200, 200, 190), (20, 20, 30), (5, 5, 5), (12, 12, 12)],
+        load_iter=0,  # deepliif train writes both
+        epoch="latest",
+    )
+    (out / "train_opt.txt").write_text(modules().options.format_options(opt) + "\n")
+
+
+def released_layout(model_dir: Path, out: Path, ngf: int = 4) -> None:
+    """``model_dir``'s TorchScript networks laid out as DeepLIIF's released model is: ``G1.pt``..
+    ``G4.pt`` and the segmentation networks as ``G51.pt``..``G55.pt``, with a ``train_opt.txt`` of
+    an older version (``targets_no`` 5; no ``modalities_names``, ``seg_weights``, ``scale_size``,
+    ``net_gs``: DeepLIIF's test mode supplies them)."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 5):
+        shutil.copyfile(model_dir / f"G{k}.pt", out / f"G{k}.pt")
+    for k in range(5):
+        shutil.copyfile(model_dir / f"GS{k}.pt", out / f"G5{k + 1}.pt")
+    opt = options(ngf=ngf, model="DeepLIIF", name=out.name, checkpoints_dir=str(out.parent), targets_no=5)
+    for key in ("modalities_names", "seg_weights", "modalities_no", "input_no", "net_gs"):
+        delattr(opt, key)
+    (out / "train_opt.txt").write_text(modules().options.format_options(opt) + "\n")

@@ -323,16 +323,16 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
 
     from phalanx.tasks.deepliif.task import DeepLIIFTask
 
-    generate = DeepLIIFTask.generate
+    test_outputs = DeepLIIFTask.test_outputs
 
-    def with_cells(self, models, inputs):
-        outputs = generate(self, models, inputs)
+    def with_cells(self, models, inputs, *args, **kwargs):
+        outputs = test_outputs(self, models, inputs, *args, **kwargs)
         red, blue = (inputs[:, 0:1] > 0.6).to(inputs.dtype), (inputs[:, 2:3] > 0.6).to(inputs.dtype)
-        outputs[-1] = outputs[-1] * 0.05 + torch.cat([red, -torch.ones_like(red), blue], 1) * 1.9 - 0.95
-        outputs[-2] = outputs[-2] * 0.05 + inputs[:, 1:2].expand_as(outputs[-2]) * 0.9
+        outputs["Seg"] = outputs["Seg"] * 0.05 + torch.cat([red, -torch.ones_like(red), blue], 1) * 1.9 - 0.95
+        outputs["Marker"] = outputs["Marker"] * 0.05 + inputs[:, 1:2].expand_as(outputs["Marker"]) * 0.9
         return outputs
 
-    monkeypatch.setattr(DeepLIIFTask, "generate", with_cells)
+    monkeypatch.setattr(DeepLIIFTask, "test_outputs", with_cells)
     rng = np.random.default_rng(1)
     # 160 x 150 in regions of 48 px (the 32 px tiles' stride of 24, twice): the last rows a strip of 16,
     # the last columns one of 6, each thinner than a tile past the tiles before it, where the whole

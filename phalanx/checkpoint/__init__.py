@@ -209,6 +209,11 @@ def _upgrade(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def is_run_directory(path: Path) -> bool:
+    """A folder holding a run's best.pt or latest.pt."""
+    return (path / BEST).is_file() or (path / LATEST).is_file()
+
+
 def in_run_directory(path: Path, option: str) -> tuple[Path, str]:
     """A checkpoint given as its run directory (``--checkpoint checkpoints/a``, as Lightning's
     ``ckpt_path="best"``): its best.pt, else its latest.pt; and the line that says which. A file is

@@ -267,6 +267,8 @@ def build_config(ctx: click.Context, values: dict[str, Any]) -> RunConfig:
         merged["task_options"] = {**(merged.pop("task_options", None) or {}), **given}
     taken = _take_from_resumed_run(merged)
     task = merged.get("task", registry.DEFAULT)
+    if isinstance(task, str) and not merged.get("resume"):
+        _take_from_weights(merged, task, typed)
     if isinstance(task, str):
         registry.check_used(task, merged, {name: f.default for name, f in FIELDS.items()})
         flagged = [
@@ -317,6 +319,35 @@ def _in_the_file(exc: PhalanxError, file_values: Any, typed: set[str]) -> tuple[
         key = None
     where = file_values.where(f"task.{key}") if key else file_values.where(name)
     return (where, key or name) if where else None
+
+
+def _take_from_weights(merged: dict[str, Any], task: str, typed: set[str]) -> None:
+    """``--weights DIR`` where the task reads a directory's own settings (``TaskInfo.weights_options``:
+    a DeepLIIF directory's train_opt.txt): those its options leave out, named in ``weights_with``."""
+    reader = registry.builtin()[task].weights_options if task in registry.builtin() else ""
+    weights = merged.get("weights")
+    if not reader or not weights:
+        return
+    found = registry.named_function(reader)(str(weights))
+    if not found:
+        return
+    section = merged.get("task")
+    given = set(typed) | {str(k).replace("-", "_") for k in merged}
+    given |= {str(k).replace("-", "_") for k in (section if isinstance(section, dict) else {})}
+    given |= {str(k).replace("-", "_") for k in (merged.get("task_options") or {})}
+    taken = {name: value for name, value in found.items() if name not in given}
+    merged["task_options"] = {**taken, **(merged.get("task_options") or {})}
+
+    def shown(value: Any) -> str:
+        if isinstance(value, bool):
+            return "" if value else "(off)"
+        return (
+            ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+            if isinstance(value, tuple)
+            else str(value)
+        )
+
+    merged["weights_with"] = tuple(f"{flag(name)} {shown(value)}".strip() for name, value in taken.items())
 
 
 def _take_from_resumed_run(merged: dict[str, Any]) -> dict[str, Any]:

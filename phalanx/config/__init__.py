@@ -80,6 +80,12 @@ class RunConfig:
         identity=False,
         cli=False,
     )
+    weights_with: tuple[str, ...] = option(
+        (),
+        "What --weights DIR's own settings (a DeepLIIF directory's train_opt.txt) set, as flags (said when the run starts).",
+        identity=False,
+        cli=False,
+    )
     seed: int = option(0, "Random seed (runs are deterministic on CPU).")
     data: DataOptions = field(default_factory=DataOptions)
     network: ModelOptions = field(default_factory=ModelOptions)

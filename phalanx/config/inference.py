@@ -11,7 +11,9 @@ from .sections import DATASETS
 
 CHECKPOINT_HELP = (
     "A phalanx checkpoint (latest.pt, best.pt, epoch_NNNN.pt), or a run directory (its best.pt, "
-    "else its latest.pt); it is all these commands need."
+    "else its latest.pt)"
+    + "".join(f", or {words}" for _, words in registry.folder_readers())
+    + "; it is all these commands need."
 )
 PROGRESS_HELP = "Show a progress bar on stderr."
 OVERWRITE_HELP = (
@@ -58,7 +60,23 @@ class EvaluateOptions:
 @dataclass(frozen=True)
 class PredictOptions:
     # Read by some tasks' predictors alone (each task's Inference.predict_options says which).
-    TASK_SPECIFIC = ("top_k", "score_threshold", "tile_overlap", "region_size")
+    TASK_SPECIFIC = (
+        "top_k",
+        "score_threshold",
+        "tile_overlap",
+        "region_size",
+        "tiling",
+        "tile_size",
+        "seg_weights",
+        "seg_intermediate",
+        "seg_thresh",
+        "size_thresh",
+        "size_thresh_upper",
+        "marker_thresh",
+    )
+
+    # ... and of those, the ones that set the checkpoint's task option of the same name
+    TASK_OVERRIDES = ("seg_weights",)
 
     checkpoint: str = option(None, CHECKPOINT_HELP, metavar="PATH")
     output: str = option(
@@ -87,8 +105,52 @@ class PredictOptions:
         "auto",
         "Translation: images larger than the training size are translated in "
         "tiles of that size overlapping by this many pixels, blended (auto: a quarter of "
-        "the training size).",
+        "the training size; DeepLIIF's tiling: a sixteenth of the tile, as deepliif test).",
         metavar="PIXELS|auto",
+    )
+    tiling: str = option(
+        "deepliif",
+        "DeepLIIF: deepliif tiles as deepliif test does (its positions, each tile resized to the "
+        "networks' size, each output pixel from one tile: its outputs pixel for pixel); blend "
+        "weighs overlapping tiles towards their centres and sums them (translate's tiling: no "
+        "seams where tiles meet, other pixels than DeepLIIF's).",
+        choices=("deepliif", "blend"),
+    )
+    tile_size: int = option(
+        0,
+        "DeepLIIF: the tiles' size in the image (deepliif test's --tile-size), each resized to the "
+        "networks' size; 0: the networks' size (a DeepLIIF directory's scale_size, a run's "
+        "--image-size). Also the magnification the cells are counted at: above 384 40x, above 192 20x, else 10x.",
+        metavar="PIXELS",
+    )
+    seg_weights: tuple[float, ...] = option(
+        (),
+        "DeepLIIF: the segmentation's weights, the input's first, over the checkpoint's (a DeepLIIF "
+        "directory's train_opt.txt, a run's --seg-weights).",
+        metavar="W[,W...]",
+    )
+    seg_intermediate: bool = option(
+        False, "DeepLIIF: also each segmentation network's own output, in NAME_s/ (deepliif test's --seg-intermediate)."
+    )
+    seg_thresh: int = option(
+        120,
+        "DeepLIIF's cell counts: a Seg pixel is part of a cell where red + blue exceeds this (and green is at most 80).",
+        metavar="N",
+    )
+    size_thresh: str = option(
+        "default",
+        "DeepLIIF's cell counts: cells of at most this many pixels are not counted (default: DeepLIIF's, "
+        "from the image's cell sizes; none: every cell above 4 pixels).",
+        metavar="PIXELS|default|none",
+    )
+    size_thresh_upper: str = option(
+        "none", "DeepLIIF's cell counts: cells of at least this many pixels are not counted.", metavar="PIXELS|none"
+    )
+    marker_thresh: str = option(
+        "none",
+        "DeepLIIF's cell counts: a cell whose brightest Marker pixel exceeds this is positive whatever "
+        "its colour (default: DeepLIIF's, 90% of the Marker's 0.1 to 99.9 percentile range; none: by colour alone).",
+        metavar="N|default|none",
     )
     region_size: int = option(
         2048,
@@ -108,6 +170,33 @@ class PredictOptions:
                 f"must be between 0 and 1 (a detection's score); got {self.score_threshold}", "--score-threshold"
             )
         self.overlap_pixels()  # checked now, used by translation
+        at_least(self.tile_size, 0, "--tile-size", "pixels on a side of a tile; 0 for the networks' size")
+        at_least(self.seg_thresh, 0, "--seg-thresh", "red + blue of a cell pixel")
+        if any(w < 0 for w in self.seg_weights):
+            raise PhalanxError("weights must not be negative", "--seg-weights")
+        self.thresholds()
+
+    def thresholds(self) -> dict[str, int | str | None]:
+        """The count thresholds as DeepLIIF's ``compute_final_results`` takes them."""
+        found: dict[str, int | str | None] = {}
+        for name, words in (
+            ("size_thresh", ("default", "none")),
+            ("size_thresh_upper", ("none",)),
+            ("marker_thresh", ("default", "none")),
+        ):
+            text = str(getattr(self, name)).strip().lower()
+            if text in words:
+                found[name] = None if text == "none" else text
+                continue
+            try:
+                found[name] = int(text)
+            except ValueError:
+                raise PhalanxError(
+                    f"expected a whole number or {' or '.join(words)}, got {getattr(self, name)!r}",
+                    "--" + name.replace("_", "-"),
+                ) from None
+            at_least(int(text), 0, "--" + name.replace("_", "-"), "pixels or a marker value")
+        return found
 
     def overlap_pixels(self) -> int | None:
         """``--tile-overlap`` in pixels; None for auto (the task picks it from the training size)."""

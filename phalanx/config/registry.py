@@ -59,6 +59,14 @@ class TaskInfo:
     aka: str = ""  # what its users know it as (pix2pix), in the --task help
     predicts: str = ""  # what `predict --output` names for it
     exports: str = ""  # the name of another tool's model directory that `export --format` writes for it
+    # another tool's model directory that evaluate, predict and export take as a checkpoint of this
+    # task: "module:function" (folder, ema, changes, task changes) -> Trained, or None where the
+    # folder is not one; and what such a folder holds, for the message where no reader takes one
+    reads_folders: str = ""
+    folders_words: str = ""
+    # ``--weights DIR``: "module:function" (DIR) -> the task options the directory's own settings
+    # say, taken where not given, or None where DIR says nothing (stdlib only: read by the config)
+    weights_options: str = ""
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -103,6 +111,17 @@ def predict_outputs_help() -> str:
 def native_formats() -> tuple[str, ...]:
     """``export --format`` values that write another tool's model directory (a task's ``exports``)."""
     return tuple(info.exports for info in builtin().values() if info.exports)
+
+
+def folder_readers() -> list[tuple[str, str]]:
+    """(reader, what its folders hold) of the built-in tasks that read another tool's model directory."""
+    return [(info.reads_folders, info.folders_words) for info in builtin().values() if info.reads_folders]
+
+
+def named_function(target: str) -> Callable[..., Any]:
+    """A function named "module:function"."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def is_user_task(name: str) -> bool:

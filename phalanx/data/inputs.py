@@ -67,7 +67,8 @@ def why_unreadable(exc: Exception) -> str:
 class InputImages(Dataset):
     """``(index, prepared image or None, raw image or None, why it could not be read or None)``;
     with ``slides_above``, a TIFF larger than that on a side is a ``Slide`` instead, not decoded
-    (the predictor reads it region by region)."""
+    (the predictor reads it region by region). ``fast=False``: every image decoded by PIL, as a
+    tool that opens images with PIL sees them (a JPEG otherwise goes to torchvision's decoder)."""
 
     def __init__(
         self,
@@ -77,9 +78,10 @@ class InputImages(Dataset):
         min_side: int | None = None,
         keep_raw: bool = False,
         slides_above: int | None = None,
+        fast: bool = True,
     ):
         self.paths, self.mode, self.prepare, self.min_side, self.keep_raw = paths, mode, prepare, min_side, keep_raw
-        self.slides_above = slides_above
+        self.slides_above, self.fast = slides_above, fast
         import_decoders()
 
     def __len__(self) -> int:
@@ -90,7 +92,7 @@ class InputImages(Dataset):
             slide = slide_of(self.paths[index], self.slides_above) if self.slides_above is not None else None
             if slide is not None:
                 return index, slide, None, None
-            image = decode(read_bounded(self.paths[index]), self.mode, self.min_side, fast=True)
+            image = decode(read_bounded(self.paths[index]), self.mode, self.min_side, fast=self.fast)
             return index, self.prepare(image), image if self.keep_raw else None, None
         except Exception as exc:
             return index, None, None, why_unreadable(exc)

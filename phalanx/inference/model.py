@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import in_run_directory
+from ..checkpoint import BEST, LATEST, in_run_directory, is_run_directory
 from ..checkpoint.sharded import load_whole
-from ..config import RunConfig, from_mapping
+from ..config import RunConfig, from_mapping, registry
 from ..config.fields import flag
 from ..config.registry import task_class
 from ..errors import PhalanxError
@@ -33,8 +33,21 @@ def load_trained(
     momentum teacher, ...); a foreign, truncated or mismatched file is one clear error (exit 2).
     ``changes``: this command's options over the run's (devices, batch size, data); ``task_changes``:
     over the task's own, each refused where the checkpoint's task has no such option. A run
-    directory is its best.pt, else its latest.pt, said on the first line."""
-    file, which = in_run_directory(Path(path), OPTION)
+    directory is its best.pt, else its latest.pt, said on the first line; another tool's model
+    directory that a task reads (``TaskInfo.reads_folders``: DeepLIIF's) is that task's, trained."""
+    folder = Path(path)
+    if folder.is_dir() and not is_run_directory(folder):
+        for reader, _ in registry.folder_readers():
+            found = registry.named_function(reader)(folder, ema, changes or {}, task_changes or {})
+            if found is not None:
+                return found
+        kinds = "".join(f", or {words}" for _, words in registry.folder_readers())
+        raise PhalanxError(
+            f"{path} is a directory without {BEST} or {LATEST} (a run directory holds them{kinds}); give a "
+            "checkpoint file or such a directory",
+            OPTION,
+        )
+    file, which = in_run_directory(folder, OPTION)
     if which:
         print(which, file=sys.stderr, flush=True)
     path = str(file)

@@ -29,7 +29,8 @@ def predict(paths_given: tuple[str, ...], opts: PredictOptions, typed: frozenset
         check_predict_place(output)  # before the model loads
         if not output.suffix:  # a folder of outputs (files go beside the inputs harmlessly: no image suffix)
             check_apart(paths_given, output)
-    trained = load_trained(opts.checkpoint, opts.ema)
+    overrides = {name: getattr(opts, name) for name in PredictOptions.TASK_OVERRIDES if name in typed}
+    trained = load_trained(opts.checkpoint, opts.ema, task_changes=overrides)
     inference = trained.inference()
     if to_stdout and (opts.features or not inference.streams):
         raise PhalanxError(

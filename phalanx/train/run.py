@@ -171,6 +171,7 @@ def describe_checks(
         action, stop = f"a real run would stop here: {exc}", exc
     lines.append(f"run dir: {cfg.run_dir}: {action}")
     if stop is None and cfg.network.weights and resume is None:
+        lines += [weights_with_note(cfg).removeprefix("phalanx: ")] if cfg.weights_with else []
         lines += weights_preview(task, models, cfg.network.weights, data)
     if stop is None:  # a real run stops at its run directory first
         refuse_single_rows(
@@ -233,6 +234,8 @@ def _train(cfg: RunConfig, strategy: Strategy) -> dict[str, Any]:
             len(strategy.plan.devices),
         )
     notes = task.load_weights(models, cfg.network.weights, data) if cfg.network.weights and resume is None else []
+    if notes and cfg.weights_with:
+        notes.insert(0, weights_with_note(cfg))
     notes += task.notes() + remote_notes(cfg)
     declared = task.declare(data, models)
     check_declaration(task, declared, data, models, bool(cfg.output.best_metric))
@@ -336,6 +339,13 @@ def _fit(
             f"phalanx: nothing to do: {resume.path if resume else 'the run'} has trained every epoch (--epochs {cfg.schedule.epochs})"
         )
     return summary
+
+
+def weights_with_note(cfg: RunConfig) -> str:
+    return (
+        f"phalanx: --weights {cfg.network.weights}: its own settings give {', '.join(cfg.weights_with)} "
+        "(options not given here)"
+    )
 
 
 def resume_notes(cfg: RunConfig, resume: rundir.Resume, trainer: Trainer) -> list[str]:

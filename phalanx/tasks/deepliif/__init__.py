@@ -31,5 +31,8 @@ SPECS = (
         },
         predicts="a folder",
         exports="deepliif",
+        reads_folders="phalanx.tasks.deepliif.model_dir:trained_from",
+        folders_words="a DeepLIIF model directory (train_opt.txt and its networks' files)",
+        weights_options="phalanx.tasks.deepliif.train_opt:weights_options",
     ),
 )

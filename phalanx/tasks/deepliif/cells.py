@@ -263,3 +263,98 @@ def outlined(
     refined[(mask == BORDER_POS) | (mask == BORDER_NEG), 1] = 255
     refined[mask == POSITIVE, 0], refined[mask == NEGATIVE, 2] = 255, 255
     return overlaid, refined
+
+
+# --- each cell, as DeepLIIF's compute_cell_results (version 3) describes it ---------------------------
+# The 8 neighbours clockwise from the top left, (dx, dy), twice: a walk round a pixel starts anywhere.
+_CLOCKWISE = [(-1, -1), (0, -1), (1, -1), (1, 0), (1, 1), (0, 1), (-1, 1), (-1, 0)] * 2
+
+
+def boundary(inside: np.ndarray, x: int, y: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The bounding box and the outline of the cell whose first pixel in raster order is (x, y):
+    the pixels of its edge, clockwise from that one, as DeepLIIF's ``get_cell_boundary`` walks
+    them (Moore neighbour tracing: from the pixel before, the next cell pixel clockwise)."""
+    height, width = inside.shape
+
+    def cell(px: int, py: int) -> bool:
+        return 0 <= px < width and 0 <= py < height and bool(inside[py, px])
+
+    at = 6  # anticlockwise from the left-below for the pixel the walk comes from
+    while at >= 0 and not cell(x + _CLOCKWISE[at][0], y + _CLOCKWISE[at][1]):
+        at -= 1
+    if at < 0:  # a lone pixel
+        return [[x, y], [x, y]], [[x, y]]
+    px, py = x + _CLOCKWISE[at][0], y + _CLOCKWISE[at][1]
+    points = [(px, py), (x, y)]
+    low_x, low_y, high_x, high_y = x, y, x, y
+    while True:
+        at = _CLOCKWISE.index((px - x, py - y)) + 1
+        while not cell(x + _CLOCKWISE[at][0], y + _CLOCKWISE[at][1]):
+            at += 1
+        px, py, x, y = x, y, x + _CLOCKWISE[at][0], y + _CLOCKWISE[at][1]
+        points.append((x, y))
+        low_x, high_x, low_y, high_y = min(low_x, x), max(high_x, x), min(low_y, y), max(high_y, y)
+        if (px, py) == points[0] and (x, y) == points[1]:
+            break
+    return [[low_x, low_y], [high_x, high_y]], [list(p) for p in points[1:-1]]
+
+
+def simple_contour(points: list[list[int]]) -> list[list[int]]:
+    """An outline with each straight run kept as its first and last points (DeepLIIF's
+    ``make_simple_contour``: a point stays where the direction turns, the last compared with the first)."""
+
+    def same(a: int, b: int) -> bool:
+        return a == b or (a > 0 and b > 0) or (a < 0 and b < 0)
+
+    simple = [points[0]]
+    if len(points) == 1:
+        return simple
+    ring = points + [points[0]]
+    for i in range(1, len(points)):
+        before, here, after = ring[i - 1], ring[i], ring[i + 1]
+        if not (same(here[0] - before[0], after[0] - here[0]) and same(here[1] - before[1], after[1] - here[1])):
+            simple.append(here)
+    return simple
+
+
+def cell_data(
+    seg: np.ndarray,
+    marker: np.ndarray | None,
+    resolution: str,
+    seg_thresh: int = SEG_THRESH,
+    noise_thresh: int = NOISE_THRESH,
+) -> dict[str, Any]:
+    """Every cell of an image as DeepLIIF's ``compute_cell_results`` (version 3) gives it: its size,
+    whether it is positive, its marker value, bounding box, centroid (the mean pixel, rounded
+    half to even) and outline, in raster order of their first pixels; and the settings."""
+    found = cells(seg, marker, seg_thresh, noise_thresh)
+    labels = found["labels"]
+    inside = labels > 0
+    flat = labels.ravel()
+    rows, cols = np.divmod(np.arange(flat.size), labels.shape[1])
+    sum_y = np.bincount(flat, weights=rows, minlength=int(labels.max()) + 1)
+    sum_x = np.bincount(flat, weights=cols, minlength=int(labels.max()) + 1)
+    out = []
+    for label, size, positive, brightest, first in zip(
+        found["label"], found["size"], found["positive"], found["marker"], found["first"]
+    ):
+        y, x = divmod(int(first), labels.shape[1])
+        box, outline = boundary(inside, x, y)
+        out.append(
+            {
+                "size": int(size),
+                "positive": bool(positive),
+                "marker": int(brightest),
+                "bbox": box,
+                "centroid": [int(round(int(sum_x[label]) / int(size))), int(round(int(sum_y[label]) / int(size)))],
+                "boundary": simple_contour(outline),
+            }
+        )
+    settings: dict[str, Any] = {
+        "default_size_thresh": default_size_thresh(found["size"], resolution),
+        "noise_thresh": noise_thresh,
+        "large_noise_thresh": None,
+        "seg_thresh": seg_thresh,
+        "default_marker_thresh": default_marker_thresh(marker_histogram(marker)) if marker is not None else None,
+    }
+    return {"cells": out, "settings": settings, "dataVersion": 3}

@@ -41,7 +41,7 @@ def phalanx_name(name: str, modalities: int, first: int = 1) -> str | None:
     return None
 
 
-def model_files(folder: Path, modalities: int) -> dict[str, Path]:
+def model_files(folder: Path, modalities: int, option: str = OPTION) -> dict[str, Path]:
     """phalanx name -> the file of that network in a DeepLIIF model directory: ``latest_net_*.pth``
     (else the only epoch there), else TorchScript ``*.pt``."""
     if not folder.is_dir():
@@ -54,7 +54,7 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
         raise PhalanxError(
             f"{folder} is not a directory (--task deepliif takes a DeepLIIF model directory: "
             f"latest_net_G1.pth, ... or G1.pt, ...){export}",
-            OPTION,
+            option,
         )
     by_epoch: dict[str, dict[str, Path]] = {}
     scripted: dict[str, Path] = {}
@@ -72,22 +72,22 @@ def model_files(folder: Path, modalities: int) -> dict[str, Path]:
         raise PhalanxError(
             f"{folder} holds the networks of epochs {', '.join(sorted(by_epoch))} and no latest_net_*.pth; "
             "give a directory of one epoch",
-            OPTION,
+            option,
         )
     return next(iter(by_epoch.values()), scripted)
 
 
-def read_state(path: Path) -> dict[str, torch.Tensor]:
+def read_state(path: Path, option: str = OPTION) -> dict[str, torch.Tensor]:
     if path.stat().st_size > MAX_BYTES:
-        raise PhalanxError(f"{path} is larger than {MAX_BYTES // 2**20} MiB: not a DeepLIIF network", OPTION)
+        raise PhalanxError(f"{path} is larger than {MAX_BYTES // 2**20} MiB: not a DeepLIIF network", option)
     try:
         if path.suffix == ".pt":
             return dict(torch.jit.load(str(path), map_location="cpu").state_dict())
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise PhalanxError(f"cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})", OPTION) from None
+        raise PhalanxError(f"cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})", option) from None
     if not isinstance(state, dict):
-        raise PhalanxError(f"{path} is not a state dict", OPTION)
+        raise PhalanxError(f"{path} is not a state dict", option)
     return {k.removeprefix("module."): v for k, v in state.items()}  # a DataParallel's save
 
 
@@ -116,22 +116,27 @@ def trained_with(folder: Path) -> str:
 
 
 def load_model_dir(
-    models: Mapping[str, nn.Module], folder: Path, generators: list[str], discriminators: list[str], modalities: int
+    models: Mapping[str, nn.Module],
+    folder: Path,
+    generators: list[str],
+    discriminators: list[str],
+    modalities: int,
+    option: str = OPTION,
 ) -> list[str]:
     """Load every network the directory holds into ``models``; a generator missing is an error,
     discriminators missing (a released model ships generators only) start anew, and say so."""
-    files = model_files(folder, modalities)
+    files = model_files(folder, modalities, option)
     missing = [name for name in generators if name not in files]
     if missing:
         raise PhalanxError(
             f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF names: "
             f"latest_net_{missing[0]}.pth or {missing[0]}.pt){trained_with(folder)}",
-            OPTION,
+            option,
         )
     for name, path in files.items():
         if name not in models:
             continue
-        state = read_state(path)
+        state = read_state(path, option)
         own = models[name].state_dict()
         if path.suffix == ".pt":  # `deepliif serialize` drops BatchNorm's running statistics before tracing
             state = {**{k: v for k, v in own.items() if k.endswith(("running_mean", "running_var"))}, **state}
@@ -148,7 +153,7 @@ def load_model_dir(
             raise PhalanxError(
                 f"{path}: {key}{shape}: trained with other --net-g/--net-gs/--ngf/--ndf/--d-layers/--norm/"
                 f"--padding/--dropout than this run{trained_with(folder)}",
-                OPTION,
+                option,
             )
         models[name].load_state_dict(state)
     kinds = "generators and discriminators" if all(d in files for d in discriminators) else "generators"

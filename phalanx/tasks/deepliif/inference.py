@@ -10,39 +10,73 @@ import io
 import json
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ...data.slides import Slide, SlideOutputs, SlideReader
+from ...data.inputs import InputImages
+from ...data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable
+from ...errors import PhalanxError
 from ...records.pictures import pixels, png_bytes
 from ...system.atomic import atomic_write_bytes, atomic_write_text
+from ..inference import Predictor
 from ..translate.inference import TranslateInference, TranslationPredictor
-from .cells import NOISE_THRESH, SEG_THRESH, count, deepliif_pixels, resolution_of
+from ..translate.tiling import tile_overlap
+from .cells import NOISE_THRESH, cell_data, count, deepliif_pixels, resolution_of
 from .nets import without_running_statistics
 from .slide_cells import SlideCells
+from .tiles import Tiler
+from .train_opt import DEEPLIIF_BACKGROUNDS
 
 if TYPE_CHECKING:
+    from ...config.inference import PredictOptions
     from .task import DeepLIIFTask
 
 
 class DeepLIIFInference(TranslateInference):
     task: DeepLIIFTask
+    predict_options = TranslateInference.predict_options + (
+        "tiling",
+        "tile_size",
+        "seg_weights",
+        "seg_intermediate",
+        "seg_thresh",
+        "size_thresh",
+        "size_thresh_upper",
+        "marker_thresh",
+    )
+
+    def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
+        """DeepLIIF's tiling reads each image's 8-bit pixels as PIL decodes them (as DeepLIIF
+        opens them); ``--tiling blend``, translate's inputs."""
+        if opts.tiling == "blend":
+            return super().predictor(paths, opts, device)
+        inputs = InputImages(paths, self.info["mode"], lambda image: image, slides_above=opts.region_size, fast=False)
+        generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
+        return self.predictor_class()(inputs, paths, device, generators, self, opts)
 
     def predictor_class(self) -> type[TranslationPredictor]:
         return CellCounter if self.task.counts_cells else DeepLIIFPictures
+
+    def background_colors(self) -> list[tuple[int, int, int]]:
+        """Each modality's colour for an empty tile: a DeepLIIF directory's ``background_colors``,
+        else DeepLIIF's defaults."""
+        return background_colors(self.task.modalities, self.info)
 
     def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
         """``export --format deepliif``: ``latest_net_<name>.pth`` per network (state dicts, as
         ``BaseModel.save_networks`` writes them), each generator traced as ``deepliif serialize``
         traces it (``<name>.pt``), and the ``train_opt.txt`` DeepLIIF reads to rebuild them
-        (DeepLIIF 1.2's names: GS0 ... for the segmentation)."""
+        (DeepLIIF 1.2's names: GS0 ... for the segmentation). Networks read from TorchScript files
+        (a directory of serialize's ``G*.pt``) have no BatchNorm statistics to save: ``.pt`` only."""
         if fmt != self.task.name:
             return None
         files: dict[str, Callable[[], bytes]] = {}
         for name, model in self.models.items():
-            files[f"latest_net_{name}.pth"] = functools.partial(state_bytes, model)
+            if not isinstance(model, torch.jit.ScriptModule):  # serialize's networks lack BatchNorm's statistics
+                files[f"latest_net_{name}.pth"] = functools.partial(state_bytes, model)
         for name in self.task.generator_names():
             files[f"{name}.pt"] = functools.partial(
                 traced_bytes, self.models[name], self.info["channels"], self.info["size"]
@@ -67,59 +101,179 @@ def traced_bytes(model: torch.nn.Module, channels: int, size: int) -> bytes:
 
 
 class DeepLIIFPictures(TranslationPredictor):
-    """Outputs written as DeepLIIF writes them (``deepliif_pixels``: truncated, not rounded)."""
+    """Each image's modalities and segmentation (and ``--seg-intermediate``'s) as DeepLIIF writes
+    them: tiled as ``deepliif test`` tiles (``tiles.Tiler``; ``--tiling blend``: translate's
+    tiling), 8-bit as ``deepliif_pixels`` makes them (truncated, not rounded)."""
 
-    def array(self, output: torch.Tensor) -> np.ndarray:
-        return deepliif_pixels(output)
-
-
-class CellCounter(DeepLIIFPictures):
-    """Predict as translate does, and count each image's cells as DeepLIIF's ``postprocess`` does
-    (``cells``: the Seg image as written, the Marker image where there are DeepLIIF's 4
-    modalities, the resolution DeepLIIF assumes for the tile size): OUTPUT/cells.csv and cells.json,
-    and DeepLIIF's SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images.
-    A slide's cells are counted block by block as in the whole image (``deepliif_slide_cells``)."""
-
-    fields = ("image", "num_total", "num_pos", "num_neg", "percent_pos", "size_thresh", "seg_thresh", "marker_thresh")
     inference: DeepLIIFInference
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # (TranslationPredictor's)
         super().__init__(*args, **kwargs)
-        self.rows: list[dict[str, Any]] = []
-        task = self.inference.task
-        self.seg = task.output_folder(task.modalities)
-        self.marker: str | None = task.output_folder(task.modalities - 1)
-        if self.marker != "Marker":
-            self.marker = None
+        opts: PredictOptions = args[5] if len(args) > 5 else kwargs["opts"]
+        task, info = self.inference.task, self.info
+        self.tiling, self.intermediate = opts.tiling, opts.seg_intermediate
+        self.seg_weights = tuple(opts.seg_weights) or None
+        if self.seg_weights is not None and len(self.seg_weights) != task.modalities + 1:
+            raise PhalanxError(
+                f"has {len(self.seg_weights)} weight(s) where the input and {task.modalities} modalities need "
+                f"{task.modalities + 1}",
+                "--seg-weights",
+            )
+        self.tile_size = opts.tile_size or info["size"]
+        given = opts.overlap_pixels()
+        self.tiler = Tiler(
+            self.tile_size,
+            info["size"],
+            self.run_tile,
+            self.background,
+            overlap=None if given is None else tile_overlap(given, self.tile_size),
+        )
 
-    def predict_one(self, index: int, image: torch.Tensor) -> list[torch.Tensor]:
-        outputs = super().predict_one(index, image)
+    def run_tile(self, tile: torch.Tensor) -> dict[str, np.ndarray]:
+        """One tile through the networks, as ``deepliif test`` runs it."""
         task = self.inference.task
-        seg = deepliif_pixels(outputs[task.modalities])
-        marker = deepliif_pixels(outputs[task.modalities - 1]) if self.marker else None
-        images = {"input": pixels((image.float().cpu() + 1) / 2)}
-        scoring = count(seg, marker, resolution_of(self.info["size"]), images_of=images)
+        outputs = task.test_outputs(
+            self.generators, tile.to(self.device, self.dtype), self.seg_weights, self.intermediate
+        )
+        return {name: deepliif_pixels(out[0]) for name, out in outputs.items()}
+
+    def background(self) -> dict[str, tuple[int, int, int]]:
+        """An empty tile's outputs (DeepLIIF's ``run_wrapper``): each modality its background
+        colour, the segmentations black."""
+        task, colours = self.inference.task, self.inference.background_colors()
+        out = {task.output_folder(i): colours[i] for i in range(task.modalities)}
+        if task.seg:
+            out["Seg"] = (0, 0, 0)
+            if self.intermediate:
+                out.update({f"{name}_s": (0, 0, 0) for name in task.modality_names()})
+        return out
+
+    def images(self, image: torch.Tensor) -> dict[str, np.ndarray]:
+        """One image's outputs by folder, (H, W, 3) uint8."""
+        if self.tiling == "blend":
+            outputs = self.outputs(image.float() / 127.5 - 1.0 if not image.is_floating_point() else image)
+            return {self.inference.task.output_folder(t): deepliif_pixels(out) for t, out in enumerate(outputs)}
+        pixels = image.permute(1, 2, 0).numpy()
+        return self.tiler.image(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+
+    def predict_one(self, index: int, image: torch.Tensor) -> dict[str, np.ndarray]:  # type: ignore[override]
+        if self.inference.looks_like_panels(image, self.info):
+            self.panels.append(self.paths[index])
+        arrays = self.images(image)
+        for folder, array in arrays.items():
+            target = self.output / folder / self.names[index]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(target, png_bytes(array))
+        return arrays
+
+    def array(self, output: torch.Tensor) -> np.ndarray:
+        return deepliif_pixels(output)
+
+    def predict_slide(self, index: int, slide: Slide) -> None:
+        """A slide region by region: with DeepLIIF's tiling, each region's pixels from the tiles
+        the whole image takes them from (``Tiler.region``), so the slide's outputs are the whole
+        image's; with ``--tiling blend``, translate's."""
+        if self.tiling == "blend":
+            self.inputs.prepare = lambda region: region.float() / 127.5 - 1.0
+            return super().predict_slide(index, slide)
+        name = self.names[index]
+        outputs = SlideOutputs(self.output / f".{name.name}.partial", slide.height, slide.width)
+        try:
+            with SlideReader(slide, self.info["mode"]) as reader:
+
+                def read(top: int, left: int, rows: int, cols: int) -> np.ndarray:
+                    pixels = reader.region(top, left, rows, cols).permute(1, 2, 0).numpy()
+                    return pixels[..., 0] if pixels.shape[2] == 1 else pixels
+
+                step = self.region_size
+                for top in range(0, slide.height, step):
+                    for left in range(0, slide.width, step):
+                        rows, cols = min(step, slide.height - top), min(step, slide.width - left)
+                        region = self.tiler.region(read, slide.height, slide.width, top, left, rows, cols)
+                        for folder, array in region.items():
+                            outputs.write(folder, top, left, array)
+                self.slide_predicted(index, slide, outputs, reader)
+            for folder in outputs.outputs():
+                outputs.finish(folder, self.output / folder / self.slide_name(index))
+        except SlideUnreadable as exc:
+            self.unreadable.append((slide.path, str(exc)))
+        finally:
+            outputs.discard()
+
+
+class CellCounter(DeepLIIFPictures):
+    """Predict, and count each image's cells as ``deepliif test`` counts them (DeepLIIF's
+    ``postprocess``: the Seg image as written, the Marker image where a modality is named Marker,
+    the magnification DeepLIIF assumes for the tile size, ``--seg-thresh`` ... ``--marker-thresh``):
+    OUTPUT/cells.csv and cells.json (every field of DeepLIIF's per-image JSON), each cell in
+    OUTPUT/cells/NAME.json (DeepLIIF's ``compute_cell_results``, version 3), and DeepLIIF's
+    SegOverlaid/ (the input with each counted cell outlined) and SegRefined/ images. A slide's cells
+    are counted block by block as in the whole image (``SlideCells``)."""
+
+    fields = (
+        "image",
+        "num_total",
+        "num_pos",
+        "num_neg",
+        "percent_pos",
+        "seg_thresh",
+        "size_thresh",
+        "size_thresh_upper",
+        "marker_thresh",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # (TranslationPredictor's)
+        super().__init__(*args, **kwargs)
+        opts: PredictOptions = args[5] if len(args) > 5 else kwargs["opts"]
+        self.rows: list[dict[str, Any]] = []
+        self.marker = self.inference.task.marker_folder()
+        self.seg_thresh, self.thresholds = opts.seg_thresh, opts.thresholds()
+        self.resolution = resolution_of(self.tile_size)
+
+    def predict_one(self, index: int, image: torch.Tensor) -> dict[str, np.ndarray]:  # type: ignore[override]
+        arrays = super().predict_one(index, image)
+        seg, marker = arrays["Seg"], arrays[self.marker] if self.marker else None
+        pixels = image.permute(1, 2, 0).numpy() if not image.is_floating_point() else pixels_of(image)
+        images = {"input": np.repeat(pixels, 3, 2) if pixels.shape[2] == 1 else pixels}
+        scoring = count(
+            seg,
+            marker,
+            self.resolution,
+            self.thresholds["size_thresh"],
+            self.thresholds["marker_thresh"],
+            self.thresholds["size_thresh_upper"],  # type: ignore[arg-type]
+            self.seg_thresh,
+            images_of=images,
+        )
         self.rows.append({"image": str(self.names[index]), **{k: scoring[k] for k in self.fields[1:]}})
         for folder, key in (("SegOverlaid", "overlaid"), ("SegRefined", "refined")):
             target = self.output / folder / self.names[index]
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(target, png_bytes(images[key]))
-        return outputs
+        data = cell_data(seg, marker, self.resolution, self.seg_thresh, NOISE_THRESH)
+        target = (self.output / "cells" / self.names[index]).with_suffix(".json")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, json.dumps(data) + "\n")
+        return arrays
 
     def slide_predicted(self, index: int, slide: Slide, outputs: SlideOutputs, reader: SlideReader) -> None:
-        cells = SlideCells(outputs, self.seg, self.marker, self.region_size, SEG_THRESH, NOISE_THRESH)
+        cells = SlideCells(outputs, "Seg", self.marker, self.region_size, self.seg_thresh, NOISE_THRESH)
         for top, left, height, width in cells.blocks():
             cells.add_block(
                 top,
                 left,
-                outputs.read(self.seg, top, left, height, width),
+                outputs.read("Seg", top, left, height, width),
                 outputs.read(self.marker, top, left, height, width) if self.marker else None,
             )
         found = cells.found()
-        scoring, counted, positive = cells.score(found, resolution_of(self.info["size"]), "default", None, None)
+        t = self.thresholds
+        scoring, counted, positive = cells.score(
+            found, self.resolution, t["size_thresh"], t["marker_thresh"], t["size_thresh_upper"]
+        )
 
         def input_region(top: int, left: int, height: int, width: int) -> np.ndarray:
-            return reader.region(top, left, height, width).permute(1, 2, 0).numpy()
+            pixels = reader.region(top, left, height, width).permute(1, 2, 0).numpy()
+            return np.repeat(pixels, 3, 2) if pixels.shape[2] == 1 else pixels
 
         cells.outline(found, counted, positive, input_region, "SegOverlaid", "SegRefined")
         self.rows.append({"image": str(self.slide_name(index)), **{k: scoring[k] for k in self.fields[1:]}})
@@ -136,14 +290,27 @@ class CellCounter(DeepLIIFPictures):
         atomic_write_text(self.output / "cells.json", json.dumps(self.rows, indent=1) + "\n")
 
 
+def background_colors(modalities: int, info: dict) -> list[tuple[int, int, int]]:
+    """Each modality's colour for an empty tile: those a DeepLIIF directory gave (``info``'s
+    ``background_colors``), else DeepLIIF's defaults."""
+    given = info.get("background_colors")
+    if given and len(given) >= modalities:
+        return [tuple(int(c) for c in colour) for colour in given[:modalities]]  # type: ignore[misc]
+    return list(DEEPLIIF_BACKGROUNDS) if modalities == 4 else [(10, 10, 10)] * modalities
+
+
+def pixels_of(image: torch.Tensor) -> np.ndarray:
+    """An input in [-1, 1] (C, H, W) back to its 8-bit pixels (H, W, C)."""
+    return np.asarray(pixels((image.float().cpu() + 1) / 2)).reshape(image.shape[1], image.shape[2], -1)
+
+
 def train_opt(task: DeepLIIFTask, info: dict) -> str:
     """DeepLIIF's options file (``print_options``' layout) for the networks as trained."""
     o, m = task.options, task.modalities
-    names = ["IHC", "Hema", "DAPI", "Lap2", "Marker"] if m == 4 else ["input1"] + [f"mod{k + 1}" for k in range(m)]
     values = {
         "model": "DeepLIIF",
         "modalities_no": m,
-        "modalities_names": names,
+        "modalities_names": task.modality_names(),
         "seg_gen": task.seg,
         "seg_no": int(task.seg),
         "input_no": 1,
@@ -177,7 +344,7 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
         "remote_transfer_cmd": None,
         "load_iter": 0,
         "verbose": False,
-        "background_colors": [(201, 211, 208), (10, 10, 10), (0, 0, 0), (10, 10, 10)] if m == 4 else [(10, 10, 10)] * m,
+        "background_colors": background_colors(m, info),
         "written_by": "phalanx export",
     }
     lines = ["----------------- Options ---------------"]

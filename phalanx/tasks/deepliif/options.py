@@ -28,6 +28,13 @@ class DeepLIIFOptions(GANOptions):
         "Also the segmentation: a generator from the input and one from each generated modality, "
         "weighted by --seg-weights (--no-seg: the modalities alone).",
     )
+    modalities_names: tuple[str, ...] = option(
+        (),
+        "Names of the input and each modality, the input's first (DeepLIIF's --modalities-names): "
+        "predict's output folders (default: IHC,Hema,DAPI,Lap2,Marker with 4 modalities, else "
+        "input1,mod1,mod2,...; a modality named Marker is the marker the cells are classified by).",
+        metavar="NAME[,NAME...]",
+    )
     net_g: str = option(
         "resnet_9blocks",
         "The modalities' generators: resnet_Nblocks, a ResNet of N residual blocks "
@@ -72,6 +79,10 @@ class DeepLIIFOptions(GANOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if any(not name or "/" in name or name in (".", "..") for name in self.modalities_names):
+            raise bad_value("modalities_names", "each name is a folder name: not empty, no '/'")
+        if len(set(self.modalities_names)) != len(self.modalities_names):
+            raise bad_value("modalities_names", "two modalities have the same name")
         for name in ("seg_weights", "loss_g_weights", "loss_d_weights"):
             if any(w < 0 for w in getattr(self, name)):
                 raise bad_value(name, f"weights must not be negative (got {','.join(map(str, getattr(self, name)))})")

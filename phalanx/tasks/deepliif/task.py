@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 DEEPLIIF_NAMES = ("Hema", "DAPI", "Lap2", "Marker")  # what `deepliif test` names the 4 modalities' outputs
 SEG_WEIGHTS_4 = (0.25, 0.15, 0.25, 0.1, 0.25)  # DeepLIIF's segmentation weights with 4 modalities
+RESERVED_FOLDERS = ("Seg", "SegOverlaid", "SegRefined", "cells")  # predict's other outputs
 
 
 class DeepLIIFTask(TranslateTask):
@@ -71,9 +72,20 @@ class DeepLIIFTask(TranslateTask):
         return "_S" if t == self.modalities else f"_{t + 1}"
 
     def output_folder(self, t: int) -> str:
-        if t == self.modalities:
-            return "Seg"
-        return DEEPLIIF_NAMES[t] if self.modalities == len(DEEPLIIF_NAMES) else f"mod{t + 1}"
+        return "Seg" if t == self.modalities else self.modality_names()[t + 1]
+
+    def modality_names(self) -> list[str]:
+        """The input's and each modality's names (DeepLIIF's ``modalities_names``; its defaults)."""
+        if self.options.modalities_names:
+            return list(self.options.modalities_names)
+        if self.modalities == len(DEEPLIIF_NAMES):
+            return ["IHC", *DEEPLIIF_NAMES]
+        return ["input1", *(f"mod{i + 1}" for i in range(self.modalities))]
+
+    def marker_folder(self) -> str | None:
+        """The modality DeepLIIF classifies cells by: the first whose name ends in Marker (its
+        ``find_marker_key``)."""
+        return next((name for name in self.modality_names()[1:] if name.endswith("Marker")), None)
 
     def targets_words(self) -> str:
         return f"{self.modalities} modalities" + (" + segmentation" if self.seg else "")
@@ -151,6 +163,16 @@ class DeepLIIFTask(TranslateTask):
             "loss_g_weights": o.loss_g_weights or equal,
             "loss_d_weights": o.loss_d_weights or equal,
         }
+        names = o.modalities_names
+        if names and len(names) != m + 1:
+            raise PhalanxError(
+                f"has {len(names)} name(s) where the input and {m} modalities need {m + 1}", "--modalities-names"
+            )
+        taken = [name for name in names[1:] if name in RESERVED_FOLDERS]
+        if taken:
+            raise PhalanxError(
+                f"{taken[0]} is the name of one of predict's own outputs; rename it", "--modalities-names"
+            )
         for name, values in weights.items():
             wanted = m + 1  # DeepLIIF's count, with or without the segmentation (its last is unused without)
             given = getattr(o, name)
@@ -165,13 +187,21 @@ class DeepLIIFTask(TranslateTask):
     # --- networks
     def build_models(self, data: TaskData) -> dict[str, nn.Module]:
         o, channels = self.options, data.info["channels"]
+        models = self.build_generators(channels)
+        for name in self.discriminator_names():
+            models[name] = discriminator(2 * channels, o.ndf, o.d_layers, o.norm)
+        for model in models.values():
+            freeze_inert_biases(model)
+        return models
+
+    def build_generators(self, channels: int) -> dict[str, nn.Module]:
+        """The generators alone (what predicting needs), in DeepLIIF's order of creation."""
+        o = self.options
         models: dict[str, nn.Module] = {}
         for i in range(self.modalities):
             models[f"G{i + 1}"] = generator(o.net_g, channels, channels, o.ngf, o.norm, o.dropout, o.padding)
         for name in self.generator_names()[self.modalities :]:  # DeepLIIF pads its segmentation U-Nets by reflection
             models[name] = generator(o.net_gs, channels, channels, o.ngf, o.norm, o.dropout, "reflect")
-        for name in self.discriminator_names():
-            models[name] = discriminator(2 * channels, o.ndf, o.d_layers, o.norm)
         for model in models.values():
             freeze_inert_biases(model)
         return models
@@ -202,6 +232,33 @@ class DeepLIIFTask(TranslateTask):
             parts = [models["GS0"](inputs)] + [models[f"GS{i + 1}"](fake) for i, fake in enumerate(fakes)]
         seg_weights = self.weights["seg_weights"]
         return fakes + [torch.stack([part * seg_weights[k] for k, part in enumerate(parts)]).sum(0)]
+
+    def test_outputs(
+        self,
+        models: Mapping[str, nn.Module],
+        inputs: torch.Tensor,
+        seg_weights: tuple[float, ...] | None = None,
+        intermediate: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """What ``deepliif test`` computes of a tile (its ``run_dask``), by output folder: each
+        modality; the segmentation networks on each generated modality, then on the input (not
+        run where its weight is 0), weighted and summed in that order (training sums the input's
+        first: the two sums differ in rounding); ``intermediate``: each segmentation network's own
+        output too, as ``NAME_s`` (DeepLIIF's ``--seg-intermediate``)."""
+        weights = self.weights["seg_weights"] if seg_weights is None else seg_weights
+        names = self.modality_names()
+        with batch_statistics(models[name] for name in self.generator_names()):
+            fakes = [models[f"G{i + 1}"](inputs) for i in range(self.modalities)]
+            outputs = {self.output_folder(i): fake for i, fake in enumerate(fakes)}
+            if not self.seg:
+                return outputs
+            parts = {k + 1: models[f"GS{k + 1}"](fake) for k, fake in enumerate(fakes)}
+            if weights[0] != 0:
+                parts[0] = models["GS0"](inputs)
+        outputs["Seg"] = torch.stack([part * weights[k] for k, part in parts.items()]).sum(0)
+        if intermediate:
+            outputs.update({f"{names[k]}_s": part for k, part in sorted(parts.items())})
+        return outputs
 
     def judge_segmentation(
         self, discriminators: list[nn.Module], sources: list[torch.Tensor], segmentation: torch.Tensor

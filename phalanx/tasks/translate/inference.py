@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class TranslateInference(Inference):
     task: TranslateTask
-    predict_options = ("tile_overlap", "region_size")
+    predict_options: tuple[str, ...] = ("tile_overlap", "region_size")
 
     def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
         pairs = find_pairs(split, self.task.targets, skip_broken=False, last=self.task.last_target_folder)
