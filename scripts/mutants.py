@@ -2041,8 +2041,8 @@ MUTANTS = [
     ),
     Mutant(
         "a directory's background colours ignored",
-        "DeepLIIFInference.background_colors",
-        'given = self.info.get("background_colors")',
+        "background_colors",
+        'given = info.get("background_colors")',
         "given = None",
         ("tests/test_deepliif_model_dir.py -k pixel_for_pixel",),
     ),
@@ -2066,6 +2066,20 @@ MUTANTS = [
         "except (ValueError, TypeError, KeyError) as exc:",
         "except KeyError as exc:",
         ("tests/test_deepliif_model_dir.py -k bad_directories",),
+    ),
+    Mutant(
+        "prepare-training-data's row weights clamped as its column weights",
+        "resized",
+        "top, bottom, b0, b1 = _weights(height, size, clamp_weight=False)",
+        "top, bottom, b0, b1 = _weights(height, size, clamp_weight=True)",
+        ("tests/test_deepliif_prepare.py -k deepliifs",),
+    ),
+    Mutant(
+        "prepare-training-data replaces an existing file",
+        "prepare_training_data@prepare",
+        "existing = [p for p in places if p.exists()]",
+        "existing = []",
+        ("tests/test_deepliif_prepare.py -k mistake",),
     ),
     Mutant(
         "--weights DIR takes nothing from train_opt.txt",

@@ -23,7 +23,7 @@ from ..config import habits
 from ..config.inference import EvaluateOptions, ExportOptions, PredictOptions
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, PhalanxError
 from .options import Command, Option, build_config, build_options, dataclass_options, echo_config, training_options
-from .tools import consolidate, scale
+from .tools import consolidate, prepare_training_data, scale
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -249,7 +249,7 @@ def export(**values: Any) -> None:
     run_export(build_options(ExportOptions, values))
 
 
-for _command in (scale, consolidate):  # the tools beside training (tools)
+for _command in (scale, consolidate, prepare_training_data):  # the tools beside training (tools)
     cli.add_command(_command)
 
 

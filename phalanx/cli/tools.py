@@ -1,5 +1,6 @@
-"""The commands beside training: ``phalanx scale`` (a scaling analysis of a run configuration)
-and ``phalanx consolidate`` (one file of a sharded checkpoint). ``cli`` adds them to its group."""
+"""The commands beside training: ``phalanx scale`` (a scaling analysis of a run configuration),
+``phalanx consolidate`` (one file of a sharded checkpoint) and ``phalanx prepare-training-data``
+(another tool's raw layout made into training data). ``cli`` adds them to its group."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..config import registry
 from ..errors import PhalanxError
 from .options import Command, Option, build_config, training_options
 
@@ -150,3 +152,70 @@ def consolidate(checkpoint: str, output: str) -> None:
 
     state = run_consolidate(Path(checkpoint), Path(output))
     click.echo(f"{output}: {', '.join(state['models'])} whole, epoch {state['epoch']}, step {state['step']}")
+
+
+PREPARE_EXAMPLES = """\b
+Examples:
+  phalanx prepare-training-data --input-dir raw/ --output-dir DeepLIIF_Datasets/
+  phalanx train --task deepliif --dataroot DeepLIIF_Datasets/
+"""
+
+
+def _preparing_tasks() -> list[str]:
+    return [name for name, info in registry.builtin().items() if info.prepares]
+
+
+@click.command("prepare-training-data", cls=Command, epilog=PREPARE_EXAMPLES)
+@click.option(
+    "--input-dir",
+    required=True,
+    metavar="DIR",
+    cls=Option,
+    help="DeepLIIF's raw layout: NAME_IHC.png and its NAME_Hematoxylin, _DAPI, _Lap2, _Marker and _Seg "
+    "images (any name holding IHC; its partners the same name with IHC replaced).",
+)
+@click.option(
+    "--output-dir",
+    required=True,
+    metavar="DIR",
+    cls=Option,
+    help="Where DIR/train/ and DIR/val/ get the six images side by side, under the IHC file's name; "
+    "an existing file is never replaced.",
+)
+@click.option(
+    "--validation-ratio",
+    default=0.2,
+    show_default=True,
+    type=float,
+    metavar="F",
+    cls=Option,
+    help="The fraction of the images held out in DIR/val/ (round(F x images), chosen by --seed; "
+    "deepliif draws each image's split unseeded).",
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, metavar="N", cls=Option, help="Chooses the held-out images."
+)
+@click.option(
+    "--size",
+    default=512,
+    show_default=True,
+    type=int,
+    metavar="PIXELS",
+    cls=Option,
+    help="Each image resized to PIXELS x PIXELS before joining (bilinear, as deepliif's OpenCV resize).",
+)
+@click.option(
+    "--task",
+    default="deepliif",
+    show_default=True,
+    type=click.Choice(_preparing_tasks()),
+    cls=Option,
+    help="Whose raw layout.",
+)
+def prepare_training_data(
+    input_dir: str, output_dir: str, validation_ratio: float, seed: int, size: int, task: str
+) -> None:
+    """Join DeepLIIF's raw images into its training images (IHC, Hematoxylin, DAPI, Lap2, Marker and
+    Seg side by side), as `deepliif prepare-training-data` does, with a seeded validation split."""
+    prepare = registry.named_function(registry.builtin()[task].prepares)
+    click.echo(f"phalanx: {prepare(input_dir, output_dir, validation_ratio, seed, size)}")

@@ -67,6 +67,9 @@ class TaskInfo:
     # ``--weights DIR``: "module:function" (DIR) -> the task options the directory's own settings
     # say, taken where not given, or None where DIR says nothing (stdlib only: read by the config)
     weights_options: str = ""
+    # ``prepare-training-data``: "module:function" (input_dir, output_dir, validation_ratio, seed,
+    # size) -> what was written, in words: another tool's raw layout made into its training data
+    prepares: str = ""
 
     @property
     def reads(self) -> tuple[str, ...]:

@@ -34,5 +34,6 @@ SPECS = (
         reads_folders="phalanx.tasks.deepliif.model_dir:trained_from",
         folders_words="a DeepLIIF model directory (train_opt.txt and its networks' files)",
         weights_options="phalanx.tasks.deepliif.train_opt:weights_options",
+        prepares="phalanx.tasks.deepliif.prepare:prepare_training_data",
     ),
 )
