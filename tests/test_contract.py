@@ -15,6 +15,8 @@ OTHER_MEANINGS = {
     ("records/snapshots.py", "segment"): "a part of a run's snapshot history",
     ("visualize/sources.py", "segment"): "a part of a run's snapshot history",
     ("config/sections.py", "deepliif"): "the DeepLIIF project, whose --remote flag phalanx accepts",
+    ("config/inference.py", "deepliif"): "the DeepLIIF project, whose test command's options predict mirrors",
+    ("config/__init__.py", "deepliif"): "the DeepLIIF project, whose directories --weights reads",
 }
 # The registry lists the task folders by name: a new built-in task is its folder and one line there.
 REGISTRY = "config/registry.py"

@@ -81,6 +81,18 @@ def predicted(tmp_path_factory):
         root / "images" / "small.png",
     )
     assert again.code == 0, again.err
+    rewritten = run_phalanx(
+        "export", "--checkpoint", root / "model", "--format", "deepliif", "--output", root / "rewritten"
+    )
+    assert rewritten.code == 0, rewritten.err
+    read_back = subprocess.run(
+        [sys.executable, CLI, "test", "--input-dir", root / "images", "--output-dir", root / "read-back"]
+        + ["--tile-size", "512", "--model-dir", root / "rewritten", "--filename-pattern", "small.png"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert read_back.returncode == 0, read_back.stdout[-2000:] + read_back.stderr[-2000:]
     return root, ours, released
 
 
@@ -145,6 +157,21 @@ def test_a_directory_exported_again_reads_as_deepliif_reads_it_and_predicts_the_
     for folder in (*RELEASED.values(), *SEGMENTATIONS):
         again = pixels(root / "exported-out" / folder / "small.png")
         assert np.array_equal(again, pixels(root / "released-out" / folder / "small.png")), folder
+
+
+def test_deepliif_test_reads_the_directory_phalanx_exports_and_predicts_what_it_did(predicted):
+    """The first directory read by phalanx and written back (``export --format deepliif``: its
+    networks traced again, its train_opt.txt rewritten), then read by ``deepliif test``: the same
+    outputs as from the original directory."""
+    root, _, _ = predicted
+    opt = reference.modules().options.read_model_params(str(root / "rewritten" / "train_opt.txt"))
+    assert opt["modalities_names"] == ["input1", *MODALITIES] and opt["ngf"] == 4, opt
+    assert opt["background_colors"] == [(200, 200, 190), (20, 20, 30), (5, 5, 5), (12, 12, 12)], opt
+    for key in (*MODALITIES, *SEGMENTATIONS):
+        again = pixels(root / "read-back" / f"small_{key}.png")
+        assert np.array_equal(again, pixels(root / "theirs" / f"small_{key}.png")), key
+    counts = json.loads((root / "read-back" / "small.json").read_text())
+    assert counts == json.loads((root / "theirs" / "small.json").read_text())
 
 
 def test_each_cells_data_is_deepliifs_compute_cell_results_of_its_outputs(predicted):

@@ -409,8 +409,8 @@ def test_a_run_directory_is_its_best_checkpoint_else_its_latest_in_every_command
         refused.code == 2
         and refused.err
         == f"phalanx: --checkpoint: {tmp_path / 'empty'} is a directory without "
-        "best.pt or latest.pt (a run directory holds them); give a checkpoint "
-        "file or a run's directory\n"
+        "best.pt or latest.pt (a run directory holds them, or a DeepLIIF model directory "
+        "(train_opt.txt and its networks' files)); give a checkpoint file or such a directory\n"
     )
 
 

@@ -154,33 +154,29 @@ def consolidate(checkpoint: str, output: str) -> None:
     click.echo(f"{output}: {', '.join(state['models'])} whole, epoch {state['epoch']}, step {state['step']}")
 
 
-PREPARE_EXAMPLES = """\b
+PREPARING = {name: info for name, info in registry.builtin().items() if info.prepares}
+FIRST_PREPARING = next(iter(PREPARING), "")
+PREPARE_EXAMPLES = f"""\b
 Examples:
-  phalanx prepare-training-data --input-dir raw/ --output-dir DeepLIIF_Datasets/
-  phalanx train --task deepliif --dataroot DeepLIIF_Datasets/
+  phalanx prepare-training-data --input-dir raw/ --output-dir data/
+  phalanx train --task {FIRST_PREPARING} --dataroot data/
 """
 
 
-def _preparing_tasks() -> list[str]:
-    return [name for name, info in registry.builtin().items() if info.prepares]
-
-
-@click.command("prepare-training-data", cls=Command, epilog=PREPARE_EXAMPLES)
-@click.option(
-    "--input-dir",
-    required=True,
-    metavar="DIR",
-    cls=Option,
-    help="DeepLIIF's raw layout: NAME_IHC.png and its NAME_Hematoxylin, _DAPI, _Lap2, _Marker and _Seg "
-    "images (any name holding IHC; its partners the same name with IHC replaced).",
+@click.command(
+    "prepare-training-data",
+    cls=Command,
+    epilog=PREPARE_EXAMPLES,
+    help="Another tool's raw images made into a task's training data, with a seeded validation split. "
+    + " ".join(f"--task {name}: {info.prepares_words}." for name, info in PREPARING.items()),
 )
+@click.option("--input-dir", required=True, metavar="DIR", cls=Option, help="The raw images, laid out as --task says.")
 @click.option(
     "--output-dir",
     required=True,
     metavar="DIR",
     cls=Option,
-    help="Where DIR/train/ and DIR/val/ get the six images side by side, under the IHC file's name; "
-    "an existing file is never replaced.",
+    help="Where DIR/train/ and DIR/val/ get the prepared images; an existing file is never replaced.",
 )
 @click.option(
     "--validation-ratio",
@@ -189,8 +185,7 @@ def _preparing_tasks() -> list[str]:
     type=float,
     metavar="F",
     cls=Option,
-    help="The fraction of the images held out in DIR/val/ (round(F x images), chosen by --seed; "
-    "deepliif draws each image's split unseeded).",
+    help="The fraction of the images held out in DIR/val/: round(F x images), chosen by --seed.",
 )
 @click.option(
     "--seed", default=0, show_default=True, type=int, metavar="N", cls=Option, help="Chooses the held-out images."
@@ -202,20 +197,18 @@ def _preparing_tasks() -> list[str]:
     type=int,
     metavar="PIXELS",
     cls=Option,
-    help="Each image resized to PIXELS x PIXELS before joining (bilinear, as deepliif's OpenCV resize).",
+    help="Each image resized to PIXELS x PIXELS, as the other tool resizes it.",
 )
 @click.option(
     "--task",
-    default="deepliif",
+    default=FIRST_PREPARING,
     show_default=True,
-    type=click.Choice(_preparing_tasks()),
+    type=click.Choice(list(PREPARING)),
     cls=Option,
     help="Whose raw layout.",
 )
 def prepare_training_data(
     input_dir: str, output_dir: str, validation_ratio: float, seed: int, size: int, task: str
 ) -> None:
-    """Join DeepLIIF's raw images into its training images (IHC, Hematoxylin, DAPI, Lap2, Marker and
-    Seg side by side), as `deepliif prepare-training-data` does, with a seeded validation split."""
-    prepare = registry.named_function(registry.builtin()[task].prepares)
+    prepare = registry.named_function(PREPARING[task].prepares)
     click.echo(f"phalanx: {prepare(input_dir, output_dir, validation_ratio, seed, size)}")

@@ -112,7 +112,7 @@ class PredictOptions:
         "deepliif",
         "DeepLIIF: deepliif tiles as deepliif test does (its positions, each tile resized to the "
         "networks' size, each output pixel from one tile: its outputs pixel for pixel); blend "
-        "weighs overlapping tiles towards their centres and sums them (translate's tiling: no "
+        "weighs overlapping tiles towards their centres and sums them (as translation tiles: no "
         "seams where tiles meet, other pixels than DeepLIIF's).",
         choices=("deepliif", "blend"),
     )

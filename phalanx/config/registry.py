@@ -68,8 +68,10 @@ class TaskInfo:
     # say, taken where not given, or None where DIR says nothing (stdlib only: read by the config)
     weights_options: str = ""
     # ``prepare-training-data``: "module:function" (input_dir, output_dir, validation_ratio, seed,
-    # size) -> what was written, in words: another tool's raw layout made into its training data
+    # size) -> what was written, in words: another tool's raw layout made into its training data;
+    # and that layout in words, for --help
     prepares: str = ""
+    prepares_words: str = ""
 
     @property
     def reads(self) -> tuple[str, ...]:

@@ -35,5 +35,8 @@ SPECS = (
         folders_words="a DeepLIIF model directory (train_opt.txt and its networks' files)",
         weights_options="phalanx.tasks.deepliif.train_opt:weights_options",
         prepares="phalanx.tasks.deepliif.prepare:prepare_training_data",
+        prepares_words="DeepLIIF's raw layout: NAME_IHC.png and its NAME_Hematoxylin, _DAPI, _Lap2, _Marker "
+        "and _Seg images (any name holding IHC; its partners the same name with IHC replaced), joined side "
+        "by side as `deepliif prepare-training-data` joins them",
     ),
 )
