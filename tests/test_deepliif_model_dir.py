@@ -18,6 +18,8 @@ import pytest
 from conftest import run_phalanx
 from PIL import Image
 
+# deepliif test and phalanx predict at 512 px, run as processes: about a minute on 2 cores
+pytestmark = pytest.mark.slow
 CLI = Path(__file__).with_name("deepliif_cli.py")
 # deepliif test writes NAME_KEY.png; phalanx writes KEY/NAME.png. A directory without
 # modalities_names gets DeepLIIF's input1, mod1.. names.

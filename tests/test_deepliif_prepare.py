@@ -32,6 +32,7 @@ def raw(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # deepliif's own command as a process
 def test_the_joined_images_are_deepliifs(tmp_path, raw, phalanx):
     theirs = subprocess.run(
         [sys.executable, CLI, "prepare-training-data", "--input-dir", raw, "--output-dir", tmp_path / "theirs"]
