@@ -908,7 +908,7 @@ MUTANTS = [
     ),
     Mutant(
         "a slide's regions predicted without the tiles that start before them",
-        "TranslationPredictor.predict_slide",
+        "TranslationPredictor.write_regions",
         "before = (-(-size // stride) - 1) * stride",
         "before = 0",
         ("tests/test_deepliif.py -k plain_layout",),

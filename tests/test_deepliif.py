@@ -382,6 +382,27 @@ def predicts_a_slide_region_by_region_as_the_whole_image(tmp_path, phalanx, chec
     assert sorted(p.name for p in (tmp_path / "out-slide").iterdir()) == sorted(
         ["Hema", "DAPI", "Lap2", "Marker", "Seg", "SegOverlaid", "SegRefined", "cells.csv", "cells.json"]
     )
+    # --tiling blend: translate's tiling, region by region as whole, the same
+    for out, source in (("blend-whole", tmp_path / "whole"), ("blend-slide", tmp_path / "slides")):
+        blended = phalanx(
+            "predict",
+            "--checkpoint",
+            checkpoint,
+            source,
+            "--region-size",
+            64,
+            "--tiling",
+            "blend",
+            "--output",
+            tmp_path / out,
+        )
+        assert blended.code == 0, blended.err
+    for folder in ("Hema", "Marker", "Seg"):
+        written = tifffile.imread(tmp_path / "blend-slide" / folder / "slide.ome.tif")
+        whole = np.asarray(Image.open(tmp_path / "blend-whole" / folder / "slide.png"))
+        assert np.array_equal(written, whole), folder
+        deepliif = np.asarray(Image.open(tmp_path / "out-whole" / folder / "slide.png"))
+        assert not np.array_equal(whole, deepliif), folder  # the two tilings differ: the blend ran
     cut = tmp_path / "cut" / "cut.tif"  # a slide whose tiles end early: one line, nothing written
     cut.parent.mkdir()
     cut.write_bytes((tmp_path / "slides" / "slide.ome.tif").read_bytes()[:5000])

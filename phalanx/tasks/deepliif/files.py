@@ -11,7 +11,7 @@ released DeepLIIF model's, segmentation id m + 1, sources counted from 1).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -115,6 +115,27 @@ def trained_with(folder: Path) -> str:
     return f"; its train_opt.txt says {', '.join(f'{k} {v}' for k, v in found.items())}" if found else ""
 
 
+def generator_files(
+    folder: Path,
+    modalities: int,
+    generators: list[str],
+    option: str,
+    serialized: Callable[[str], str] = lambda name: name,
+    note: str = "",
+) -> dict[str, Path]:
+    """``model_files``, every generator among them: else one line naming the first missing one's
+    files as DeepLIIF names them (``serialized``: its ``.pt`` name)."""
+    files = model_files(folder, modalities, option)
+    missing = [name for name in generators if name not in files]
+    if missing:
+        raise PhalanxError(
+            f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF's names: "
+            f"latest_net_{missing[0]}.pth or {serialized(missing[0])}.pt){note}",
+            option,
+        )
+    return files
+
+
 def load_model_dir(
     models: Mapping[str, nn.Module],
     folder: Path,
@@ -125,14 +146,7 @@ def load_model_dir(
 ) -> list[str]:
     """Load every network the directory holds into ``models``; a generator missing is an error,
     discriminators missing (a released model ships generators only) start anew, and say so."""
-    files = model_files(folder, modalities, option)
-    missing = [name for name in generators if name not in files]
-    if missing:
-        raise PhalanxError(
-            f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF names: "
-            f"latest_net_{missing[0]}.pth or {missing[0]}.pt){trained_with(folder)}",
-            option,
-        )
+    files = generator_files(folder, modalities, generators, option, note=trained_with(folder))
     for name, path in files.items():
         if name not in models:
             continue

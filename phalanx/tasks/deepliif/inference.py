@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ...data.inputs import InputImages
-from ...data.slides import Slide, SlideOutputs, SlideReader, SlideUnreadable
+from ...data.slides import Slide, SlideOutputs, SlideReader
 from ...errors import PhalanxError
 from ...records.pictures import pixels, png_bytes
 from ...system.atomic import atomic_write_bytes, atomic_write_text
@@ -169,36 +169,25 @@ class DeepLIIFPictures(TranslationPredictor):
     def array(self, output: torch.Tensor) -> np.ndarray:
         return deepliif_pixels(output)
 
-    def predict_slide(self, index: int, slide: Slide) -> None:
-        """A slide region by region: with DeepLIIF's tiling, each region's pixels from the tiles
-        the whole image takes them from (``Tiler.region``), so the slide's outputs are the whole
-        image's; with ``--tiling blend``, translate's."""
+    def write_regions(self, slide: Slide, reader: SlideReader, outputs: SlideOutputs) -> None:
+        """With DeepLIIF's tiling, each region's pixels from the tiles the whole image takes them
+        from (``Tiler.region``), so the slide's outputs are the whole image's; with ``--tiling
+        blend``, translate's."""
         if self.tiling == "blend":
             self.inputs.prepare = lambda region: region.float() / 127.5 - 1.0
-            return super().predict_slide(index, slide)
-        name = self.names[index]
-        outputs = SlideOutputs(self.output / f".{name.name}.partial", slide.height, slide.width)
-        try:
-            with SlideReader(slide, self.info["mode"]) as reader:
+            return super().write_regions(slide, reader, outputs)
 
-                def read(top: int, left: int, rows: int, cols: int) -> np.ndarray:
-                    pixels = reader.region(top, left, rows, cols).permute(1, 2, 0).numpy()
-                    return pixels[..., 0] if pixels.shape[2] == 1 else pixels
+        def read(top: int, left: int, rows: int, cols: int) -> np.ndarray:
+            pixels = reader.region(top, left, rows, cols).permute(1, 2, 0).numpy()
+            return pixels[..., 0] if pixels.shape[2] == 1 else pixels
 
-                step = self.region_size
-                for top in range(0, slide.height, step):
-                    for left in range(0, slide.width, step):
-                        rows, cols = min(step, slide.height - top), min(step, slide.width - left)
-                        region = self.tiler.region(read, slide.height, slide.width, top, left, rows, cols)
-                        for folder, array in region.items():
-                            outputs.write(folder, top, left, array)
-                self.slide_predicted(index, slide, outputs, reader)
-            for folder in outputs.outputs():
-                outputs.finish(folder, self.output / folder / self.slide_name(index))
-        except SlideUnreadable as exc:
-            self.unreadable.append((slide.path, str(exc)))
-        finally:
-            outputs.discard()
+        step = self.region_size
+        for top in range(0, slide.height, step):
+            for left in range(0, slide.width, step):
+                rows, cols = min(step, slide.height - top), min(step, slide.width - left)
+                region = self.tiler.region(read, slide.height, slide.width, top, left, rows, cols)
+                for folder, array in region.items():
+                    outputs.write(folder, top, left, array)
 
 
 class CellCounter(DeepLIIFPictures):

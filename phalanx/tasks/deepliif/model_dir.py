@@ -24,7 +24,7 @@ from ...config import from_mapping
 from ...errors import PhalanxError
 from ..inference import Trained
 from . import train_opt
-from .files import MAX_BYTES, model_files, read_state
+from .files import MAX_BYTES, generator_files, read_state
 from .task import DeepLIIFTask
 
 OPTION = "--checkpoint"
@@ -78,15 +78,8 @@ def trained_from(
         "background_colors": [list(c) for c in found["background_colors"]],
     }
     task.restore_info(info)
-    files = model_files(folder, m, OPTION)
     names = task.generator_names()
-    missing = [name for name in names if name not in files]
-    if missing:
-        raise PhalanxError(
-            f"{folder} has no file for generator(s) {', '.join(missing)} (DeepLIIF's names: latest_net_"
-            f"{missing[0]}.pth or {deepliif_name(missing[0], found)}.pt)",
-            OPTION,
-        )
+    files = generator_files(folder, m, names, OPTION, serialized=lambda name: deepliif_name(name, found))
     scripted = files[names[0]].suffix == ".pt"
     models = scripted_models(files, names) if scripted else built_models(task, files, names)
     kind = (

@@ -162,34 +162,13 @@ class TranslationPredictor(Predictor):
         return pixels((output.float().cpu() + 1) / 2)
 
     def predict_slide(self, index: int, slide: Slide) -> None:
-        """A slide translated region by region, with what whole-image prediction computes: each
-        region starts at a multiple of the tile stride, so the tiles fall where they fall in the
-        whole image, and is read with the pixels around it that its tiles cover (``before``: the
-        tiles starting within a tile before it; ``overlap`` after it); the region's part of every
-        output is kept (``SlideOutputs``), then written as OME-TIFF."""
-        size, overlap = self.info["size"], max(0, min(self.overlap, self.info["size"] - 1))
-        stride = size - overlap
-        before = (-(-size // stride) - 1) * stride
-        region = max(stride, self.region_size // stride * stride)
+        """A slide predicted region by region (``write_regions``) into ``SlideOutputs``, then
+        written as OME-TIFF; an unreadable slide is reported and nothing of it is written."""
         name = self.names[index]
         outputs = SlideOutputs(self.output / f".{name.name}.partial", slide.height, slide.width)
         try:
             with SlideReader(slide, self.info["mode"]) as reader:
-                for top in range(0, slide.height, region):
-                    for left in range(0, slide.width, region):
-                        height, width = min(region, slide.height - top), min(region, slide.width - left)
-                        t0, l0 = (
-                            start(begin, total, size, stride, before)
-                            for begin, total in ((top, slide.height), (left, slide.width))
-                        )
-                        t1, l1 = (
-                            after(end, total, size, overlap)
-                            for end, total in ((top + height, slide.height), (left + width, slide.width))
-                        )
-                        window = self.inputs.prepare(reader.region(t0, l0, t1 - t0, l1 - l0)).to(self.dtype)
-                        core = (..., slice(top - t0, top - t0 + height), slice(left - l0, left - l0 + width))
-                        for t, out in enumerate(self.outputs(window)):
-                            outputs.write(self.inference.task.output_folder(t), top, left, self.array(out[core]))
+                self.write_regions(slide, reader, outputs)
                 self.slide_predicted(index, slide, outputs, reader)
             for folder in outputs.outputs():
                 outputs.finish(folder, self.output / folder / self.slide_name(index))
@@ -197,6 +176,31 @@ class TranslationPredictor(Predictor):
             self.unreadable.append((slide.path, str(exc)))
         finally:
             outputs.discard()
+
+    def write_regions(self, slide: Slide, reader: SlideReader, outputs: SlideOutputs) -> None:
+        """Every region's outputs, with what whole-image prediction computes: each region starts
+        at a multiple of the tile stride, so the tiles fall where they fall in the whole image, and
+        is read with the pixels around it that its tiles cover (``before``: the tiles starting
+        within a tile before it; ``overlap`` after it); the region's part of every output is kept."""
+        size, overlap = self.info["size"], max(0, min(self.overlap, self.info["size"] - 1))
+        stride = size - overlap
+        before = (-(-size // stride) - 1) * stride
+        region = max(stride, self.region_size // stride * stride)
+        for top in range(0, slide.height, region):
+            for left in range(0, slide.width, region):
+                height, width = min(region, slide.height - top), min(region, slide.width - left)
+                t0, l0 = (
+                    start(begin, total, size, stride, before)
+                    for begin, total in ((top, slide.height), (left, slide.width))
+                )
+                t1, l1 = (
+                    after(end, total, size, overlap)
+                    for end, total in ((top + height, slide.height), (left + width, slide.width))
+                )
+                window = self.inputs.prepare(reader.region(t0, l0, t1 - t0, l1 - l0)).to(self.dtype)
+                core = (..., slice(top - t0, top - t0 + height), slice(left - l0, left - l0 + width))
+                for t, out in enumerate(self.outputs(window)):
+                    outputs.write(self.inference.task.output_folder(t), top, left, self.array(out[core]))
 
     def slide_name(self, index: int) -> Path:
         """Where a slide's outputs go in each output folder: its name as an OME-TIFF."""
