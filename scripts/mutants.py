@@ -1815,7 +1815,7 @@ MUTANTS = [
         ("tests/test_optim.py -k unscaled",),
     ),
     Mutant(
-        "a resume forgets its --weights (and so its normalisation)",
+        "a resume forgets its --weights",
         "TAKEN_BEYOND_IDENTITY",
         '                         "weights")',
         "                         )",

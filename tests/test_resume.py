@@ -370,3 +370,6 @@ def test_a_fine_tune_resumed_without_its_weights_option_keeps_its_inputs_normali
     assert data["mean"] == pytest.approx([0.5])  # the base run's, as the fine-tune began with
     assert "inputs normalised as the checkpoint's were (mean 0.5, std 0.5)" not in resumed.out  # no file read
     assert torch.load(tmp_path / "ft/latest.pt", weights_only=True)["step"] == 6
+    # and the resumed run's configuration still says where its weights came from
+    recorded = json.loads((tmp_path / "ft" / "config.json").read_text())["config"]
+    assert recorded["weights"] == str(tmp_path / "base/latest.pt"), recorded.get("weights")

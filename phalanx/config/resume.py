@@ -39,9 +39,9 @@ TAKEN_BEYOND_IDENTITY = (
     "clip_grad",
     "clip_mode",
     "min_lr",
-    # never loaded at a resume (the checkpoint holds the weights); it decides what
-    # --normalize auto is (ImageNet's with --weights): a fine-tune resumed without it
-    # went on with [-1, 1] inputs instead
+    # never loaded at a resume (the checkpoint holds the weights): kept so that the resumed run's
+    # configuration still says where its weights came from (the normalisation they decided is
+    # recorded apart, as mean and std)
     "weights",
 )
 
