@@ -495,6 +495,35 @@ CASES += [
     ]
 ]
 CASES += [
+    ("prepare-training-data", *case)
+    for case in [
+        (
+            "prepare-no-folder",
+            ["--input-dir", "{w}/nope", "--output-dir", "{w}/prep"],
+            "--input-dir",
+            "is not a folder",
+        ),
+        (
+            "prepare-no-ihc",
+            ["--input-dir", "{w}/empty", "--output-dir", "{w}/prep"],
+            "--input-dir",
+            "no file whose name holds IHC",
+        ),
+        (
+            "prepare-ratio",
+            ["--input-dir", "{w}/empty", "--output-dir", "{w}/prep", "--validation-ratio", "1.5"],
+            "--validation-ratio",
+            "a fraction from 0 to 1",
+        ),
+        (
+            "prepare-size",
+            ["--input-dir", "{w}/empty", "--output-dir", "{w}/prep", "--size", "0"],
+            "--size",
+            "a positive number of pixels",
+        ),
+    ]
+]
+CASES += [
     ("scale", *case)
     for case in [
         ("scale-workers-zero", ["--workers", "0"], "--workers", "1 or more"),
