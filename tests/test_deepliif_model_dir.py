@@ -73,10 +73,6 @@ def predicted(tmp_path_factory):
         *common,
     )
     assert released.code == 0, released.err
-    exported = run_phalanx(
-        "export", "--checkpoint", root / "released", "--format", "deepliif", "--output", root / "exported"
-    )
-    assert exported.code == 0, exported.err
     rewritten = run_phalanx(
         "export", "--checkpoint", root / "model", "--format", "deepliif", "--output", root / "rewritten"
     )
@@ -149,20 +145,6 @@ def test_the_released_models_layout_gives_the_same_networks_deepliifs_names_and_
     said = released.err.splitlines()[0]
     assert "TorchScript G*.pt" in said and "modalities_no 4 (targets_no - 1" in said, said
     assert "modalities_names IHC,Hema,DAPI,Lap2,Marker" in said, said
-
-
-def test_the_released_layout_exported_again_reads_as_deepliif_reads_the_released_model(predicted):
-    """``export --format deepliif`` from the released layout: serialize's files (no ``.pth``:
-    TorchScript networks keep no BatchNorm statistics) and a train_opt.txt that DeepLIIF's own
-    option reader takes to the same names, weights and colours the released model gets by default."""
-    root, _, _ = predicted
-    assert sorted(p.name for p in (root / "exported").iterdir()) == sorted(
-        [*(f"G{k}.pt" for k in range(1, 5)), *(f"GS{k}.pt" for k in range(5)), "train_opt.txt"]
-    )
-    opt = reference.modules().options.Options(path_file=str(root / "exported" / "train_opt.txt"), mode="test")
-    assert opt.modalities_names == ["IHC", "Hema", "DAPI", "Lap2", "Marker"]
-    assert opt.seg_weights == [0.5, 0.0, 0.0, 0.0, 0.5] and opt.modalities_no == 4
-    assert opt.background_colors == [(201, 211, 208), (10, 10, 10), (0, 0, 0), (10, 10, 10)]
 
 
 def test_deepliif_test_reads_the_directory_phalanx_exports_and_predicts_what_it_did(predicted):
