@@ -261,6 +261,15 @@ def defaults_of(task: str, given: dict[str, Any] | None = None) -> dict[str, Any
     return {**defaults, **optimizer_lr(defaults, given)}
 
 
+_task_base: list[type] = []
+
+
+def register_task_base(base: type) -> None:
+    """Called by ``phalanx.tasks.base`` with its ``Task``: ``task_class`` checks user classes against
+    it without this layer below the tasks importing them."""
+    _task_base[:] = [base]
+
+
 def task_class(name: str) -> Any:
     """The task's class: a built-in by name, or ``package.module:Class`` (imports torch). (Typed Any:
     a subclass of ``phalanx.tasks.base.Task``, which this layer below the tasks cannot name; the
@@ -271,10 +280,11 @@ def task_class(name: str) -> Any:
         return getattr(importlib.import_module(module_name), class_name)
     from ..system.plugins import import_user_module
 
-    Task = importlib.import_module("phalanx.tasks.base").Task  # (the base class, by name: a layer above)
-
     module_name, _, class_name = name.partition(":")
     module = import_user_module(module_name, OPTION)
+    # The base class, as phalanx.tasks.base registered it on import (a layer above this one); a
+    # module that never imported it defines no task: every class then fails the check below.
+    Task: Any = _task_base[0] if _task_base else type("NoTaskBase", (), {})
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         found = sorted(

@@ -368,3 +368,6 @@ def metrics_of(task: Task) -> list[str]:
     except Exception:
         names = []
     return names or [task.best_metric[0]]
+
+
+registry.register_task_base(Task)  # the registry, below the tasks, checks user classes against it
