@@ -873,7 +873,7 @@ MUTANTS = [
     ),
     Mutant(
         "a serialized DeepLIIF network without running statistics refused",
-        "load_model_dir",
+        "load_networks",
         'if path.suffix == ".pt":  # `deepliif serialize`',
         "if False:  # `deepliif serialize`",
         ("tests/test_deepliif.py -k released",),
@@ -2087,6 +2087,35 @@ MUTANTS = [
         "taken = {name: value for name, value in found.items() if name not in given}",
         "taken = {}",
         ("tests/test_deepliif_model_dir.py -k training_from_a_directory",),
+    ),
+    # --- DeepLIIFExt and SDG against DeepLIIF's own models
+    Mutant(
+        "deepliif-ext's segmentation generators take the segmentation's GAN mode",
+        "DeepLIIFExtTask.training_step",
+        'gan_loss(frozen[f"DS_{n}"](torch.cat([seen[i], seg], 1)), True, o.gan_mode)',
+        'gan_loss(frozen[f"DS_{n}"](torch.cat([seen[i], seg], 1)), True, o.gan_mode_s)',
+        ("tests/test_deepliif_models.py -k deepliif-ext",),
+    ),
+    Mutant(
+        "deepliif-ext's segmentation discriminators see generated modalities",
+        "DeepLIIFExtTask.training_step",
+        "seen = [torch.cat([inputs, reals[0], reals[i]], 1) for i in range(m)]",
+        "seen = [torch.cat([inputs, fakes[0].detach(), fakes[i].detach()], 1) for i in range(m)]",
+        ("tests/test_deepliif_models.py -k deepliif-ext",),
+    ),
+    Mutant(
+        "sdg drops the perceptual loss",
+        "SDGTask.training_step",
+        'g_total = g_total + (losses[f"G_GAN_{n}"] + losses[f"G_L1_{n}"] + losses[f"G_VGG_{n}"]) * w_g[i]',
+        'g_total = g_total + (losses[f"G_GAN_{n}"] + losses[f"G_L1_{n}"]) * w_g[i]',
+        ("tests/test_deepliif_models.py -k sdg",),
+    ),
+    Mutant(
+        "sdg's generators see the first input panel alone",
+        "SDGTask.split",
+        "return torch.cat([first, *rest[:, :k].unbind(1)], 1), rest[:, k:]",
+        "return torch.cat([first, first.flip(-1)][: k + 1], 1), rest[:, k:]",
+        ("tests/test_deepliif_models.py -k sdg",),
     ),
 ]
 

@@ -47,6 +47,8 @@ def modules() -> SimpleNamespace:
     return SimpleNamespace(
         networks=importlib.import_module("deepliif.models.networks"),
         model=importlib.import_module("deepliif.models.DeepLIIF_model"),
+        ext=importlib.import_module("deepliif.models.DeepLIIFExt_model"),
+        sdg=importlib.import_module("deepliif.models.SDG_model"),
         options=importlib.import_module("deepliif.options"),
     )
 

@@ -115,7 +115,7 @@ def predict_outputs_help() -> str:
 
 def native_formats() -> tuple[str, ...]:
     """``export --format`` values that write another tool's model directory (a task's ``exports``)."""
-    return tuple(info.exports for info in builtin().values() if info.exports)
+    return tuple(dict.fromkeys(info.exports for info in builtin().values() if info.exports))
 
 
 def folder_readers() -> list[tuple[str, str]]:

@@ -1,11 +1,26 @@
-"""DeepLIIF's model: the folder's declaration, which the task registry reads (``SPECS``). Standard
+"""DeepLIIF's models: the folder's declaration, which the task registry reads (``SPECS``). Standard
 library only, so ``phalanx --help`` reads it without torch; the task's code is imported when a run
 starts."""
 
 from __future__ import annotations
 
 from ...config.registry import TaskInfo
-from .options import DeepLIIFOptions
+from .options import DeepLIIFExtOptions, DeepLIIFOptions, SDGOptions
+
+# deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
+DEEPLIIF_RECIPE = {
+    "lr": 2e-4,
+    "optimizer": "adam",
+    "betas": (0.5, 0.999),
+    "weight_decay": 0.0,
+    "lr_schedule": "linear",
+    "batch_size": 1,
+    "image_size": 512,
+}
+DEEPLIIF_UNUSED = {
+    "model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm",
+    "drop_path": "DeepLIIF's networks have no stochastic depth",
+}
 
 SPECS = (
     TaskInfo(
@@ -14,21 +29,8 @@ SPECS = (
         "DeepLIIF's model: modalities and a segmentation from an IHC image, and their networks' files",
         DeepLIIFOptions,
         "phalanx.tasks.deepliif.task:DeepLIIFTask",
-        # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
-        {
-            "lr": 2e-4,
-            "optimizer": "adam",
-            "betas": (0.5, 0.999),
-            "weight_decay": 0.0,
-            "lr_schedule": "linear",
-            "batch_size": 1,
-            "image_size": 512,
-            "model": "deepliif",
-        },
-        unused={
-            "model": "its networks are DeepLIIF's: --net-g, --net-gs, --ngf, --ndf, --d-layers, --norm",
-            "drop_path": "DeepLIIF's networks have no stochastic depth",
-        },
+        {**DEEPLIIF_RECIPE, "model": "deepliif"},
+        unused=DEEPLIIF_UNUSED,
         predicts="a folder",
         exports="deepliif",
         reads_folders="phalanx.tasks.deepliif.model_dir:trained_from",
@@ -38,5 +40,27 @@ SPECS = (
         prepares_words="DeepLIIF's raw layout: NAME_IHC.png and its NAME_Hematoxylin, _DAPI, _Lap2, _Marker "
         "and _Seg images (any name holding IHC; its partners the same name with IHC replaced), joined side "
         "by side as `deepliif prepare-training-data` joins them",
+    ),
+    TaskInfo(
+        "deepliif-ext",
+        "DeepLIIFExt (--task deepliif-ext)",
+        "DeepLIIFExt: any number of modalities from an image, each with its own segmentation",
+        DeepLIIFExtOptions,
+        "phalanx.tasks.deepliif.ext:DeepLIIFExtTask",
+        {**DEEPLIIF_RECIPE, "model": "deepliif-ext"},
+        unused=DEEPLIIF_UNUSED,
+        predicts="a folder",
+        exports="deepliif",
+    ),
+    TaskInfo(
+        "sdg",
+        "SDG (--task sdg)",
+        "DeepLIIF's synthetic data generation: modalities from one or more input panels",
+        SDGOptions,
+        "phalanx.tasks.deepliif.sdg:SDGTask",
+        {**DEEPLIIF_RECIPE, "model": "sdg"},
+        unused=DEEPLIIF_UNUSED,
+        predicts="a folder",
+        exports="deepliif",
     ),
 )

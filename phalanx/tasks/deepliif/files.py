@@ -147,6 +147,32 @@ def load_model_dir(
     """Load every network the directory holds into ``models``; a generator missing is an error,
     discriminators missing (a released model ships generators only) start anew, and say so."""
     files = generator_files(folder, modalities, generators, option, note=trained_with(folder))
+    return load_networks(models, files, folder, discriminators, option)
+
+
+def named_files(
+    folder: Path, generators: list[str], discriminators: list[str], option: str = OPTION
+) -> dict[str, Path]:
+    """The files of networks DeepLIIFExt and SDG name ``G_1``, ``GS_1``, ``D_1``, ``DS_1``: each
+    ``latest_net_<name>.pth``; a generator missing is an error."""
+    if not folder.is_dir():
+        raise PhalanxError(f"{folder} is not a directory (a DeepLIIF model directory: latest_net_G_1.pth, ...)", option)
+    files = {name: folder / f"latest_net_{name}.pth" for name in generators + discriminators}
+    files = {name: path for name, path in files.items() if path.is_file()}
+    missing = [name for name in generators if name not in files]
+    if missing:
+        raise PhalanxError(
+            f"{folder} has no latest_net_{missing[0]}.pth (the generators {', '.join(generators)}, as DeepLIIF's "
+            f"save_networks names them){trained_with(folder)}",
+            option,
+        )
+    return files
+
+
+def load_networks(
+    models: Mapping[str, nn.Module], files: dict[str, Path], folder: Path, discriminators: list[str], option: str
+) -> list[str]:
+    """Each file's state into the network of its name, key for key; what was loaded, in words."""
     for name, path in files.items():
         if name not in models:
             continue

@@ -32,6 +32,7 @@ from .train_opt import DEEPLIIF_BACKGROUNDS
 
 if TYPE_CHECKING:
     from ...config.inference import PredictOptions
+    from .ext import DeepLIIFExtTask
     from .task import DeepLIIFTask
 
 
@@ -82,6 +83,32 @@ class DeepLIIFInference(TranslateInference):
                 traced_bytes, self.models[name], self.info["channels"], self.info["size"]
             )
         files["train_opt.txt"] = lambda: train_opt(self.task, self.info).encode()
+        return files
+
+
+class NetworkFilesInference(TranslateInference):
+    """DeepLIIFExt's and SDG's evaluation and prediction (translate's: each output tiled and
+    blended, in ``deepliif test``'s folder names mod1 ..., Seg1 ...) and their export as a DeepLIIF
+    model directory: ``latest_net_<name>.pth`` per network and ``train_opt.txt``."""
+
+    task: DeepLIIFExtTask
+
+    def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
+        if self.info.get("inputs", 1) > 1:
+            raise PhalanxError(
+                f"this SDG model reads {self.info['inputs']} input panels; predict reads one image per input: "
+                "train with --inputs 1 to predict with phalanx",
+                "--checkpoint",
+            )
+        return super().predictor(paths, opts, device)
+
+    def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
+        if fmt != "deepliif":
+            return None
+        files: dict[str, Callable[[], bytes]] = {
+            f"latest_net_{name}.pth": functools.partial(state_bytes, model) for name, model in self.models.items()
+        }
+        files["train_opt.txt"] = lambda: network_files_opt(self.task, self.info).encode()
         return files
 
 
@@ -293,8 +320,32 @@ def pixels_of(image: torch.Tensor) -> np.ndarray:
     return np.asarray(pixels((image.float().cpu() + 1) / 2)).reshape(image.shape[1], image.shape[2], -1)
 
 
+def network_files_opt(task: DeepLIIFExtTask, info: dict) -> str:
+    """DeepLIIFExt's or SDG's options file: DeepLIIF's, with that model's networks and weights."""
+    o, m = task.options, task.modalities
+    inputs = int(info.get("inputs", 1))
+    changes = {
+        "model": task.deepliif_model,
+        "seg_no": m if task.seg else 0,
+        "input_no": inputs,
+        "net_g": [o.net_g] * m,
+        "net_gs": [o.net_gs] * m,
+        "net_ds": "n_layers",
+        "modalities_names": list(o.modalities_names)
+        or [f"input{i + 1}" for i in range(inputs)] + [f"mod{i + 1}" for i in range(m)],
+        "seg_weights": [1 / m] * m,
+    }
+    values = {**train_opt_values(task, info), **changes}
+    del values["background_colors"]  # (DeepLIIF infers them for its own model's empty tiles)
+    return options_text(values)
+
+
 def train_opt(task: DeepLIIFTask, info: dict) -> str:
     """DeepLIIF's options file (``print_options``' layout) for the networks as trained."""
+    return options_text(train_opt_values(task, info))
+
+
+def train_opt_values(task: DeepLIIFTask, info: dict) -> dict[str, Any]:
     o, m = task.options, task.modalities
     values = {
         "model": "DeepLIIF",
@@ -318,7 +369,7 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
         "padding": o.padding,
         "upsample": "convtranspose",
         "scale_size": info["size"],
-        "seg_weights": list(task.weights["seg_weights"]),
+        "seg_weights": list(task.weights.get("seg_weights", ())),
         "loss_G_weights": list(task.weights["loss_g_weights"]),
         "loss_D_weights": list(task.weights["loss_d_weights"]),
         "gan_mode": o.gan_mode,
@@ -336,6 +387,10 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
         "background_colors": background_colors(m, info),
         "written_by": "phalanx export",
     }
+    return values
+
+
+def options_text(values: dict[str, Any]) -> str:
     lines = ["----------------- Options ---------------"]
     lines += [
         f"{key:>25}: {repr(value) if isinstance(value, str) else str(value):<30}"

@@ -86,3 +86,49 @@ class DeepLIIFOptions(GANOptions):
         for name in ("seg_weights", "loss_g_weights", "loss_d_weights"):
             if any(w < 0 for w in getattr(self, name)):
                 raise bad_value(name, f"weights must not be negative (got {','.join(map(str, getattr(self, name)))})")
+
+
+@dataclass(frozen=True)
+class DeepLIIFExtOptions(DeepLIIFOptions):
+    """DeepLIIFExt (``deepliif train --model DeepLIIFExt``'s defaults): no perceptual loss."""
+
+    lambda_feat: float = option(
+        0.0,
+        "DeepLIIFExt has no perceptual loss (DeepLIIF builds its VGG19 and leaves it unused): 0 only.",
+        metavar="L",
+        at_least=0,
+    )
+    seg: bool = option(
+        True,
+        "Also a segmentation per modality, each from the input, the first modality and that modality "
+        "(--no-seg: the modalities alone).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lambda_feat:
+            raise bad_value("lambda_feat", "DeepLIIFExt trains without a perceptual loss: leave --lambda-feat out")
+        if self.seg_weights:
+            raise bad_value("seg_weights", "DeepLIIFExt's segmentations are one per modality, not a weighted sum")
+
+
+@dataclass(frozen=True)
+class SDGOptions(DeepLIIFOptions):
+    """SDG, DeepLIIF's synthetic data generation (``deepliif train --model SDG``'s defaults): the
+    modalities from one or more input panels, no segmentation."""
+
+    inputs: int = option(
+        1,
+        "Input panels per sample, first in each row of panels, given to every generator together "
+        "(DeepLIIF's input_no; the modalities are the panels after them).",
+        metavar="N",
+        above=0,
+    )
+    seg: bool = option(False, "SDG has no segmentation: --no-seg only.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seg:
+            raise bad_value("seg", "SDG translates only: it has no segmentation")
+        if self.seg_weights:
+            raise bad_value("seg_weights", "SDG has no segmentation")

@@ -32,7 +32,7 @@ class TranslateInference(Inference):
     predict_options: tuple[str, ...] = ("tile_overlap", "region_size")
 
     def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
-        pairs = find_pairs(split, self.task.targets, skip_broken=False, last=self.task.last_target_folder)
+        pairs = find_pairs(split, self.task.data_targets(), skip_broken=False, last=self.task.last_target_folder)
         size = self.info["size"]
         return Transformed(
             PairFiles(pairs), PairTransform(size, train=False, flip=False)

@@ -101,6 +101,10 @@ class TranslateTask(Task):
         """Targets per input the run expects (0: what the data holds)."""
         return self.options.targets
 
+    def data_targets(self) -> int:
+        """Panels after the input in each sample of the data (SDG's other input panels count)."""
+        return self.targets
+
     last_target_folder = ""  # a plain layout's target folder after B1/, B2/, ... (DeepLIIF's seg/)
     layout_words = "DIR/train/*.png of input and target panels side by side, or DIR/train/A/ and DIR/train/B/"
 
@@ -343,7 +347,8 @@ class TranslationSample:
             outputs = [output.float().cpu() for output in self.task.generate(models, ctx.to_device(inputs))]
         items = []
         for i, (a, b) in enumerate(self.samples):
-            panels = [a] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
+            first = a[: b.shape[1]]  # the input (SDG's several input panels: the first)
+            panels = [first] + [x for t in range(self.task.targets) for x in (outputs[t][i], b[t])]
             caption = "input | " + " | ".join(
                 f"output{self.task.suffix(t)} | target{self.task.suffix(t)}" for t in range(self.task.targets)
             )
