@@ -810,9 +810,9 @@ MUTANTS = [
     # --- --task deepliif against DeepLIIF's own model
     Mutant(
         "deepliif drops the input's segmentation weight",
-        "DeepLIIFTask.generate",
-        "for k, part in enumerate(parts)]).sum(0)]",
-        "for k, part in enumerate(parts) if k]).sum(0)]",
+        "DeepLIIFTask.weighted",
+        "for k, part in enumerate(parts)]).sum(0)",
+        "for k, part in enumerate(parts) if k]).sum(0)",
         ("tests/test_deepliif.py -k plain_layout",),
     ),
     Mutant(
@@ -866,7 +866,7 @@ MUTANTS = [
     ),
     Mutant(
         "DeepLIIF's networks predict with BatchNorm's running statistics",
-        "DeepLIIFTask.generate",
+        "DeepLIIFTask.generate_parts",
         "with batch_statistics(models[name] for name in self.generator_names()):",
         "with contextlib.nullcontext():",
         ("tests/test_deepliif.py -k each_images_statistics",),
@@ -2116,6 +2116,27 @@ MUTANTS = [
         "return torch.cat([first, *rest[:, :k].unbind(1)], 1), rest[:, k:]",
         "return torch.cat([first, first.flip(-1)][: k + 1], 1), rest[:, k:]",
         ("tests/test_deepliif_models.py -k sdg",),
+    ),
+    Mutant(
+        "deepliif-kd leaves out --kd-weight",
+        "DeepLIIFKDTask.distillation",
+        "total = total + share * self.options.kd_weight",
+        "total = total + share",
+        ("tests/test_deepliif_models.py -k distilled",),
+    ),
+    Mutant(
+        "deepliif-kd takes each rank's softmax, not the batch's",
+        "batch_kl",
+        "everyone, start = ctx.all_gather(student.flatten(1))\n    theirs, _ = ctx.all_gather(teacher.flatten(1))",
+        "(everyone, start), theirs = (student.flatten(1), 0), teacher.flatten(1)",
+        ("tests/test_deepliif_models.py -k distilled",),
+    ),
+    Mutant(
+        "deepliif-kd's teacher weighs its segmentation as its file says",
+        "DeepLIIFKDTask.load_teacher",
+        'trained_from(folder, False, {}, {"seg_weights": tuple([1 / (m + 1)] * (m + 1))}, OPTION)',
+        "trained_from(folder, False, {}, {}, OPTION)",
+        ("tests/test_deepliif_models.py -k distilled",),
     ),
 ]
 

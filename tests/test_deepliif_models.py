@@ -173,3 +173,173 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     for name in outputs:
         for theirs, ours in zip(getattr(model, name), getattr(fresh, name), strict=True):
             assert (theirs - ours).abs().max() < 1e-8, name  # (phalanx's weights: DeepLIIF's to 1e-10)
+
+    # their directories are --weights, not checkpoints: one line that says so
+    refused = phalanx("predict", "--checkpoint", out, data / "val" / "0000.png", "--output", tmp_path / "pred")
+    assert refused.code != 0 and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert f"--task {kind} --weights DIR" in refused.err
+
+
+def teacher_directory(out, modalities: int = 2) -> None:
+    """A DeepLIIF model directory to distil from, written with DeepLIIF's own ``define_G`` and
+    ``format_options``: ngf 64 (what DeepLIIF's test mode builds, whatever the file says), instance
+    norm (a BatchNorm teacher normalises each rank's share of the batch under DDP, in DeepLIIF as
+    in phalanx)."""
+    networks = reference.modules().networks
+    out.mkdir(parents=True)
+    torch.manual_seed(3)
+    nets = {
+        f"G{k}": networks.define_G(3, 3, 64, "resnet_2blocks", "instance", False, "normal", 0.02, [], "zero")
+        for k in range(1, modalities + 1)
+    }
+    nets.update(
+        {
+            f"GS{k}": networks.define_G(3, 3, 64, "unet_32", "instance", False, "normal", 0.02, [])
+            for k in range(modalities + 1)
+        }
+    )
+    for name, net in nets.items():
+        torch.save(net.state_dict(), out / f"latest_net_{name}.pth")
+    opt = reference.options(
+        ngf=64,
+        model="DeepLIIF",
+        name=out.name,
+        checkpoints_dir=str(out.parent),
+        norm="instance",
+        no_dropout=True,
+        modalities_no=modalities,
+        modalities_names=["IHC"] + [f"mod{k}" for k in range(1, modalities + 1)],
+        seg_no=1,
+        scale_size=32,
+        netG="resnet_2blocks",
+        net_g=["resnet_2blocks"] * modalities,
+        net_gs=["unet_32"] * (modalities + 1),
+        seg_weights=[0.5, 0.3, 0.2],
+        load_iter=0,
+        epoch="latest",
+        mod_id_seg="S",
+        verbose=False,
+    )
+    (out / "train_opt.txt").write_text(reference.modules().options.format_options(opt) + "\n")
+
+
+@pytest.mark.slow
+def test_distilled_from_a_deepliif_directory_one_process_and_two_ddp_workers_train_what_deepliifkd_does(
+    tmp_path, phalanx, monkeypatch
+):
+    """DeepLIIFKD: DeepLIIF 1.2.7's ``DeepLIIFKDModel`` (run in its own process with the whole
+    ``deepliif`` package, ``deepliif_kd_reference``) loads a teacher directory and writes its
+    student's first networks; phalanx starts from them with the same teacher and trains 2 steps of
+    4 samples in float64 as one process and as 2 DDP workers x 2, the KL terms over the whole
+    batch's pixels as DeepLIIF takes them. Every weight within 1e-10 (DDP within 1e-12), every
+    logged loss, the 6 divergences included, equal."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch_home = tmp_path / "torch"
+    monkeypatch.setenv("TORCH_HOME", str(torch_home))
+    features = random_vgg(torch_home)
+    teacher_directory(tmp_path / "teacher")
+    data = deepliif_samples(tmp_path / "data", size=32, per_split={"train": 4, "val": 2}, modalities=2)
+    opt = reference.options(
+        model="DeepLIIFKD",
+        model_dir_teacher=str(tmp_path / "teacher"),
+        ngf=4,
+        ndf=4,
+        netG="resnet_2blocks",
+        net_gs="unet_32",
+        n_layers_D=2,
+        norm="none",
+        no_dropout=True,
+        modalities_no=2,
+        checkpoints_dir=str(tmp_path),
+        name="student",
+        seg_weights=[0.2, 0.5, 0.3],
+        loss_G_weights=[1 / 3] * 3,  # (DeepLIIFKD weighs the segmentation's with the last modality's)
+        loss_D_weights=[0.5, 0.2, 0.3],
+    )
+    spec = tmp_path / "spec.pt"
+    torch.save(
+        {"opt": vars(opt), "samples": panels(data / "train"), "vgg": features, "out": tmp_path / "theirs.pt"}, spec
+    )
+    script = Path(__file__).with_name("deepliif_kd_reference.py")
+    done = subprocess.run([sys.executable, script, spec], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = torch.load(tmp_path / "theirs.pt", weights_only=False)
+
+    common = [
+        *SMALL,
+        "--task",
+        "deepliif-kd",
+        "--teacher",
+        tmp_path / "teacher",
+        "--seg-weights=0.2,0.5,0.3",
+        "--loss-d-weights=0.5,0.2,0.3",
+        "--dataroot",
+        data,
+        "--norm",
+        "none",
+        "--no-dropout",
+        "--augment",
+        "none",
+        "--precision",
+        "fp64",
+        "--lr-schedule",
+        "constant",
+        "--epochs",
+        2,
+        "--weights",
+        tmp_path / "student",
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--log-every",
+        1,
+    ]
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--batch-size",
+        2,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={"TORCH_HOME": str(torch_home)},
+    )
+    assert ddp.code == 0, ddp.err
+    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
+    assert single.code == 0, single.err
+    saved = {
+        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
+    }
+    assert sorted(saved["single"]) == sorted(theirs["states"])
+    for name, state in theirs["states"].items():
+        for key, value in state.items():
+            ours = saved["single"][name][key]
+            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
+            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+    last = records(tmp_path / "ck" / "single", "train")[-1]
+    kl = [f"G_KLDiv_{s}" for s in ("1", "2", "S0", "S1", "S2", "S")]
+    assert all(theirs["losses"][name] > 0 for name in kl)
+    logged = [name for name in last if name.startswith(("G_", "D_"))]
+    # every loss phalanx logs: 10 of the modalities (VGG too), 4 of the segmentation, 6 divergences
+    assert len(logged) == 20 and set(logged) <= set(theirs["losses"]), sorted(set(logged) - set(theirs["losses"]))
+    for loss in logged:
+        assert last[loss] == pytest.approx(theirs["losses"][loss], rel=1e-9, abs=1e-12), loss
+    ddp_last = records(tmp_path / "ck" / "ddp", "train")[-1]
+    for loss in kl:
+        assert ddp_last[loss] == pytest.approx(last[loss], rel=1e-9), loss
+
+    # a teacher that is no DeepLIIF directory, or makes other modalities: one line, before any step
+    other = tmp_path / "other"
+    other.mkdir()
+    text = (tmp_path / "teacher" / "train_opt.txt").read_text()
+    (other / "train_opt.txt").write_text(text.replace("modalities_no: 2", "modalities_no: 3"))
+    assert "modalities_no: 3" in (other / "train_opt.txt").read_text()
+    for teacher, says in ((tmp_path / "data", "is not a DeepLIIF model directory"), (other, "makes 3 modalities")):
+        changed = [str(a) for a in common]
+        changed[changed.index("--teacher") + 1] = str(teacher)
+        bad = phalanx("train", "--name", "bad", "--batch-size", 4, *changed)
+        assert bad.code == 2 and says in bad.err and len(bad.err.strip().splitlines()) == 1, bad.err
+        assert not (tmp_path / "ck" / "bad").exists()

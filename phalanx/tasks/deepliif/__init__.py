@@ -5,7 +5,7 @@ starts."""
 from __future__ import annotations
 
 from ...config.registry import TaskInfo
-from .options import DeepLIIFExtOptions, DeepLIIFOptions, SDGOptions
+from .options import DeepLIIFExtOptions, DeepLIIFKDOptions, DeepLIIFOptions, SDGOptions
 
 # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
 DEEPLIIF_RECIPE = {
@@ -62,5 +62,17 @@ SPECS = (
         unused=DEEPLIIF_UNUSED,
         predicts="a folder",
         exports="deepliif",
+    ),
+    TaskInfo(
+        "deepliif-kd",
+        "DeepLIIFKD (--task deepliif-kd)",
+        "DeepLIIFKD: DeepLIIF's model distilled from a trained DeepLIIF model directory (--teacher DIR)",
+        DeepLIIFKDOptions,
+        "phalanx.tasks.deepliif.kd:DeepLIIFKDTask",
+        {**DEEPLIIF_RECIPE, "model": "deepliif-kd"},
+        unused=DEEPLIIF_UNUSED,
+        predicts="a folder",
+        exports="deepliif",
+        weights_options="phalanx.tasks.deepliif.train_opt:weights_options",
     ),
 )

@@ -72,7 +72,7 @@ class DeepLIIFInference(TranslateInference):
         traces it (``<name>.pt``), and the ``train_opt.txt`` DeepLIIF reads to rebuild them
         (DeepLIIF 1.2's names: GS0 ... for the segmentation). Networks read from TorchScript files
         (a directory of serialize's ``G*.pt``) have no BatchNorm statistics to save: ``.pt`` only."""
-        if fmt != self.task.name:
+        if fmt != "deepliif":
             return None
         files: dict[str, Callable[[], bytes]] = {}
         for name, model in self.models.items():

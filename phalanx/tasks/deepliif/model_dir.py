@@ -36,28 +36,28 @@ def holds_networks(folder: Path) -> bool:
 
 
 def trained_from(
-    folder: Path, ema: bool, changes: Mapping[str, Any], task_changes: Mapping[str, Any]
+    folder: Path, ema: bool, changes: Mapping[str, Any], task_changes: Mapping[str, Any], option: str = OPTION
 ) -> Trained | None:
     """The directory's generators as a trained ``--task deepliif``; None where ``folder`` is no
     DeepLIIF directory. ``changes``: the command's general options (data, batch size);
-    ``task_changes``: task options given, over the file's."""
-    found = train_opt.settings(folder, OPTION)
+    ``task_changes``: task options given, over the file's; ``option``: the one that named it."""
+    found = train_opt.settings(folder, option)
     if found is None:
         if holds_networks(folder):
             raise PhalanxError(
                 f"{folder} holds DeepLIIF networks but no {train_opt.FILE}, which says how they were built and "
                 "how their segmentations are weighed (deepliif test needs it too)",
-                OPTION,
+                option,
             )
         return None
     if ema:
         raise PhalanxError(f"{folder} is a DeepLIIF model directory: it has no moving average of the weights", "--ema")
-    from_file = train_opt.task_options(found, OPTION)
+    from_file = train_opt.task_options(found, option)
     options = {**from_file, **task_changes}
     size = int(found["scale_size"])
     try:
         cfg = from_mapping(
-            {"task": "deepliif", "image_size": size, **(changes or {}), "task_options": options}, source=OPTION
+            {"task": "deepliif", "image_size": size, **(changes or {}), "task_options": options}, source=option
         )
     except PhalanxError as exc:
         raise PhalanxError(f"{folder / train_opt.FILE}: {exc.message}", exc.option) from None
@@ -79,16 +79,16 @@ def trained_from(
     }
     task.restore_info(info)
     names = task.generator_names()
-    files = generator_files(folder, m, names, OPTION, serialized=lambda name: deepliif_name(name, found))
+    files = generator_files(folder, m, names, option, serialized=lambda name: deepliif_name(name, found))
     scripted = files[names[0]].suffix == ".pt"
-    models = scripted_models(files, names) if scripted else built_models(task, files, names)
+    models = scripted_models(files, names, option) if scripted else built_models(task, files, names, option)
     kind = (
         "TorchScript G*.pt (deepliif serialize's)"
         if scripted
         else f"{files[names[0]].name.split('_net_')[0]}_net_*.pth"
     )
     print(
-        f"phalanx: {OPTION} {folder} is a DeepLIIF model directory (model {found['model']}): {len(names)} generators "
+        f"phalanx: {option} {folder} is a DeepLIIF model directory (model {found['model']}): {len(names)} generators "
         f"({', '.join(names)}) from {kind}; " + train_opt.described(found, options, frozenset(task_changes)),
         file=sys.stderr,
         flush=True,
@@ -103,11 +103,13 @@ def deepliif_name(name: str, found: train_opt.ModelSettings) -> str:
     return f"G{found['seg_id']}{int(name[2:]) + found['input_id']}"
 
 
-def built_models(task: DeepLIIFTask, files: dict[str, Path], names: list[str]) -> dict[str, nn.Module]:
+def built_models(
+    task: DeepLIIFTask, files: dict[str, Path], names: list[str], option: str = OPTION
+) -> dict[str, nn.Module]:
     """phalanx's networks, built as the directory's options say, each loaded from its state dict."""
     models = task.build_generators(3)
     for name in names:
-        state, own = read_state(files[name], OPTION), models[name].state_dict()
+        state, own = read_state(files[name], option), models[name].state_dict()
         wrong = sorted(set(own) ^ set(state)) or [k for k in own if state[k].shape != own[k].shape]
         if wrong:
             key = wrong[0]
@@ -121,24 +123,24 @@ def built_models(task: DeepLIIFTask, files: dict[str, Path], names: list[str]) -
             raise PhalanxError(
                 f"{files[name]}: {key}{shape}: the file and {files[name].parent / train_opt.FILE} disagree "
                 f"(netG/net_gs/ngf/norm/padding/no_dropout)",
-                OPTION,
+                option,
             )
         models[name].load_state_dict(state)
         models[name].eval()
     return models
 
 
-def scripted_models(files: dict[str, Path], names: list[str]) -> dict[str, nn.Module]:
+def scripted_models(files: dict[str, Path], names: list[str], option: str = OPTION) -> dict[str, nn.Module]:
     """``deepliif serialize``'s traced generators, loaded as ``deepliif test`` loads them."""
     models: dict[str, nn.Module] = {}
     for name in names:
         path = files[name]
         if path.stat().st_size > MAX_BYTES:
-            raise PhalanxError(f"{path} is larger than {MAX_BYTES // 2**20} MiB: not a DeepLIIF network", OPTION)
+            raise PhalanxError(f"{path} is larger than {MAX_BYTES // 2**20} MiB: not a DeepLIIF network", option)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TorchScript's deprecation notes
                 models[name] = torch.jit.load(str(path), map_location="cpu").eval()
         except Exception as exc:
-            raise PhalanxError(f"cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})", OPTION) from None
+            raise PhalanxError(f"cannot read {path} ({type(exc).__name__}: {str(exc)[:200]})", option) from None
     return models

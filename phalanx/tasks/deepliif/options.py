@@ -132,3 +132,36 @@ class SDGOptions(DeepLIIFOptions):
             raise bad_value("seg", "SDG translates only: it has no segmentation")
         if self.seg_weights:
             raise bad_value("seg_weights", "SDG has no segmentation")
+
+
+@dataclass(frozen=True)
+class DeepLIIFKDOptions(DeepLIIFOptions):
+    """DeepLIIFKD, DeepLIIF's model distilled from a trained one (``deepliif train --model
+    DeepLIIFKD``'s defaults)."""
+
+    teacher: str = option(
+        "",
+        "The teacher: a DeepLIIF model directory (DeepLIIF's --model-dir-teacher), run as deepliif test "
+        "runs it, its segmentation networks weighted equally, as DeepLIIF's distillation weighs them.",
+        metavar="DIR",
+    )
+    kd_weight: float = option(
+        10.0,
+        "Weight of each KL divergence between the student's and the teacher's outputs (DeepLIIF's 10).",
+        metavar="W",
+        at_least=0,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.teacher:
+            raise bad_value(
+                "teacher", "DeepLIIFKD learns from a teacher: give --teacher DIR, a DeepLIIF model directory"
+            )
+        if not self.seg:
+            raise bad_value("seg", "DeepLIIFKD distils the segmentation too: leave --no-seg out")
+        if (self.gan_mode, self.gan_mode_s) != ("vanilla", "lsgan"):
+            raise bad_value(
+                "gan_mode" if self.gan_mode != "vanilla" else "gan_mode_s",
+                "DeepLIIFKD's GAN losses are fixed: vanilla for the modalities, lsgan for the segmentation",
+            )

@@ -225,13 +225,23 @@ class DeepLIIFTask(TranslateTask):
         """Each modality, then the segmentation: GS0 on the input and GSk on generated modality k,
         weighted and summed (DeepLIIF stacks them and sums, as here). In eval mode BatchNorm takes
         each batch's (tile's) statistics, as DeepLIIF's inference does."""
+        fakes, parts = self.generate_parts(models, inputs)
+        return fakes + ([self.weighted(parts)] if self.seg else [])
+
+    def generate_parts(
+        self, models: Mapping[str, nn.Module], inputs: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each modality, and each segmentation network's own output (GS0 first; none without
+        the segmentation)."""
         with batch_statistics(models[name] for name in self.generator_names()):
             fakes = [models[f"G{i + 1}"](inputs) for i in range(self.modalities)]
             if not self.seg:
-                return fakes
-            parts = [models["GS0"](inputs)] + [models[f"GS{i + 1}"](fake) for i, fake in enumerate(fakes)]
+                return fakes, []
+            return fakes, [models["GS0"](inputs)] + [models[f"GS{i + 1}"](fake) for i, fake in enumerate(fakes)]
+
+    def weighted(self, parts: list[torch.Tensor]) -> torch.Tensor:
         seg_weights = self.weights["seg_weights"]
-        return fakes + [torch.stack([part * seg_weights[k] for k, part in enumerate(parts)]).sum(0)]
+        return torch.stack([part * seg_weights[k] for k, part in enumerate(parts)]).sum(0)
 
     def test_outputs(
         self,
@@ -284,8 +294,9 @@ class DeepLIIFTask(TranslateTask):
         inputs, targets = batch  # (N, C, H, W), (N, modalities [+ segmentation], C, H, W)
         o, m, models = self.options, self.modalities, ctx.models
         w_g, w_d = self.weights["loss_g_weights"], self.weights["loss_d_weights"]
-        outputs = self.generate(models, inputs)
-        fakes, reals = outputs[:m], [targets[:, t] for t in range(self.targets)]
+        fakes, parts = self.generate_parts(models, inputs)
+        outputs = fakes + ([self.weighted(parts)] if self.seg else [])
+        reals = [targets[:, t] for t in range(self.targets)]
         sources = [inputs] + reals[:m]  # what the segmentation discriminators see beside the segmentation
         losses: dict[str, torch.Tensor] = {}
         d_total: torch.Tensor | int = 0  # (a tensor once the first discriminator adds to it)
@@ -323,10 +334,22 @@ class DeepLIIFTask(TranslateTask):
                 losses["G_GAN_S"] = gan_loss(self.judge_segmentation(judges, sources, outputs[m]), True, o.gan_mode_s)
                 losses["G_L1_S"] = smooth_l1(outputs[m], reals[m]) * o.lambda_l1
                 g_total = g_total + (losses["G_GAN_S"] + losses["G_L1_S"]) * w_g[m]
+            g_total = g_total + self.distillation(inputs, outputs, parts, losses, ctx)
         assert isinstance(g_total, torch.Tensor)
         ctx.backward(g_total, "generator")
         ctx.step("generator")
         return losses
+
+    def distillation(
+        self,
+        inputs: torch.Tensor,
+        outputs: list[torch.Tensor],
+        parts: list[torch.Tensor],
+        losses: dict[str, torch.Tensor],
+        ctx: StepContext,
+    ) -> torch.Tensor | int:
+        """More of the generators' loss (DeepLIIFKD's distillation); none here."""
+        return 0
 
     # --- validation: translate's image metrics, and DeepLIIF's cell counts against the true ones
     def empty_sums(self) -> dict[str, torch.Tensor]:

@@ -113,8 +113,11 @@ def _settings(folder: Path, option: str) -> ModelSettings | None:
     default("model", "DeepLIIF", "the file names no model")
     model = v["model"]
     if model not in TASKS:
+        trains = {"DeepLIIFExt": "deepliif-ext", "SDG": "sdg"}.get(str(model))
+        hint = f" (a {model} directory: `--task {trains} --weights DIR` trains from it)" if trains else ""
         raise PhalanxError(
-            f"{folder / FILE} says model {model!r}; phalanx reads DeepLIIF's {', '.join(TASKS)} directories", option
+            f"{folder / FILE} says model {model!r}; phalanx reads DeepLIIF's {', '.join(TASKS)} directories{hint}",
+            option,
         )
     if "modalities_no" not in v and "targets_no" in v:  # a file from before modalities_no
         v["modalities_no"] = int(v["targets_no"]) - 1
