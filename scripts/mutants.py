@@ -2138,6 +2138,34 @@ MUTANTS = [
         "trained_from(folder, False, {}, {}, OPTION)",
         ("tests/test_deepliif_models.py -k distilled",),
     ),
+    Mutant(
+        "cyclegan ignores --label-smoothing",
+        "CycleGANTask.gan",
+        "if real and self.options.label_smoothing:",
+        "if False:",
+        ("tests/test_deepliif_models.py -k cyclegan",),
+    ),
+    Mutant(
+        "cyclegan's B -> A perceptual loss compares with B",
+        "CycleGANTask.training_step",
+        "self.perceptual(fake_a[i], real_a)",
+        "self.perceptual(fake_a[i], real_b[i])",
+        ("tests/test_deepliif_models.py -k cyclegan",),
+    ),
+    Mutant(
+        "cyclegan's discriminators judge the pool's images as real",
+        "CycleGANTask.training_step",
+        "self.gan(models[d](pooled), False)",
+        "self.gan(models[d](pooled), True)",
+        ("tests/test_deepliif_models.py -k cyclegan",),
+    ),
+    Mutant(
+        "cyclegan pairs A's image i with B's image i whatever its count",
+        "UnpairedImages.pick",
+        "folder[index % len(folder)] if draw is None",
+        "folder[min(index, len(folder) - 1)] if draw is None",
+        ("tests/test_deepliif_models.py -k cyclegan",),
+    ),
 ]
 
 

@@ -24,10 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 def main(spec_path: str) -> None:
     spec = torch.load(spec_path, weights_only=False)
-    from torchvision.models import vgg19
-
     from deepliif.models import networks
     from deepliif.models.DeepLIIFKD_model import DeepLIIFKDModel
+    from torchvision.models import vgg19
 
     features = spec["vgg"]
 

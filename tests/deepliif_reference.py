@@ -2,8 +2,9 @@
 loaded from the files ``scripts/setup.sh --test`` puts in ``.venv/deepliif-1.2.7`` (installed
 without its dependencies: its pins want another torch).
 
-Only ``deepliif/models/networks.py``, ``att_unet.py``, ``base_model.py`` and ``DeepLIIF_model.py``
-run, unchanged. What they import beyond torch and torchvision is stood in for here, and never
+Only ``deepliif/models/networks.py``, ``att_unet.py``, ``base_model.py``, the models' modules
+(``DeepLIIF_model.py``, ``DeepLIIFExt_model.py``, ``SDG_model.py``, ``CycleGAN_model.py``) and
+``util/image_pool.py`` run, unchanged. What they import beyond torch and torchvision is stood in for here, and never
 used by a training step: ``deepliif.util``'s two BatchNorm switches (evaluation only) and
 ``deepliif.util.util``'s ``init_input_and_mod_id`` (a new training: segmentation id "S", input id
 "0", as DeepLIIF's own function returns for ``deepliif train`` with its defaults). VGG19 is
@@ -31,7 +32,7 @@ def modules() -> SimpleNamespace:
         package = types.ModuleType("deepliif")
         package.__path__ = [str(ROOT / "deepliif")]
         util = types.ModuleType("deepliif.util")
-        util.__path__ = []
+        util.__path__ = [str(ROOT / "deepliif" / "util")]  # (its image_pool, which CycleGAN imports, as it is)
         util.disable_batchnorm_tracking_stats = util.enable_batchnorm_tracking_stats = lambda *a, **k: None
         util.__all__ = []
         util_util = types.ModuleType("deepliif.util.util")
@@ -49,6 +50,7 @@ def modules() -> SimpleNamespace:
         model=importlib.import_module("deepliif.models.DeepLIIF_model"),
         ext=importlib.import_module("deepliif.models.DeepLIIFExt_model"),
         sdg=importlib.import_module("deepliif.models.SDG_model"),
+        cyclegan=importlib.import_module("deepliif.models.CycleGAN_model"),
         options=importlib.import_module("deepliif.options"),
     )
 

@@ -15,6 +15,8 @@ from conftest import records, run_phalanx
 from phalanx_testdata import deepliif_samples
 from test_deepliif import SMALL, panels, random_vgg
 
+from phalanx.errors import PhalanxError
+
 # (task, DeepLIIF's model, its options, phalanx's options, modalities): 5 panels each
 MODELS = {
     "deepliif-ext": ("ext", "DeepLIIFExtModel", dict(modalities_no=2, seg_gen=True, input_no=1), [], 2),
@@ -343,3 +345,216 @@ def test_distilled_from_a_deepliif_directory_one_process_and_two_ddp_workers_tra
         bad = phalanx("train", "--name", "bad", "--batch-size", 4, *changed)
         assert bad.code == 2 and says in bad.err and len(bad.err.strip().splitlines()) == 1, bad.err
         assert not (tmp_path / "ck" / "bad").exists()
+
+
+def unpaired_samples(root, counts=(4, 4, 3), val=2):
+    """CycleGAN's layout from the DeepLIIF-shaped digits: ``trainA/`` and ``trainB1/``, ``trainB2/``
+    of other counts (unpaired: B2's image i is not A's), and ``valA/``, ``valB1/``, ``valB2/``."""
+    import shutil
+
+    plain = root / "plain"
+    deepliif_samples(
+        plain, size=32, per_split={"train": max(counts), "val": val}, modalities=2, seg=False, layout="plain"
+    )
+    for split in ("train", "val"):
+        for folder, count in zip(("A", "B1", "B2"), counts if split == "train" else (val,) * 3):
+            names = sorted((plain / split / folder).iterdir())
+            target = root / f"{split}{folder}"
+            target.mkdir(parents=True)
+            for path in names[len(names) - count :]:  # B2 from its second image: A's first has no partner
+                shutil.copyfile(path, target / path.name)
+    shutil.rmtree(plain)
+    return root
+
+
+def unpaired_tensors(root, split: str = "train") -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A's images and, for each, every B folder's image i mod its count (DeepLIIF's
+    ``--serial-batches``), as [-1, 1] float64 tensors read with PIL."""
+    import numpy as np
+    from PIL import Image
+
+    def read(folder):
+        return [
+            torch.tensor(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / np.float32(127.5) - np.float32(1))
+            .permute(2, 0, 1)
+            .double()
+            for p in sorted((root / folder).iterdir())
+        ]
+
+    a = read(f"{split}A")
+    bs = [read(f"{split}B{k}") for k in (1, 2)]
+    return torch.stack(a), [torch.stack([b[i % len(b)] for i in range(len(a))]) for b in bs]
+
+
+@pytest.mark.slow
+def test_cyclegan_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deepliifs_own_step_does(
+    tmp_path, phalanx, monkeypatch
+):
+    """CycleGAN: DeepLIIF's own ``CycleGANModel`` (its image pool, label smoothing and unpaired
+    VGG term; 2 target domains of other sizes than A's, paired serially) writes its networks'
+    files; phalanx starts from them and trains 2 steps of 4 samples in float64, one process and 2
+    DDP workers x 2, the generators' step first as DeepLIIF's; every weight within 1e-10 (DDP
+    within 1e-12), every logged loss equal; the export loads back into DeepLIIF's model."""
+    torch_home = tmp_path / "torch"
+    monkeypatch.setenv("TORCH_HOME", str(torch_home))
+    random_vgg(torch_home)
+    opt = reference.options(
+        model="CycleGAN",
+        ngf=4,
+        ndf=4,
+        net_g="resnet_2blocks",
+        net_d="n_layers",
+        n_layers_D=2,
+        norm="none",
+        no_dropout=True,
+        modalities_no=2,
+        gan_mode="lsgan",
+        label_smoothing=0.1,
+        pool_size=50,
+        BtoA=False,
+        upsample="convtranspose",
+        lambda_identity=0,
+        loss_G_weights=[0.6, 0.4],
+        loss_D_weights=[0.3, 0.7],
+        checkpoints_dir=str(tmp_path),
+        name="cyclegan",
+    )
+    torch.manual_seed(0)
+    model = reference.modules().cyclegan.CycleGANModel(opt)
+    for name in model.model_names:
+        network(model, name).double()
+    model.criterionGAN.double()
+    model.criterionVGG.double()
+    (tmp_path / "cyclegan").mkdir()
+    model.save_networks("latest")
+    data = unpaired_samples(tmp_path / "data")
+    common = [
+        *SMALL,
+        "--task",
+        "cyclegan",
+        "--net-g",
+        "resnet_2blocks",
+        "--gan-mode",
+        "lsgan",
+        "--label-smoothing",
+        0.1,
+        "--serial-pairs",
+        "--loss-g-weights=0.6,0.4",
+        "--loss-d-weights=0.3,0.7",
+        "--dataroot",
+        data,
+        "--norm",
+        "none",
+        "--no-dropout",
+        "--augment",
+        "none",
+        "--precision",
+        "fp64",
+        "--lr-schedule",
+        "constant",
+        "--epochs",
+        2,
+        "--weights",
+        tmp_path / "cyclegan",
+        "--checkpoints-dir",
+        tmp_path / "ck",
+        "--log-every",
+        1,
+    ]
+    common = [a for a in common if a not in ("--net-gs", "unet_32")]  # (SMALL's DeepLIIF segmentation)
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--batch-size",
+        2,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={"TORCH_HOME": str(torch_home)},
+    )
+    assert ddp.code == 0, ddp.err
+    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
+    assert single.code == 0, single.err
+    assert "phalanx: weights: 8 DeepLIIF networks (generators and discriminators)" in single.out
+
+    a, bs = unpaired_tensors(data)
+    for _ in range(2):
+        model.set_input({"A": a, "Bs": bs, "A_paths": []})
+        model.optimize_parameters()
+    saved = {
+        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
+    }
+    assert sorted(saved["single"]) == sorted(model.model_names)
+    for name in model.model_names:
+        for key, value in network(model, name).state_dict().items():
+            ours = saved["single"][name][key]
+            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
+            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+    last = records(tmp_path / "ck" / "single", "train")[-1]
+    for loss in ("G_A", "G_B", "cycle_A", "cycle_B", "D_A", "D_B"):
+        assert last[loss] == pytest.approx(float(getattr(model, f"loss_{loss}")), rel=1e-9, abs=1e-12), loss
+
+    out = tmp_path / "exported"
+    exported = phalanx(
+        "export", "--checkpoint", tmp_path / "ck" / "single" / "latest.pt", "--format", "deepliif", "--output", out
+    )
+    assert exported.code == 0, exported.err
+    written = reference.modules().options.read_model_params(str(out / "train_opt.txt"))
+    assert written["model"] == "CycleGAN" and int(written["modalities_no"]) == 2
+    for name in model.model_names:  # DeepLIIF's own networks load the files strictly: phalanx's weights
+        network(model, name).load_state_dict(torch.load(out / f"latest_net_{name}.pth", weights_only=True))
+        for key, value in network(model, name).state_dict().items():
+            assert torch.equal(value, saved["single"][name][key]), (name, key)
+    predicted = phalanx(
+        "predict", "--checkpoint", tmp_path / "ck" / "single", data / "valA", "--output", tmp_path / "pred"
+    )
+    assert predicted.code == 0, predicted.err
+    assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == ["GA_1", "GA_2"]
+
+
+def test_the_image_pool_returns_new_images_until_full_then_swaps_half_of_them_for_kept_ones():
+    """CycleGAN's ``ImagePool`` as DeepLIIF's ``util/image_pool.py`` behaves (its draws are
+    Python's ``random``, phalanx's a seeded torch generator: the rule is compared, not the draws)."""
+    from phalanx.tasks.deepliif.cyclegan import ImagePool
+
+    pool = ImagePool(4, torch.Generator().manual_seed(0))
+    first = torch.arange(4.0)[:, None]
+    assert torch.equal(pool.query(first), first)  # filling: every image returned as it is
+    swapped = 0
+    for step in range(50):
+        new = torch.full((3, 1), 100.0 + step)
+        kept_before = torch.cat(pool.images).clone()
+        returned = pool.query(new)
+        kept_after = torch.cat(pool.images)
+        for value in returned[:, 0]:
+            # either the new image itself, or one the pool held, which the new one replaced
+            assert value == new[0, 0] or value in kept_before
+        swapped += int((returned[:, 0] != new[0, 0]).sum())
+        assert len(pool.images) == 4 and (kept_after == new[0, 0]).sum() >= (returned[:, 0] != new[0, 0]).sum()
+    assert 40 < swapped < 110  # about half of 150
+    assert torch.equal(ImagePool(0, torch.Generator()).query(first), first)
+
+
+def test_unpaired_partners_are_drawn_by_seed_epoch_and_index_and_serially_on_request(tmp_path):
+    from phalanx.tasks.deepliif.unpaired import UnpairedImages, UnpairedView, find_unpaired
+
+    data = unpaired_samples(tmp_path / "data", counts=(4, 4, 3))
+    files = find_unpaired(data, "train", 0)
+    assert files is not None and len(files) == 4 and [len(b) for b in files.b] == [4, 3]
+    images = UnpairedImages(files, 32)
+
+    def view(seed, serial=False):
+        return UnpairedView(images, None, seed, lambda sample: sample, serial)
+
+    drawn = [[view(7)[(epoch, i)][1] for i in range(4)] for epoch in (1, 2, 3)]
+    again = [[view(7)[(epoch, i)][1] for i in range(4)] for epoch in (1, 2, 3)]
+    assert all(torch.equal(x, y) for a, b in zip(drawn, again) for x, y in zip(a, b))  # the same draws
+    assert not all(torch.equal(x, y) for x, y in zip(drawn[0] + drawn[1], drawn[1] + drawn[2]))  # epochs differ
+    serial = [view(7, serial=True)[(1, i)][1] for i in range(4)]
+    assert torch.equal(serial[3][1], images.read(files.b[1][0]))  # B2's image 3 mod 3
+    (data / "trainB2" / "extra.png").write_bytes(b"not a png")
+    with pytest.raises(PhalanxError, match="extra.png"):
+        find_unpaired(data, "train", 0)
+    with pytest.raises(PhalanxError, match="no trainB3/"):
+        find_unpaired(data, "train", 3)

@@ -5,7 +5,7 @@ starts."""
 from __future__ import annotations
 
 from ...config.registry import TaskInfo
-from .options import DeepLIIFExtOptions, DeepLIIFKDOptions, DeepLIIFOptions, SDGOptions
+from .options import CycleGANOptions, DeepLIIFExtOptions, DeepLIIFKDOptions, DeepLIIFOptions, SDGOptions
 
 # deepliif train's recipe: Adam(2e-4, beta1 0.5), constant then linearly to zero, batch 1, 512 px.
 DEEPLIIF_RECIPE = {
@@ -74,5 +74,16 @@ SPECS = (
         predicts="a folder",
         exports="deepliif",
         weights_options="phalanx.tasks.deepliif.train_opt:weights_options",
+    ),
+    TaskInfo(
+        "cyclegan",
+        "CycleGAN (--task cyclegan)",
+        "DeepLIIF's CycleGAN: unpaired translation from trainA/ into each of trainB1/ ... trainBm/",
+        CycleGANOptions,
+        "phalanx.tasks.deepliif.cyclegan:CycleGANTask",
+        {**DEEPLIIF_RECIPE, "model": "cyclegan"},
+        unused=DEEPLIIF_UNUSED,
+        predicts="a folder",
+        exports="deepliif",
     ),
 )

@@ -32,6 +32,7 @@ from .train_opt import DEEPLIIF_BACKGROUNDS
 
 if TYPE_CHECKING:
     from ...config.inference import PredictOptions
+    from .cyclegan import CycleGANTask
     from .ext import DeepLIIFExtTask
     from .task import DeepLIIFTask
 
@@ -91,7 +92,7 @@ class NetworkFilesInference(TranslateInference):
     blended, in ``deepliif test``'s folder names mod1 ..., Seg1 ...) and their export as a DeepLIIF
     model directory: ``latest_net_<name>.pth`` per network and ``train_opt.txt``."""
 
-    task: DeepLIIFExtTask
+    task: DeepLIIFExtTask | CycleGANTask
 
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
         if self.info.get("inputs", 1) > 1:
@@ -108,7 +109,8 @@ class NetworkFilesInference(TranslateInference):
         files: dict[str, Callable[[], bytes]] = {
             f"latest_net_{name}.pth": functools.partial(state_bytes, model) for name, model in self.models.items()
         }
-        files["train_opt.txt"] = lambda: network_files_opt(self.task, self.info).encode()
+        written = cyclegan_opt if self.task.deepliif_model == "CycleGAN" else network_files_opt
+        files["train_opt.txt"] = lambda: written(self.task, self.info).encode()  # type: ignore[arg-type]
         return files
 
 
@@ -337,6 +339,51 @@ def network_files_opt(task: DeepLIIFExtTask, info: dict) -> str:
     }
     values = {**train_opt_values(task, info), **changes}
     del values["background_colors"]  # (DeepLIIF infers them for its own model's empty tiles)
+    return options_text(values)
+
+
+def cyclegan_opt(task: CycleGANTask, info: dict) -> str:
+    """CycleGAN's options file: its networks, domains and weights as DeepLIIF names them."""
+    o, m = task.options, task.targets
+    values = {
+        "model": "CycleGAN",
+        "modalities_no": m,
+        "modalities_names": ["input1"] + [f"mod{i + 1}" for i in range(m)],
+        "seg_gen": False,
+        "seg_no": 0,
+        "input_no": 1,
+        "input_nc": info["channels"],
+        "output_nc": info["channels"],
+        "net_g": [o.net_g] * m,
+        "netG": o.net_g,
+        "net_d": "n_layers",
+        "netD": "n_layers",
+        "n_layers_D": o.d_layers,
+        "ngf": o.ngf,
+        "ndf": o.ndf,
+        "norm": o.norm,
+        "no_dropout": not o.dropout,
+        "padding": o.padding,
+        "upsample": "convtranspose",
+        "scale_size": info["size"],
+        "loss_G_weights": list(task.weights["loss_g_weights"]),
+        "loss_D_weights": list(task.weights["loss_d_weights"]),
+        "gan_mode": o.gan_mode,
+        "label_smoothing": o.label_smoothing,
+        "pool_size": o.pool_size,
+        "lambda_identity": 0,
+        "BtoA": False,
+        "dataset_mode": "unaligned",
+        "gpu_ids": (),
+        "init_type": "normal",
+        "init_gain": 0.02,
+        "optimizer": "adam",
+        "phase": "train",
+        "remote_transfer_cmd": None,
+        "load_iter": 0,
+        "verbose": False,
+        "written_by": "phalanx export",
+    }
     return options_text(values)
 
 

@@ -165,3 +165,70 @@ class DeepLIIFKDOptions(DeepLIIFOptions):
                 "gan_mode" if self.gan_mode != "vanilla" else "gan_mode_s",
                 "DeepLIIFKD's GAN losses are fixed: vanilla for the modalities, lsgan for the segmentation",
             )
+
+
+@dataclass(frozen=True)
+class CycleGANOptions(GANOptions):
+    """DeepLIIF's CycleGAN (``deepliif train --model CycleGAN``'s defaults): unpaired translation
+    from one domain into each of m others."""
+
+    d_layers: int = option(
+        4, "Layers of each PatchGAN discriminator (DeepLIIF's --n-layers-d: 4).", metavar="N", above=0
+    )
+    modalities: int = option(
+        0, "Target domains, trainB1/ ... trainB<N>/ (0: every trainB<k>/ folder).", metavar="N", at_least=0
+    )
+    net_g: str = option(
+        "resnet_9blocks",
+        "The generators, both ways: resnet_Nblocks or unet_N (N: 32, 64, ... for N-pixel images).",
+        metavar="NAME",
+    )
+    padding: str = option(
+        "zero", "Padding of the ResNet generators (DeepLIIF's train default: zero).", choices=("zero", "reflect")
+    )
+    loss_g_weights: tuple[float, ...] = option(
+        (), "Weight of each domain's generator losses, GAN and VGG, both ways (default: 1/m each).", metavar="W[,W...]"
+    )
+    loss_d_weights: tuple[float, ...] = option(
+        (), "Weight of each domain's discriminator losses, both ways (default: 1/m each).", metavar="W[,W...]"
+    )
+    gan_mode: str = option("vanilla", "GAN objective: vanilla (cross-entropy) or lsgan.", choices=("vanilla", "lsgan"))
+    label_smoothing: float = option(
+        0.0,
+        "The discriminators' real label is 1 - this (DeepLIIF's --label-smoothing).",
+        metavar="E",
+        at_least=0,
+        below=1,
+    )
+    lambda_cycle: float = option(
+        10.0,
+        "Weight of each cycle's L1 loss, A -> B -> A and B -> A -> B (DeepLIIF's 10), x 1/m.",
+        metavar="L",
+        at_least=0,
+    )
+    lambda_feat: float = option(
+        1.0,
+        "Weight of the VGG19 perceptual loss between each generated image and an (unpaired) real one of "
+        "its domain, as DeepLIIF's CycleGAN computes it (1; 0: off, else it needs VGG19's ImageNet weights).",
+        metavar="L",
+        at_least=0,
+    )
+    pool_size: int = option(
+        50,
+        "Generated images each discriminator pool keeps to judge (CycleGAN's image pool; 0: the newest only).",
+        metavar="N",
+        at_least=0,
+    )
+    serial_pairs: bool = option(
+        False,
+        "Pair A's image i with each B folder's image i (mod its count), as DeepLIIF's --serial-batches "
+        "(default: a random B image each epoch).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lambda_l1 != 100.0:
+            raise bad_value("lambda_l1", "CycleGAN has no L1 loss to a target; its cycles' weight is --lambda-cycle")
+        for name in ("loss_g_weights", "loss_d_weights"):
+            if any(w < 0 for w in getattr(self, name)):
+                raise bad_value(name, "weights must not be negative")

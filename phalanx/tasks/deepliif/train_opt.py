@@ -113,7 +113,7 @@ def _settings(folder: Path, option: str) -> ModelSettings | None:
     default("model", "DeepLIIF", "the file names no model")
     model = v["model"]
     if model not in TASKS:
-        trains = {"DeepLIIFExt": "deepliif-ext", "SDG": "sdg"}.get(str(model))
+        trains = {"DeepLIIFExt": "deepliif-ext", "SDG": "sdg", "CycleGAN": "cyclegan"}.get(str(model))
         hint = f" (a {model} directory: `--task {trains} --weights DIR` trains from it)" if trains else ""
         raise PhalanxError(
             f"{folder / FILE} says model {model!r}; phalanx reads DeepLIIF's {', '.join(TASKS)} directories{hint}",
