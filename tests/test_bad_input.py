@@ -93,7 +93,8 @@ CASES = [
         "user-task-builtin-flag",
         ["--task", "phalanx_testtasks:GatherTask", "--ngf", "8"],
         "--ngf",
-        "is an option of --task translate or --task deepliif; this run's task is phalanx_testtasks:GatherTask; your task's own options go in "
+        "is an option of --task translate, deepliif, deepliif-ext, sdg, deepliif-kd or cyclegan; this run's task is "
+        "phalanx_testtasks:GatherTask; your task's own options go in "
         "--task-option ngf=VALUE",
     ),
     ("translate-model", ["--task", "translate", "--model", "resnet18"], "--model", "--task translate does not use it"),
@@ -187,7 +188,7 @@ CASES = [
         "no-gather-of-byol",
         ["--task", "byol", "--no-gather"],
         "--no-gather",  # the flag typed, not --gather
-        "is an option of --task simclr or --task barlowtwins or --task vicreg; this run's task is byol",
+        "is an option of --task simclr, barlowtwins or vicreg; this run's task is byol",
     ),
     (
         "task-option-and-its-flag",

@@ -206,8 +206,8 @@ def test_task_option_beats_a_config_files_key_and_a_files_false_flag_is_named_by
     (tmp_path / "g.yaml").write_text("task: byol\ngather: false\n")
     refused = phalanx("train", "--config", tmp_path / "g.yaml", "--print-config")
     assert refused.code == 2 and refused.err.strip() == (
-        f"phalanx: --config {tmp_path / 'g.yaml'}, line 2: gather: is an option of --task simclr or --task barlowtwins "
-        "or --task vicreg; this run's task is byol"
+        f"phalanx: --config {tmp_path / 'g.yaml'}, line 2: gather: is an option of --task simclr, barlowtwins "
+        "or vicreg; this run's task is byol"
     ), refused.err
 
 

@@ -172,7 +172,12 @@ def option_fields() -> dict[str, tuple[dataclasses.Field, Any, str]]:
 
 
 def not_an_option_of(name: str, task: str, hint: str = "", value: Any = None) -> PhalanxError:
-    where = " or ".join(f"--task {t}" for t in option_owners().get(name, [])) or "another task"
+    owners = option_owners().get(name, [])
+    where = (
+        (f"--task {' or '.join(owners)}" if len(owners) < 3 else f"--task {', '.join(owners[:-1])} or {owners[-1]}")
+        if owners
+        else "another task"
+    )
     typed = flag(f"no_{name}" if value is False else name)  # --no-gather, as typed
     return PhalanxError(f"is an option of {where}; this run's task is {task}{hint}", typed)
 
