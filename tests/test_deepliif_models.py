@@ -511,6 +511,14 @@ def test_cyclegan_from_deepliifs_files_one_process_and_two_ddp_workers_train_wha
     )
     assert predicted.code == 0, predicted.err
     assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == ["GA_1", "GA_2"]
+    # evaluate scores the cycles A -> B_i -> A on valA/, as the run's validation did
+    scored = phalanx(
+        "evaluate", "--checkpoint", tmp_path / "ck" / "single" / "latest.pt", "--dataroot", data, "--no-progress"
+    )
+    assert scored.code == 0, scored.err
+    validated = records(tmp_path / "ck" / "single", "val")[-1]
+    mean = next(line for line in scored.out.splitlines() if line.startswith("mean"))
+    assert float(mean.split()[1]) == pytest.approx(validated["L1"], abs=1e-4)
 
 
 def test_the_image_pool_returns_new_images_until_full_then_swaps_half_of_them_for_kept_ones():

@@ -74,7 +74,7 @@ class ImagePool:
 class CycleGANTask(TranslateTask):
     name = "cyclegan"
     Options = CycleGANOptions
-    Inference = ".inference:NetworkFilesInference"
+    Inference = ".inference:CycleGANInference"
     options: CycleGANOptions  # type: ignore[assignment]  # (a GANOptions of its own)
     primary_model = "GA_1"
     deepliif_model = "CycleGAN"  # train_opt.txt's model

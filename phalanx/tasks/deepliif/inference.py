@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 from ...data.inputs import InputImages
 from ...data.slides import Slide, SlideOutputs, SlideReader
@@ -112,6 +113,31 @@ class NetworkFilesInference(TranslateInference):
         written = cyclegan_opt if self.task.deepliif_model == "CycleGAN" else network_files_opt
         files["train_opt.txt"] = lambda: written(self.task, self.info).encode()  # type: ignore[arg-type]
         return files
+
+
+class CycleGANInference(NetworkFilesInference):
+    """CycleGAN's: predict A -> B_i (``OUTPUT/GA_i/``); evaluate each A image's cycle, A -> B_i ->
+    A, on DIR's ``valA/`` (else ``testA/``) and its B folders; export as NetworkFilesInference."""
+
+    task: CycleGANTask
+
+    def evaluation_split(self, split: Path) -> tuple[Dataset, str]:
+        from ...data.pairs import PairTransform, Transformed
+        from .unpaired import UnpairedImages, find_unpaired
+
+        for name in ("val", "test"):
+            files = find_unpaired(split, name, self.task.targets)
+            if files is not None:
+                size = self.info["size"]
+                images = Transformed(UnpairedImages(files, size), PairTransform(size, train=False, flip=False))
+                return images, f"{split / (name + 'A')} ({len(files)} images; their cycles A -> B -> A)"
+        raise PhalanxError(
+            f"{split} has no valA/ or testA/ (with valB1/ ... or testB1/ ...): evaluate scores CycleGAN's cycles on them",
+            "--dataroot",
+        )
+
+    def results_table(self, results: dict[str, Any]) -> str:
+        return "each cycle, A -> B_i -> A, against A\n" + super().results_table(results)
 
 
 def state_bytes(model: torch.nn.Module) -> bytes:
