@@ -339,8 +339,17 @@ def test_distilled_from_a_deepliif_directory_one_process_and_two_ddp_workers_tra
     text = (tmp_path / "teacher" / "train_opt.txt").read_text()
     (other / "train_opt.txt").write_text(text.replace("modalities_no: 2", "modalities_no: 3"))
     assert "modalities_no: 3" in (other / "train_opt.txt").read_text()
-    for teacher, says in ((tmp_path / "data", "is not a DeepLIIF model directory"), (other, "makes 3 modalities")):
-        changed = [str(a) for a in common]
+    wide = tmp_path / "wide"  # a teacher whose segmentation networks need 64 px images
+    wide.mkdir()
+    (wide / "train_opt.txt").write_text(text.replace("'unet_32'", "'unet_64'"))
+    assert "'unet_64'" in (wide / "train_opt.txt").read_text()
+    for teacher, more, says in (
+        (tmp_path / "data", [], "is not a DeepLIIF model directory"),
+        (other, [], "makes 3 modalities"),
+        (wide, [], "--image-size must be a multiple of 64"),
+        (tmp_path / "teacher", ["--grad-accum", "2"], "would split the batch"),
+    ):
+        changed = [str(a) for a in common] + more
         changed[changed.index("--teacher") + 1] = str(teacher)
         bad = phalanx("train", "--name", "bad", "--batch-size", 4, *changed)
         assert bad.code == 2 and says in bad.err and len(bad.err.strip().splitlines()) == 1, bad.err

@@ -38,7 +38,7 @@ from ..base import Batch, Declaration, RunContext, StepContext, StepLosses, Task
 from ..translate.nets import check_discriminator, check_generator
 from ..translate.task import TranslateTask, gan_loss
 from .files import load_networks, named_files
-from .nets import VGGLoss, check_vgg, discriminator, freeze_inert_biases, generator
+from .nets import VGGLoss, batch_statistics, check_vgg, discriminator, freeze_inert_biases, generator
 from .options import CycleGANOptions
 from .unpaired import UnpairedImages, UnpairedView, find_unpaired
 
@@ -112,7 +112,10 @@ class CycleGANTask(TranslateTask):
         }
 
     def generate(self, models: Mapping[str, nn.Module], inputs: torch.Tensor) -> list[torch.Tensor]:
-        return [models[name](inputs) for name in self.generator_names()]
+        """A -> each B; in eval mode BatchNorm takes each batch's statistics, as DeepLIIF's
+        inference does (``disable_batchnorm_tracking_stats``)."""
+        with batch_statistics(models[name] for name in self.generator_names()):
+            return [models[name](inputs) for name in self.generator_names()]
 
     def declare(self, data: TaskData, models: Mapping[str, nn.Module]) -> Declaration:
         losses = ("G_A", "G_B", "cycle_A", "cycle_B", "D_A", "D_B")
@@ -287,7 +290,8 @@ class CycleGANTask(TranslateTask):
                 ("D_A", f"DA_{n}", real_b[i], fake_b[i]),
                 ("D_B", f"DB_{n}", real_a, fake_a[i]),
             ):
-                pooled = self.pool(f"{side}{n}", ctx).query(fake)
+                # (a padding sample, which weighs nothing, stays out of the pool)
+                pooled = self.pool(f"{side}{n}", ctx).query(fake) if ctx.samples else fake.detach()
                 judged = self.gan(models[d](real), True) + self.gan(models[d](pooled), False)
                 losses[side] = losses[side] + judged * 0.5 * w_d[i]
         ctx.backward(losses["D_A"] + losses["D_B"], "discriminator")
@@ -299,7 +303,9 @@ class CycleGANTask(TranslateTask):
         self, models: Mapping[str, nn.Module], batch: Batch, ctx: RunContext
     ) -> dict[str, torch.Tensor]:
         real_a, _ = batch
-        cycles = [models[f"GB_{i + 1}"](fake) for i, fake in enumerate(self.generate(models, real_a))]
+        back = [models[f"GB_{i + 1}"] for i in range(self.targets)]
+        with batch_statistics(back):
+            cycles = [net(fake) for net, fake in zip(back, self.generate(models, real_a))]
         return self.output_sums(cycles, real_a[:, None].expand(-1, self.targets, -1, -1, -1))
 
     def loss_panes(self) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ class DeepLIIFExtTask(DeepLIIFTask):
         self.counts_cells = False
         self.weights = self._weights()
 
-    def _weights(self) -> dict[str, tuple[float, ...]]:
+    def _weights(self, check_names: bool = True) -> dict[str, tuple[float, ...]]:
         """DeepLIIF's defaults for DeepLIIFExt: every loss weight 1/m (one per modality)."""
         m, o = self.modalities, self.options
         weights = {
@@ -122,7 +122,7 @@ class DeepLIIFExtTask(DeepLIIFTask):
                     f"has {len(values)} weight(s) where {m} modalities need {m}", "--" + name.replace("_", "-")
                 )
         names = o.modalities_names
-        if names and len(names) != m + 1:
+        if check_names and names and len(names) != m + 1:
             raise PhalanxError(
                 f"has {len(names)} name(s) where the input and {m} modalities need {m + 1}", "--modalities-names"
             )

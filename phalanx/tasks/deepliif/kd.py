@@ -26,6 +26,7 @@ from torch import nn
 from ...errors import PhalanxError
 from ..base import Declaration, StepContext, TaskData
 from ..inference import Trained
+from ..translate.nets import check_generator
 from .options import DeepLIIFKDOptions
 from .task import DeepLIIFTask
 
@@ -43,6 +44,13 @@ class DeepLIIFKDTask(DeepLIIFTask):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.teacher: Trained | None = None
+        self.channels = 3  # (the data's, once read)
+        if cfg.optim.grad_accum > 1:
+            raise PhalanxError(
+                "DeepLIIFKD's divergences take one softmax over each batch's pixels; --grad-accum would split the "
+                "batch into several: give the batch whole (--batch-size)",
+                "--grad-accum",
+            )
 
     def distilled(self) -> list[str]:
         """The outputs distilled, by their KL loss's suffix: each modality (1 ... m), each
@@ -56,6 +64,7 @@ class DeepLIIFKDTask(DeepLIIFTask):
 
     def build_data(self) -> TaskData:
         data = super().build_data()
+        self.channels = data.info["channels"]
         self.load_teacher()  # before the first step: a wrong directory is one line, nothing written
         return data
 
@@ -77,8 +86,13 @@ class DeepLIIFKDTask(DeepLIIFTask):
                     f" this student's data {m} and a segmentation",
                     OPTION,
                 )
+            size = self.cfg.data.image_size
+            for key in ("netG", "net_gs"):  # the teacher runs on the student's images, at their size
+                check_generator(train_opt.one_value(found[key], key, folder, OPTION), size, OPTION)
             teacher = trained_from(folder, False, {}, {"seg_weights": tuple([1 / (m + 1)] * (m + 1))}, OPTION)
             assert teacher is not None  # (its train_opt.txt was read above)
+            if teacher.info["channels"] != self.channels:
+                raise PhalanxError(f"{folder} takes RGB images; the student's data is grayscale", OPTION)
             for model in teacher.models.values():
                 model.requires_grad_(False)
             self.teacher = teacher

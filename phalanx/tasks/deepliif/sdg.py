@@ -76,6 +76,16 @@ class SDGTask(DeepLIIFExtTask):
         self.inputs = info.get("inputs", 1)
         super().restore_info({**info, "seg": False})
 
+    def _weights(self, check_names: bool = True) -> dict[str, tuple[float, ...]]:
+        names, wanted = self.options.modalities_names, self.inputs + self.modalities
+        if names and len(names) != wanted:  # DeepLIIF's: each input panel's name, then each modality's
+            raise PhalanxError(
+                f"has {len(names)} name(s) where {self.inputs} input panel(s) and {self.modalities} modalities need "
+                f"{wanted}",
+                "--modalities-names",
+            )
+        return super()._weights(check_names=False)
+
     def split(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch as the data reads it (the first panel; the other panels) as SDG's: every input
         panel's channels together, and the modalities."""
