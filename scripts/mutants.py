@@ -2139,6 +2139,13 @@ MUTANTS = [
         ("tests/test_deepliif_models.py -k distilled",),
     ),
     Mutant(
+        "sdg's predict takes its input panels in reverse order",
+        "NetworkFilesInference.predictor",
+        "return torch.cat(scaled.split(width, dim=-1), 0)",
+        "return torch.cat(scaled.split(width, dim=-1)[::-1], 0)",
+        ("tests/test_deepliif_models.py -k sdg",),
+    ),
+    Mutant(
         "cyclegan ignores --label-smoothing",
         "CycleGANTask.gan",
         "if real and self.options.label_smoothing:",

@@ -9,6 +9,7 @@ it (``load_networks``' state dicts, strict) and computes the outputs phalanx com
 from __future__ import annotations
 
 import deepliif_reference as reference
+import numpy as np
 import pytest
 import torch
 from conftest import records, run_phalanx
@@ -175,6 +176,35 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     for name in outputs:
         for theirs, ours in zip(getattr(model, name), getattr(fresh, name), strict=True):
             assert (theirs - ours).abs().max() < 1e-8, name  # (phalanx's weights: DeepLIIF's to 1e-10)
+
+    # predict writes deepliif test's names for them; SDG reads an image of its 2 input panels side by
+    # side, split as DeepLIIF's inference splits it: each output is DeepLIIF's network's on the panels
+    from PIL import Image
+
+    image = tmp_path / "inputs.png"
+    panel_count = 2 if kind == "sdg" else 1
+    Image.open(data / "val" / "0000.png").crop((0, 0, 32 * panel_count, 32)).save(image)
+    # (networks 2 steps from DeepLIIF's initialisation barely depend on their input: a copy of the
+    # checkpoint with every convolution of G_1 6 times as steep makes its output tell panels apart)
+    trained = torch.load(tmp_path / "ck" / "single" / "latest.pt", weights_only=True)
+    for key, value in trained["models"]["G_1"].items():
+        if value.dim() == 4:
+            trained["models"]["G_1"][key] = value * 6
+    checkpoint = tmp_path / "steep.pt"
+    torch.save(trained, checkpoint)
+    steep = network(model, "G_1")
+    steep.load_state_dict(trained["models"]["G_1"])
+    predicted = phalanx("predict", "--checkpoint", checkpoint, image, "--output", tmp_path / "p")
+    assert predicted.code == 0, predicted.err
+    folders = ["mod1", "mod2", "mod3"] if kind == "sdg" else ["Seg1", "Seg2", "mod1", "mod2"]
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == folders
+    x = panels(tmp_path)[0]  # (panels, 3, 32, 32): the image read back
+    with torch.no_grad():
+        expected = (steep(torch.cat(list(x), 0)[None])[0] + 1) * 127.5
+        flipped = (steep(torch.cat(list(x.flip(0)), 0)[None])[0] + 1) * 127.5
+    written = torch.tensor(np.asarray(Image.open(tmp_path / "p" / "mod1" / "inputs.png").convert("RGB")))
+    assert (written.permute(2, 0, 1).double() - expected).abs().max() <= 1.0
+    assert panel_count == 1 or (flipped - expected).abs().max() > 20  # (the check can see the panels' order)
 
     # their directories are --weights, not checkpoints: one line that says so
     refused = phalanx("predict", "--checkpoint", out, data / "val" / "0000.png", "--output", tmp_path / "pred")

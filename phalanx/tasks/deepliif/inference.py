@@ -96,13 +96,25 @@ class NetworkFilesInference(TranslateInference):
     task: DeepLIIFExtTask | CycleGANTask
 
     def predictor(self, paths: list[Path], opts: PredictOptions, device: torch.device) -> Predictor:
-        if self.info.get("inputs", 1) > 1:
-            raise PhalanxError(
-                f"this SDG model reads {self.info['inputs']} input panels; predict reads one image per input: "
-                "train with --inputs 1 to predict with phalanx",
-                "--checkpoint",
-            )
-        return super().predictor(paths, opts, device)
+        """An SDG model of k input panels reads each image as k panels side by side, split as
+        DeepLIIF's inference splits it (width / k each, the rest dropped), their channels together."""
+        k = int(self.info.get("inputs", 1))
+        if k == 1:
+            return super().predictor(paths, opts, device)
+
+        def panels(image: torch.Tensor) -> torch.Tensor:
+            width = image.shape[-1] // k
+            scaled = image[..., : width * k].float() / 127.5 - 1.0
+            return torch.cat(scaled.split(width, dim=-1), 0)
+
+        inputs = InputImages(paths, self.info["mode"], panels, slides_above=opts.region_size)
+        generators = {name: self.models[name].to(device) for name in self.task.generator_names()}
+        return self.predictor_class()(inputs, paths, device, generators, self, opts)
+
+    def export_modules(self) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+        size, channels = self.info["size"], self.info["channels"] * int(self.info.get("inputs", 1))
+        example = torch.zeros(2, channels, size, size)
+        return {name: (self.models[name], example) for name in self.task.generator_names()}
 
     def native_files(self, fmt: str) -> dict[str, Callable[[], bytes]] | None:
         if fmt != "deepliif":
