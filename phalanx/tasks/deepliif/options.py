@@ -175,6 +175,12 @@ class CycleGANOptions(GANOptions):
     d_layers: int = option(
         4, "Layers of each PatchGAN discriminator (DeepLIIF's --n-layers-d: 4).", metavar="N", above=0
     )
+    lambda_l1: float = option(
+        100.0,
+        "Not CycleGAN's: it has no target to compare with (its cycles' weight is --lambda-cycle).",
+        metavar="L",
+        at_least=0,
+    )
     modalities: int = option(
         0, "Target domains, trainB1/ ... trainB<N>/ (0: every trainB<k>/ folder).", metavar="N", at_least=0
     )
