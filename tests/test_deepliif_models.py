@@ -25,6 +25,45 @@ MODELS = {
 }
 
 
+FLOAT64_TWO_STEPS = [  # 2 steps of the same 4 samples, float64, nothing random
+    "--norm",
+    "none",
+    "--no-dropout",
+    "--augment",
+    "none",
+    "--precision",
+    "fp64",
+    "--lr-schedule",
+    "constant",
+    "--epochs",
+    2,
+    "--log-every",
+    1,
+]
+
+
+def train_both(phalanx, common: list, torch_home, checkpoints) -> tuple:
+    """The run as 2 DDP workers x 2 (torchrun) and as one process x 4: the one process's result
+    and each run's last networks."""
+    ddp = run_phalanx(
+        "trainlaunch",
+        "--name",
+        "ddp",
+        "--batch-size",
+        2,
+        *common,
+        "--use-torchrun",
+        "--nproc-per-node=2",
+        env={"TORCH_HOME": str(torch_home)},
+    )
+    assert ddp.code == 0, ddp.err
+    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
+    assert single.code == 0, single.err
+    return single, {
+        run: torch.load(checkpoints / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
+    }
+
+
 def deepliif_model(kind: str, tmp_path, torch_home):
     module, cls, given, _, m = MODELS[kind]
     if not torch_home.exists():
@@ -102,47 +141,19 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
         *weights,
         "--dataroot",
         data,
-        "--norm",
-        "none",
-        "--no-dropout",
-        "--augment",
-        "none",
-        "--precision",
-        "fp64",
-        "--lr-schedule",
-        "constant",
-        "--epochs",
-        2,
+        *FLOAT64_TWO_STEPS,
         "--weights",
         tmp_path / kind,
         "--checkpoints-dir",
         tmp_path / "ck",
-        "--log-every",
-        1,
     ]
-    ddp = run_phalanx(
-        "trainlaunch",
-        "--name",
-        "ddp",
-        "--batch-size",
-        2,
-        *common,
-        "--use-torchrun",
-        "--nproc-per-node=2",
-        env={"TORCH_HOME": str(torch_home)},
-    )
-    assert ddp.code == 0, ddp.err
-    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
-    assert single.code == 0, single.err
+    single, saved = train_both(phalanx, common, torch_home, tmp_path / "ck")
     assert f"phalanx: weights: {len(model.model_names)} DeepLIIF networks (generators and discriminators)" in single.out
 
     samples = panels(data / "train")
     for _ in range(2):
         set_input(kind, model, samples)
         model.optimize_parameters()
-    saved = {
-        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
-    }
     assert sorted(saved["single"]) == sorted(model.model_names)
     for name in model.model_names:
         for key, value in network(model, name).state_dict().items():
@@ -310,41 +321,13 @@ def test_distilled_from_a_deepliif_directory_one_process_and_two_ddp_workers_tra
         "--loss-d-weights=0.5,0.2,0.3",
         "--dataroot",
         data,
-        "--norm",
-        "none",
-        "--no-dropout",
-        "--augment",
-        "none",
-        "--precision",
-        "fp64",
-        "--lr-schedule",
-        "constant",
-        "--epochs",
-        2,
+        *FLOAT64_TWO_STEPS,
         "--weights",
         tmp_path / "student",
         "--checkpoints-dir",
         tmp_path / "ck",
-        "--log-every",
-        1,
     ]
-    ddp = run_phalanx(
-        "trainlaunch",
-        "--name",
-        "ddp",
-        "--batch-size",
-        2,
-        *common,
-        "--use-torchrun",
-        "--nproc-per-node=2",
-        env={"TORCH_HOME": str(torch_home)},
-    )
-    assert ddp.code == 0, ddp.err
-    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
-    assert single.code == 0, single.err
-    saved = {
-        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
-    }
+    single, saved = train_both(phalanx, common, torch_home, tmp_path / "ck")
     assert sorted(saved["single"]) == sorted(theirs["states"])
     for name, state in theirs["states"].items():
         for key, value in state.items():
@@ -482,48 +465,20 @@ def test_cyclegan_from_deepliifs_files_one_process_and_two_ddp_workers_train_wha
         "--loss-d-weights=0.3,0.7",
         "--dataroot",
         data,
-        "--norm",
-        "none",
-        "--no-dropout",
-        "--augment",
-        "none",
-        "--precision",
-        "fp64",
-        "--lr-schedule",
-        "constant",
-        "--epochs",
-        2,
+        *FLOAT64_TWO_STEPS,
         "--weights",
         tmp_path / "cyclegan",
         "--checkpoints-dir",
         tmp_path / "ck",
-        "--log-every",
-        1,
     ]
     common = [a for a in common if a not in ("--net-gs", "unet_32")]  # (SMALL's DeepLIIF segmentation)
-    ddp = run_phalanx(
-        "trainlaunch",
-        "--name",
-        "ddp",
-        "--batch-size",
-        2,
-        *common,
-        "--use-torchrun",
-        "--nproc-per-node=2",
-        env={"TORCH_HOME": str(torch_home)},
-    )
-    assert ddp.code == 0, ddp.err
-    single = phalanx("train", "--name", "single", "--batch-size", 4, *common)
-    assert single.code == 0, single.err
+    single, saved = train_both(phalanx, common, torch_home, tmp_path / "ck")
     assert "phalanx: weights: 8 DeepLIIF networks (generators and discriminators)" in single.out
 
     a, bs = unpaired_tensors(data)
     for _ in range(2):
         model.set_input({"A": a, "Bs": bs, "A_paths": []})
         model.optimize_parameters()
-    saved = {
-        run: torch.load(tmp_path / "ck" / run / "latest.pt", weights_only=True)["models"] for run in ("ddp", "single")
-    }
     assert sorted(saved["single"]) == sorted(model.model_names)
     for name in model.model_names:
         for key, value in network(model, name).state_dict().items():
