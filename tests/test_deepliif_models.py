@@ -64,6 +64,17 @@ def train_both(phalanx, common: list, torch_home, checkpoints) -> tuple:
     }
 
 
+def assert_same_weights(saved: dict, theirs: dict) -> None:
+    """One process's networks within 1e-10 of DeepLIIF's (every network, every tensor), and 2 DDP
+    workers' within 1e-12 of one process's."""
+    assert sorted(saved["single"]) == sorted(theirs)
+    for name, state in theirs.items():
+        for key, value in state.items():
+            ours = saved["single"][name][key]
+            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
+            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+
+
 def deepliif_model(kind: str, tmp_path, torch_home):
     module, cls, given, _, m = MODELS[kind]
     if not torch_home.exists():
@@ -154,12 +165,7 @@ def test_from_deepliifs_files_one_process_and_two_ddp_workers_train_what_deeplii
     for _ in range(2):
         set_input(kind, model, samples)
         model.optimize_parameters()
-    assert sorted(saved["single"]) == sorted(model.model_names)
-    for name in model.model_names:
-        for key, value in network(model, name).state_dict().items():
-            ours = saved["single"][name][key]
-            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
-            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+    assert_same_weights(saved, {name: network(model, name).state_dict() for name in model.model_names})
     last = records(tmp_path / "ck" / "single", "train")[-1]
     for loss in model.loss_names:
         theirs = getattr(model, f"loss_{loss.rsplit('_', 1)[0]}")[int(loss.rsplit("_", 1)[1]) - 1]
@@ -328,12 +334,7 @@ def test_distilled_from_a_deepliif_directory_one_process_and_two_ddp_workers_tra
         tmp_path / "ck",
     ]
     single, saved = train_both(phalanx, common, torch_home, tmp_path / "ck")
-    assert sorted(saved["single"]) == sorted(theirs["states"])
-    for name, state in theirs["states"].items():
-        for key, value in state.items():
-            ours = saved["single"][name][key]
-            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
-            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+    assert_same_weights(saved, theirs["states"])
     last = records(tmp_path / "ck" / "single", "train")[-1]
     kl = [f"G_KLDiv_{s}" for s in ("1", "2", "S0", "S1", "S2", "S")]
     assert all(theirs["losses"][name] > 0 for name in kl)
@@ -479,12 +480,7 @@ def test_cyclegan_from_deepliifs_files_one_process_and_two_ddp_workers_train_wha
     for _ in range(2):
         model.set_input({"A": a, "Bs": bs, "A_paths": []})
         model.optimize_parameters()
-    assert sorted(saved["single"]) == sorted(model.model_names)
-    for name in model.model_names:
-        for key, value in network(model, name).state_dict().items():
-            ours = saved["single"][name][key]
-            assert (ours - value).abs().max() < 1e-10, (name, key, (ours - value).abs().max())
-            assert (saved["ddp"][name][key] - ours).abs().max() < 1e-12, (name, key)
+    assert_same_weights(saved, {name: network(model, name).state_dict() for name in model.model_names})
     last = records(tmp_path / "ck" / "single", "train")[-1]
     for loss in ("G_A", "G_B", "cycle_A", "cycle_B", "D_A", "D_B"):
         assert last[loss] == pytest.approx(float(getattr(model, f"loss_{loss}")), rel=1e-9, abs=1e-12), loss

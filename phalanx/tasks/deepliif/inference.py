@@ -384,43 +384,18 @@ def cyclegan_opt(task: CycleGANTask, info: dict) -> str:
     """CycleGAN's options file: its networks, domains and weights as DeepLIIF names them."""
     o, m = task.options, task.targets
     values = {
+        **network_opt(task, info),
         "model": "CycleGAN",
         "modalities_no": m,
         "modalities_names": ["input1"] + [f"mod{i + 1}" for i in range(m)],
         "seg_gen": False,
         "seg_no": 0,
-        "input_no": 1,
-        "input_nc": info["channels"],
-        "output_nc": info["channels"],
         "net_g": [o.net_g] * m,
-        "netG": o.net_g,
-        "net_d": "n_layers",
-        "netD": "n_layers",
-        "n_layers_D": o.d_layers,
-        "ngf": o.ngf,
-        "ndf": o.ndf,
-        "norm": o.norm,
-        "no_dropout": not o.dropout,
-        "padding": o.padding,
-        "upsample": "convtranspose",
-        "scale_size": info["size"],
-        "loss_G_weights": list(task.weights["loss_g_weights"]),
-        "loss_D_weights": list(task.weights["loss_d_weights"]),
-        "gan_mode": o.gan_mode,
         "label_smoothing": o.label_smoothing,
         "pool_size": o.pool_size,
         "lambda_identity": 0,
         "BtoA": False,
         "dataset_mode": "unaligned",
-        "gpu_ids": (),
-        "init_type": "normal",
-        "init_gain": 0.02,
-        "optimizer": "adam",
-        "phase": "train",
-        "remote_transfer_cmd": None,
-        "load_iter": 0,
-        "verbose": False,
-        "written_by": "phalanx export",
     }
     return options_text(values)
 
@@ -432,18 +407,32 @@ def train_opt(task: DeepLIIFTask, info: dict) -> str:
 
 def train_opt_values(task: DeepLIIFTask, info: dict) -> dict[str, Any]:
     o, m = task.options, task.modalities
-    values = {
+    return {
+        **network_opt(task, info),
         "model": "DeepLIIF",
         "modalities_no": m,
         "modalities_names": task.modality_names(),
         "seg_gen": task.seg,
         "seg_no": int(task.seg),
-        "input_no": 1,
         "mod_id_seg": "S",
+        "net_gs": o.net_gs,
+        "seg_weights": list(task.weights.get("seg_weights", ())),
+        "gan_mode_s": o.gan_mode_s,
+        "lambda_L1": o.lambda_l1,
+        "lambda_feat": o.lambda_feat,
+        "background_colors": background_colors(m, info),
+    }
+
+
+def network_opt(task: DeepLIIFTask | CycleGANTask, info: dict) -> dict[str, Any]:
+    """What every DeepLIIF model's options file says alike: the networks' shapes, the loss
+    weights, the GAN objective and DeepLIIF's fixed settings."""
+    o = task.options
+    return {
+        "input_no": 1,
         "input_nc": info["channels"],
         "output_nc": info["channels"],
         "netG": o.net_g,
-        "net_gs": o.net_gs,
         "net_d": "n_layers",
         "netD": "n_layers",
         "n_layers_D": o.d_layers,
@@ -454,13 +443,9 @@ def train_opt_values(task: DeepLIIFTask, info: dict) -> dict[str, Any]:
         "padding": o.padding,
         "upsample": "convtranspose",
         "scale_size": info["size"],
-        "seg_weights": list(task.weights.get("seg_weights", ())),
         "loss_G_weights": list(task.weights["loss_g_weights"]),
         "loss_D_weights": list(task.weights["loss_d_weights"]),
         "gan_mode": o.gan_mode,
-        "gan_mode_s": o.gan_mode_s,
-        "lambda_L1": o.lambda_l1,
-        "lambda_feat": o.lambda_feat,
         "gpu_ids": (),
         "init_type": "normal",
         "init_gain": 0.02,
@@ -469,10 +454,8 @@ def train_opt_values(task: DeepLIIFTask, info: dict) -> dict[str, Any]:
         "remote_transfer_cmd": None,
         "load_iter": 0,
         "verbose": False,
-        "background_colors": background_colors(m, info),
         "written_by": "phalanx export",
     }
-    return values
 
 
 def options_text(values: dict[str, Any]) -> str:
